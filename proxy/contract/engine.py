@@ -1,0 +1,111 @@
+"""The contract engine: the model's raw text + the module -> the final envelope and a record.
+
+    raw text --parse--> object --v2.1 wrap--> envelope --validate--> ok
+                                                  |  fail
+                                               repair --validate--> ok (repairs recorded)
+                                                  |  still fails
+                                               E3001 + partial_data (the model's original data)
+
+A parse failure is E1000. A model's own failure envelope (``ok: false``) is a valid answer and
+keeps its code. Every error envelope has confidence 0.0, so routing treats it like any other
+low-confidence answer.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from proxy.contract.errors import Code, error_envelope
+from proxy.contract.parse import ParseFailure, parse_json_object
+from proxy.contract.repair import Repair, repair
+from proxy.contract.schema import Violation
+from proxy.contract.validate import validate_answer
+from proxy.contract.wrap import wrap_v21
+
+if TYPE_CHECKING:
+    from proxy.module.model import Module
+
+_MAX_LISTED_VIOLATIONS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ContractResult:
+    """What the engine answers with, and what happened on the way."""
+
+    envelope: dict[str, Any]
+    repairs: tuple[Repair, ...] = ()
+    violations: tuple[Violation, ...] = ()
+    error_code: str | None = None
+    """The code of a contract failure (E1000, E3001); None when the answer passed the contract."""
+
+    @property
+    def passed(self) -> bool:
+        return self.error_code is None
+
+
+def _original_data(answer: dict[str, Any]) -> dict[str, Any]:
+    for key in ("data", "partial_data"):
+        if isinstance(answer.get(key), dict):
+            value: dict[str, Any] = answer[key]
+            return value
+    return answer
+
+
+def _schema_failure(
+    answer: dict[str, Any], violations: list[Violation], repairs: tuple[Repair, ...]
+) -> ContractResult:
+    first = violations[0]
+    listed = violations[:_MAX_LISTED_VIOLATIONS]
+    envelope = error_envelope(
+        Code.SCHEMA_VALIDATION_FAILED,
+        f"Model output does not match the module contract after repair: {first}"
+        + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""),
+        explain=f"Output schema validation failed after repair pass: {first}",
+        details={"violations": [{"path": v.path, "message": v.message, "code": v.code} for v in listed]},
+        partial_data=copy.deepcopy(_original_data(answer)),
+    )
+    return ContractResult(envelope, repairs, tuple(violations), Code.SCHEMA_VALIDATION_FAILED)
+
+
+def run_contract(raw_text: str, module: Module) -> ContractResult:
+    """Turn one model answer into the envelope the caller receives."""
+    try:
+        parsed = parse_json_object(raw_text)
+    except ParseFailure as exc:
+        envelope = error_envelope(
+            Code.PARSE_ERROR,
+            f"The model output is not valid JSON: {exc.reason}",
+            explain="Model output could not be parsed as JSON (model failure, not the caller's).",
+        )
+        return ContractResult(
+            envelope, (), (Violation("", exc.reason, "parse", Code.PARSE_ERROR),), Code.PARSE_ERROR
+        )
+    return check_answer(parsed.value, module, extracted=parsed.method)
+
+
+def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "strict") -> ContractResult:
+    """Stages 2-5 on an already parsed object (used by golden tests and ``run_contract``)."""
+    repairs: list[Repair] = []
+    if extracted != "strict":
+        repairs.append(Repair("json_extracted", "", extracted))
+    candidate = answer
+    if module.compat.auto_wrap:
+        wrapped = wrap_v21(answer, module.risk_rule)
+        if wrapped is not None:
+            if isinstance(wrapped.get("data"), dict) and not module.keeps_confidence_in_data:
+                # The confidence was promoted to meta; the module's data schema has no such field.
+                wrapped["data"] = {k: v for k, v in wrapped["data"].items() if k != "confidence"}
+            candidate = wrapped
+            repairs.append(Repair("v21_wrapped", "", "meta promoted from data"))
+    violations = validate_answer(candidate, module)
+    if not violations:
+        return ContractResult(candidate, tuple(repairs))
+    repaired, fixes = repair(candidate, module)
+    if fixes:
+        after = validate_answer(repaired, module)
+        if not after:
+            return ContractResult(repaired, tuple(repairs + fixes))
+        violations = after
+    return _schema_failure(candidate, violations, tuple(repairs + fixes))

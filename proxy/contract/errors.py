@@ -1,0 +1,242 @@
+"""The Cognitive Modules error taxonomy (error-codes.md) and the one mapping code -> HTTP status.
+
+Every error the proxy answers with is built here: ``error_envelope`` gives the v2.2 failure
+envelope with the recommended confidence/risk for the code's category, ``recoverable`` and a
+``suggestion`` from the taxonomy, and ``http_status`` is the only place a code becomes a status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+EXPLAIN_MAX = 280
+
+
+class Category(StrEnum):
+    INPUT = "input"
+    PROCESSING = "processing"
+    OUTPUT = "output"
+    RUNTIME = "runtime"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """One row of the taxonomy."""
+
+    code: str
+    name: str
+    description: str
+    recoverable: bool | None  # None: "Maybe" in the taxonomy; the field is then left out
+    http_status: int
+    suggestion: str | None = None
+
+    @property
+    def category(self) -> Category:
+        return _CATEGORY_BY_DIGIT[self.code[1]]
+
+
+_CATEGORY_BY_DIGIT = {
+    "1": Category.INPUT,
+    "2": Category.PROCESSING,
+    "3": Category.OUTPUT,
+    "4": Category.RUNTIME,
+}
+
+_SPECS = (
+    ErrorSpec(
+        "E1000", "PARSE_ERROR", "JSON parsing failed", False, 400, "Send a body that is one JSON object"
+    ),
+    ErrorSpec(
+        "E1001",
+        "INVALID_INPUT",
+        "Input does not match schema",
+        True,
+        400,
+        "Fix the input so that it matches the module's input schema",
+    ),
+    ErrorSpec(
+        "E1002",
+        "MISSING_REQUIRED_FIELD",
+        "Required field is missing",
+        True,
+        400,
+        "Add the missing field to the input",
+    ),
+    ErrorSpec(
+        "E1003",
+        "TYPE_MISMATCH",
+        "Field type does not match schema",
+        True,
+        400,
+        "Send the field with the type the input schema declares",
+    ),
+    ErrorSpec("E1004", "UNSUPPORTED_VALUE", "Value not supported", None, 400),
+    ErrorSpec(
+        "E1005",
+        "INPUT_TOO_LARGE",
+        "Input exceeds max_input_tokens",
+        True,
+        400,
+        "Shorten the input or split it into several calls",
+    ),
+    ErrorSpec("E1006", "INVALID_REFERENCE", "Referenced resource not found", True, 400),
+    ErrorSpec(
+        "E2001",
+        "LOW_CONFIDENCE",
+        "Confidence below threshold",
+        True,
+        200,
+        "Provide more context, or route the call to a stronger model",
+    ),
+    ErrorSpec("E2002", "TIMEOUT", "Execution timeout exceeded", None, 200),
+    ErrorSpec("E2003", "TOKEN_LIMIT", "Token limit reached during generation", True, 200),
+    ErrorSpec("E2004", "NO_ACTION_POSSIBLE", "Cannot perform requested action", False, 200),
+    ErrorSpec("E2005", "SEMANTIC_CONFLICT", "Action would violate constraints", None, 200),
+    ErrorSpec("E2006", "AMBIGUOUS_INPUT", "Input is ambiguous", True, 200),
+    ErrorSpec("E2007", "INSUFFICIENT_CONTEXT", "Need more context to proceed", True, 200),
+    ErrorSpec("E3001", "SCHEMA_VALIDATION_FAILED", "Output does not match schema", False, 200),
+    ErrorSpec("E3002", "PARTIAL_RESULT", "Only partial result available", None, 200),
+    ErrorSpec("E3003", "MISSING_RATIONALE", "Rationale field is empty or missing", False, 200),
+    ErrorSpec("E3004", "OVERFLOW_LIMIT", "Too many insights in extensions", False, 200),
+    ErrorSpec("E3005", "INVALID_ENUM", "Enum value not in allowed set", False, 200),
+    ErrorSpec("E3006", "CONSTRAINT_VIOLATION", "Output violates declared constraints", False, 200),
+    ErrorSpec("E4000", "INTERNAL_ERROR", "Unexpected internal error", False, 500),
+    ErrorSpec(
+        "E4001",
+        "PROVIDER_UNAVAILABLE",
+        "LLM provider is unavailable",
+        True,
+        503,
+        "Retry later; every provider target for this call failed",
+    ),
+    ErrorSpec(
+        "E4002",
+        "RATE_LIMITED",
+        "Rate limit exceeded",
+        True,
+        429,
+        "Wait for the Retry-After interval before retrying",
+    ),
+    ErrorSpec("E4003", "CONTEXT_OVERFLOW", "Context window exceeded", None, 502),
+    ErrorSpec("E4004", "CIRCULAR_DEPENDENCY", "Circular module dependency detected", False, 500),
+    ErrorSpec("E4005", "MAX_DEPTH_EXCEEDED", "Maximum call depth exceeded", False, 500),
+    ErrorSpec(
+        "E4006",
+        "MODULE_NOT_FOUND",
+        "Requested module not installed",
+        True,
+        404,
+        "List the installed modules with GET /v1/modules",
+    ),
+    ErrorSpec("E4007", "PERMISSION_DENIED", "Policy blocks this operation", False, 403),
+)
+
+BY_CODE: dict[str, ErrorSpec] = {s.code: s for s in _SPECS}
+BY_NAME: dict[str, ErrorSpec] = {s.name: s for s in _SPECS}
+
+# error-codes.md "Legacy Code Mapping": legacy names that differ from the taxonomy's own names.
+_LEGACY_ALIASES = {
+    "UNSUPPORTED_LANGUAGE": "E1004",
+    "NO_SIMPLIFICATION_POSSIBLE": "E2004",
+    "BEHAVIOR_CHANGE_REQUIRED": "E2005",
+    "OUTPUT_SCHEMA_VIOLATION": "E3001",
+}
+
+
+class Code(StrEnum):
+    """The codes the proxy itself emits (it accepts every code of the taxonomy)."""
+
+    PARSE_ERROR = "E1000"
+    INVALID_INPUT = "E1001"
+    MISSING_REQUIRED_FIELD = "E1002"
+    TYPE_MISMATCH = "E1003"
+    INPUT_TOO_LARGE = "E1005"
+    LOW_CONFIDENCE = "E2001"
+    SCHEMA_VALIDATION_FAILED = "E3001"
+    MISSING_RATIONALE = "E3003"
+    OVERFLOW_LIMIT = "E3004"
+    INVALID_ENUM = "E3005"
+    INTERNAL_ERROR = "E4000"
+    PROVIDER_UNAVAILABLE = "E4001"
+    RATE_LIMITED = "E4002"
+    MODULE_NOT_FOUND = "E4006"
+
+
+def to_numeric(code: str) -> str | None:
+    """Map a legacy or taxonomy name (``PARSE_ERROR``) or an E-code to its E-code, else None."""
+    if code in BY_CODE:
+        return code
+    if code in BY_NAME:
+        return BY_NAME[code].code
+    return _LEGACY_ALIASES.get(code)
+
+
+def to_legacy(code: str) -> str | None:
+    """Map an E-code (or a known name) to its name in the taxonomy, else None."""
+    numeric = to_numeric(code)
+    return BY_CODE[numeric].name if numeric else None
+
+
+def spec_for(code: str) -> ErrorSpec | None:
+    numeric = to_numeric(code)
+    return BY_CODE[numeric] if numeric else None
+
+
+def http_status(code: str) -> int:
+    """The HTTP status a module answer carrying ``code`` is sent with (DESIGN §3).
+
+    Unknown codes (module-specific ones such as E5001) are outcomes of a module that ran: 200.
+    """
+    spec = spec_for(code)
+    return spec.http_status if spec else 200
+
+
+def _recommended_meta(spec: ErrorSpec, explain: str) -> dict[str, Any]:
+    # error-codes.md "Confidence Values for Errors" / "Risk Levels for Errors".
+    confidence = 0.0
+    return {"confidence": confidence, "risk": "high", "explain": explain[:EXPLAIN_MAX]}
+
+
+def error_envelope(
+    code: str,
+    message: str,
+    *,
+    explain: str | None = None,
+    suggestion: str | None = None,
+    details: dict[str, Any] | None = None,
+    partial_data: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A v2.2 failure envelope for ``code`` with the taxonomy's recommended meta.
+
+    ``explain`` defaults to a sentence that says whose fault it is (spec §5.2): input errors are
+    the caller's, runtime errors are the system's.
+    """
+    spec = spec_for(code)
+    if spec is None:
+        raise ValueError(f"unknown error code {code!r}")
+    if explain is None:
+        who = {
+            Category.INPUT: "Caller error",
+            Category.PROCESSING: "Module could not complete the task",
+            Category.OUTPUT: "Model output rejected",
+            Category.RUNTIME: "System failure",
+        }[spec.category]
+        explain = f"{who}: {message}"
+    error: dict[str, Any] = {"code": spec.code, "message": message}
+    if spec.recoverable is not None:
+        error["recoverable"] = spec.recoverable
+    hint = suggestion or spec.suggestion
+    if hint:
+        error["suggestion"] = hint
+    error["details"] = {"name": spec.name, **(details or {})}
+    envelope: dict[str, Any] = {
+        "ok": False,
+        "meta": meta if meta is not None else _recommended_meta(spec, explain),
+        "error": error,
+    }
+    if partial_data is not None:
+        envelope["partial_data"] = partial_data
+    return envelope

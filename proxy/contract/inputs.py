@@ -1,0 +1,65 @@
+"""Input validation against ``schema.json#/input``, before any model is called."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from proxy.contract.errors import Code, error_envelope
+from proxy.contract.schema import check
+
+if TYPE_CHECKING:
+    from proxy.module.model import Module
+
+# A deliberately simple, provider-independent estimate: about four bytes of JSON per token.
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(value: Any) -> int:
+    return math.ceil(len(orjson.dumps(value)) / BYTES_PER_TOKEN)
+
+
+def check_input(module: Module, value: Any) -> dict[str, Any] | None:
+    """The E1xxx error envelope for a bad input, or None when the input may be sent.
+
+    E1002 when every problem is a missing required field, E1003 when every problem is a type
+    mismatch, E1001 otherwise; E1005 when the input exceeds ``max_input_tokens``.
+    """
+    if not isinstance(value, dict):
+        return error_envelope(
+            Code.INVALID_INPUT,
+            "The module input must be a JSON object",
+            suggestion='Send {"input": {...}} with an object that matches the input schema',
+        )
+    limit = module.runtime.max_input_tokens
+    if limit is not None:
+        tokens = estimate_tokens(value)
+        if tokens > limit:
+            return error_envelope(
+                Code.INPUT_TOO_LARGE,
+                f"The input is about {tokens} tokens; module {module.name!r} accepts at most {limit}",
+                details={"estimated_tokens": tokens, "max_input_tokens": limit},
+            )
+    if module.validators.input is None:
+        return None
+    problems = check(module.validators.input, value, "input")
+    if not problems:
+        return None
+    rules = {p.rule for p in problems}
+    code = (
+        Code.MISSING_REQUIRED_FIELD
+        if rules == {"required"}
+        else Code.TYPE_MISMATCH
+        if rules == {"type"}
+        else Code.INVALID_INPUT
+    )
+    listing = "; ".join(str(p) for p in problems[:10])
+    return error_envelope(
+        code,
+        f"Input does not match the input schema of module {module.name!r}: {listing}",
+        explain=f"Input validation failed (caller error): {problems[0]}",
+        suggestion=f"Fix {problems[0].path} and send the request again",
+        details={"violations": [{"path": p.path, "message": p.message} for p in problems[:20]]},
+    )

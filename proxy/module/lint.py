@@ -1,0 +1,78 @@
+"""``cogproxy validate``: the module checks of module-format.md, one message per problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from proxy.contract.errors import EXPLAIN_MAX
+from proxy.jsonshape import as_dict, as_list
+from proxy.module.golden import load_cases
+from proxy.module.loader import ModuleLoadError, load_module
+from proxy.module.model import Module, ModuleFormat
+
+_ENVELOPE_WORDS = ("meta", "confidence", "risk", "explain", "data", "rationale")
+
+
+def _v22_problems(module: Module) -> list[str]:
+    out: list[str] = []
+    manifest = module.manifest
+    yaml_path = module.path / "module.yaml"
+    if module.format is not ModuleFormat.V22:
+        out.append(
+            f"{module.path}: is a {module.format} module; v2.2 needs module.yaml, "
+            "prompt.md and schema.json with meta and data"
+        )
+    for key in ("tier", "overflow", "enums"):
+        if key not in manifest:
+            out.append(f"{yaml_path}: {key} is missing (v2.2 declares it explicitly)")
+    schema_path = module.path / "schema.json"
+    meta: Any = module.schema.get("meta")
+    if not isinstance(meta, dict):
+        out.append(f"{schema_path}: meta schema is missing")
+    else:
+        props = as_dict(meta.get("properties"))
+        required = as_list(meta.get("required"))
+        for field in ("confidence", "risk", "explain"):
+            if field not in props or field not in required:
+                out.append(f"{schema_path}: meta.{field} must be declared and required")
+        limit = as_dict(props.get("explain")).get("maxLength")
+        if not isinstance(limit, int) or limit > EXPLAIN_MAX:
+            out.append(f"{schema_path}: meta.explain needs maxLength <= {EXPLAIN_MAX} (has {limit})")
+    data = module.data_schema
+    data_props = as_dict(data.get("properties"))
+    data_required = as_list(data.get("required"))
+    if "rationale" not in data_props or "rationale" not in data_required:
+        out.append(f"{schema_path}: data.rationale must be declared and required")
+    elif as_dict(data_props["rationale"]).get("type") != "string":
+        out.append(f"{schema_path}: data.rationale must be of type string")
+    prompt = module.prompt.lower()
+    missing = [w for w in _ENVELOPE_WORDS if w not in prompt]
+    if missing:
+        out.append(
+            f"{module.path / 'prompt.md'}: does not explain the v2.2 envelope "
+            f"(never mentions {', '.join(missing)})"
+        )
+    return out
+
+
+def _test_problems(module: Module) -> list[str]:
+    out = []
+    for input_path, expected_path in module.tests:
+        out += [f"{p}: golden test file is missing" for p in (input_path, expected_path) if not p.is_file()]
+    if not out:
+        _, broken = load_cases(module)
+        out += [f"{module.path / 'tests' / o.name}: {o.problems[0]}" for o in broken]
+    return out
+
+
+def lint_module(path: Path, *, v22: bool = False) -> list[str]:
+    """Every problem of the module at ``path``; empty when it is valid."""
+    try:
+        module = load_module(path)
+    except ModuleLoadError as exc:
+        return [str(exc)]
+    problems = _test_problems(module)
+    if v22:
+        problems = _v22_problems(module) + problems
+    return problems

@@ -1,0 +1,243 @@
+"""Loading one module directory in any supported format into a ``Module``.
+
+* v2.2: ``module.yaml`` + ``prompt.md`` + ``schema.json`` with ``meta`` and ``data``.
+* v2.1: the same files; ``schema.json`` has ``output`` instead of ``data`` and no ``meta``.
+  A missing ``tier`` runs as ``decision``; answers are auto-wrapped into v2.2 envelopes.
+* v1: ``MODULE.md`` (YAML front matter + prompt) + ``schema.json`` (``input``/``output``).
+
+module.yaml is validated against the spec's ``module.yaml.schema.json`` (shipped in the package);
+every schema is compiled here, once.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from proxy import schemas
+from proxy.contract.schema import SchemaCompileError, Validator, check, compile_schema
+from proxy.contract.validate import standard_meta_schema
+from proxy.jsonshape import as_dict
+from proxy.module.model import (
+    CompatPolicy,
+    FailurePolicy,
+    Module,
+    ModuleFormat,
+    OverflowPolicy,
+    RuntimeRequirements,
+    Validators,
+)
+from proxy.module.strictness import data_contract_schema, with_definitions
+from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_TEST_LINE = re.compile(r"^\s*(?P<input>.+\.input\.json)\s*->\s*(?P<expected>.+\.expected\.json)\s*$")
+_FRONT_MATTER = re.compile(r"\A---\s*\n(?P<meta>.*?)\n---\s*(?:\n|\Z)(?P<body>.*)\Z", re.DOTALL)
+
+
+class ModuleLoadError(ValueError):
+    """A module that cannot be loaded; ``str()`` names its path and the reason."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def valid_module_name(name: str) -> bool:
+    """Module names are path-safe: no separators, no ``..``, lowercase."""
+    return bool(NAME_RE.match(name)) and ".." not in name
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModuleLoadError(path, f"cannot read: {exc}") from exc
+
+
+def _read_yaml(path: Path, text: str | None = None) -> dict[str, Any]:
+    try:
+        doc = yaml.load(_read_text(path) if text is None else text, Loader=_LOADER)
+    except yaml.YAMLError as exc:
+        raise ModuleLoadError(path, f"invalid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ModuleLoadError(path, "must be a YAML mapping")
+    return doc
+
+
+def _read_schema(path: Path, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise ModuleLoadError(path, "missing (the module's contract)")
+        return {}
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ModuleLoadError(path, f"invalid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ModuleLoadError(path, "must be a JSON object")
+    if "data" not in doc and isinstance(doc.get("output"), dict):
+        doc["data"] = doc["output"]  # spec §3.1: "output" is an alias of "data"
+    return doc
+
+
+@cache
+def _manifest_validator() -> Validator:
+    return compile_schema(schemas.load("module.yaml.schema.json"))
+
+
+def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    problems = check(_manifest_validator(), manifest, "")
+    if problems:
+        raise ModuleLoadError(path, "; ".join(str(p) for p in problems))
+
+
+def _tests(root: Path, declared: Any) -> tuple[tuple[Path, Path], ...]:
+    if isinstance(declared, list) and declared:
+        pairs = []
+        for line in declared:
+            match = _TEST_LINE.match(str(line))
+            if match:
+                pairs.append((root / match["input"].strip(), root / match["expected"].strip()))
+        return tuple(pairs)
+    found = sorted((root / "tests").glob("*.input.json"))
+    return tuple((p, p.with_name(p.name.removesuffix(".input.json") + ".expected.json")) for p in found)
+
+
+def _compile(path: Path, section: str, schema: dict[str, Any]) -> Validator:
+    try:
+        return compile_schema(schema)
+    except SchemaCompileError as exc:
+        raise ModuleLoadError(path, f"schema.json#/{section} does not compile: {exc}") from exc
+
+
+def _build(
+    root: Path, manifest: dict[str, Any], prompt: str, schema: dict[str, Any], fmt: ModuleFormat
+) -> Module:
+    name = str(manifest.get("name", root.name))
+    if not valid_module_name(name):
+        raise ModuleLoadError(root, f"invalid module name {name!r} (lowercase, digits, '-', '_', '.')")
+    tier = manifest.get("tier") or LEGACY_TIER
+    if tier not in TIER_DEFAULTS:
+        raise ModuleLoadError(root, f"tier: {tier!r} is not one of exec, decision, exploration")
+    defaults = TIER_DEFAULTS[tier]
+    strictness = manifest.get("schema_strictness") or defaults.strictness
+    enums = as_dict(manifest.get("enums"))
+    enum_strategy = enums.get("strategy") or defaults.enum_strategy
+    unknown_tag = str(enums.get("unknown_tag") or "custom")
+    overflow_raw = as_dict(manifest.get("overflow"))
+    overflow = OverflowPolicy(
+        enabled=bool(overflow_raw.get("enabled", defaults.overflow_enabled)),
+        max_items=int(overflow_raw.get("max_items", MAX_ITEMS_BY_STRICTNESS[strictness])),
+        require_suggested_mapping=bool(overflow_raw.get("require_suggested_mapping", True)),
+        recoverable=bool(overflow_raw.get("recoverable", True)),
+    )
+    failure_raw = as_dict(manifest.get("failure"))
+    failure = FailurePolicy(
+        contract=failure_raw.get("contract", "error_union"),
+        partial_allowed=bool(failure_raw.get("partial_allowed", True)),
+        must_return_error_schema=bool(failure_raw.get("must_return_error_schema", True)),
+    )
+    compat_raw = as_dict(manifest.get("compat"))
+    legacy = fmt is not ModuleFormat.V22  # v2.1 and v1 answers carry no meta: always wrap them
+    compat = CompatPolicy(
+        accepts_v21_payload=legacy or bool(compat_raw.get("accepts_v21_payload", False)),
+        runtime_auto_wrap=legacy or bool(compat_raw.get("runtime_auto_wrap", False)),
+        schema_output_alias=compat_raw.get("schema_output_alias", "data"),
+    )
+    runtime_raw = as_dict(manifest.get("runtime_requirements"))
+    runtime = RuntimeRequirements(
+        structured_output=bool(runtime_raw.get("structured_output", True)),
+        max_input_tokens=runtime_raw.get("max_input_tokens"),
+        preferred_capabilities=tuple(runtime_raw.get("preferred_capabilities") or ()),
+    )
+    input_schema = with_definitions(schema, "input")
+    meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
+    error_schema = with_definitions(schema, "error") or {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    }
+    schema_path = root / "schema.json"
+    validators = Validators(
+        input=_compile(schema_path, "input", input_schema) if input_schema else None,
+        data=_compile(
+            schema_path,
+            "data",
+            data_contract_schema(
+                schema, strictness=strictness, enum_strategy=enum_strategy, unknown_tag=unknown_tag
+            ),
+        ),
+        meta=_compile(schema_path, "meta", meta_schema),
+        error=_compile(schema_path, "error", error_schema),
+    )
+    return Module(
+        name=name,
+        version=str(manifest.get("version", "0.0.0")),
+        responsibility=str(manifest.get("responsibility", "")),
+        tier=tier,
+        format=fmt,
+        path=root,
+        prompt=prompt,
+        schema=schema,
+        strictness=strictness,
+        enum_strategy=enum_strategy,
+        unknown_tag=unknown_tag,
+        overflow=overflow,
+        failure=failure,
+        compat=compat,
+        risk_rule=as_dict(manifest.get("meta")).get("risk_rule", "max_changes_risk"),
+        runtime=runtime,
+        response_mode=as_dict(manifest.get("response")).get("mode") or defaults.response_mode,
+        excludes=tuple(str(x) for x in manifest.get("excludes") or ()),
+        tests=_tests(root, manifest.get("tests")),
+        validators=validators,
+        manifest=manifest,
+    )
+
+
+def _load_v2(root: Path) -> Module:
+    manifest = _read_yaml(root / "module.yaml")
+    prompt_path = root / "prompt.md"
+    if not prompt_path.is_file():
+        raise ModuleLoadError(prompt_path, "missing (the module's prompt)")
+    prompt = _read_text(prompt_path)
+    schema = _read_schema(root / "schema.json", required=True)
+    is_v22 = isinstance(schema.get("meta"), dict) and "output" not in schema
+    fmt = ModuleFormat.V22 if is_v22 else ModuleFormat.V21
+    checked = manifest if "tier" in manifest or is_v22 else {**manifest, "tier": LEGACY_TIER}
+    _check_manifest(root / "module.yaml", checked)
+    return _build(root, manifest, prompt, schema, fmt)
+
+
+def _load_v1(root: Path) -> Module:
+    path = root / "MODULE.md"
+    match = _FRONT_MATTER.match(_read_text(path))
+    if not match:
+        raise ModuleLoadError(path, "must start with YAML front matter between '---' lines")
+    manifest = _read_yaml(path, match["meta"])
+    for key in ("name", "version", "responsibility"):
+        if not isinstance(manifest.get(key), str):
+            raise ModuleLoadError(path, f"front matter: {key} is required (a string)")
+    schema = _read_schema(root / "schema.json", required=False)
+    return _build(root, manifest, match["body"].strip(), schema, ModuleFormat.V1)
+
+
+def load_module(root: Path) -> Module:
+    """Load the module in directory ``root``; raise ``ModuleLoadError`` naming path and reason."""
+    if (root / "module.yaml").is_file():
+        return _load_v2(root)
+    if (root / "MODULE.md").is_file():
+        return _load_v1(root)
+    raise ModuleLoadError(root, "not a module: no module.yaml or MODULE.md")
+
+
+def is_module_dir(path: Path) -> bool:
+    return (path / "module.yaml").is_file() or (path / "MODULE.md").is_file()

@@ -1,0 +1,139 @@
+"""The Module value object: one loaded, validated module with its compiled validators."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+Validator = Callable[[Any], Any]
+"""A compiled fastjsonschema validator: returns on success, raises JsonSchemaValueException."""
+
+Tier = Literal["exec", "decision", "exploration"]
+Strictness = Literal["high", "medium", "low"]
+EnumStrategy = Literal["strict", "extensible"]
+RiskRule = Literal["max_changes_risk", "max_issues_risk", "explicit", "custom_function"]
+ResponseMode = Literal["sync", "streaming", "both"]
+
+
+class ModuleFormat(StrEnum):
+    V22 = "v2.2"
+    V21 = "v2.1"
+    V1 = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class OverflowPolicy:
+    enabled: bool
+    max_items: int
+    require_suggested_mapping: bool
+    recoverable: bool = True
+
+    @property
+    def limit(self) -> int:
+        """How many insights are allowed: 0 when overflow is disabled."""
+        return self.max_items if self.enabled else 0
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePolicy:
+    contract: Literal["error_union", "throw"] = "error_union"
+    partial_allowed: bool = True
+    must_return_error_schema: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CompatPolicy:
+    accepts_v21_payload: bool = False
+    runtime_auto_wrap: bool = False
+    schema_output_alias: Literal["data", "output"] = "data"
+
+    @property
+    def auto_wrap(self) -> bool:
+        return self.accepts_v21_payload or self.runtime_auto_wrap
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeRequirements:
+    structured_output: bool = True
+    max_input_tokens: int | None = None
+    preferred_capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Validators:
+    """Schemas compiled once at load; never per request."""
+
+    input: Validator | None
+    data: Validator
+    meta: Validator
+    error: Validator
+
+
+@dataclass(frozen=True, slots=True)
+class Module:
+    """A loaded module. Immutable: a reload builds a new one."""
+
+    name: str
+    version: str
+    responsibility: str
+    tier: Tier
+    format: ModuleFormat
+    path: Path
+    prompt: str
+    schema: dict[str, Any] = field(repr=False)
+    """The whole schema.json document (``output`` already aliased to ``data``)."""
+    strictness: Strictness
+    enum_strategy: EnumStrategy
+    unknown_tag: str
+    overflow: OverflowPolicy
+    failure: FailurePolicy
+    compat: CompatPolicy
+    risk_rule: RiskRule
+    runtime: RuntimeRequirements
+    response_mode: ResponseMode
+    excludes: tuple[str, ...]
+    tests: tuple[tuple[Path, Path], ...]
+    validators: Validators = field(repr=False)
+    manifest: dict[str, Any] = field(repr=False)
+    """The manifest as written (module.yaml or MODULE.md front matter)."""
+
+    @property
+    def input_schema(self) -> dict[str, Any] | None:
+        value = self.schema.get("input")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def data_schema(self) -> dict[str, Any]:
+        value = self.schema.get("data")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def keeps_confidence_in_data(self) -> bool:
+        """Whether a v2.1 payload's ``data.confidence`` stays in data after promotion to meta."""
+        props = self.data_schema.get("properties")
+        return not isinstance(props, dict) or "confidence" in props
+
+    def summary(self) -> dict[str, Any]:
+        """The manifest summary served by ``GET /v1/modules/{name}``."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "responsibility": self.responsibility,
+            "tier": self.tier,
+            "format": str(self.format),
+            "schema_strictness": self.strictness,
+            "enums": {"strategy": self.enum_strategy, "unknown_tag": self.unknown_tag},
+            "overflow": {
+                "enabled": self.overflow.enabled,
+                "max_items": self.overflow.max_items,
+                "require_suggested_mapping": self.overflow.require_suggested_mapping,
+            },
+            "failure": {"partial_allowed": self.failure.partial_allowed},
+            "risk_rule": self.risk_rule,
+            "response_mode": self.response_mode,
+            "excludes": list(self.excludes),
+            "input_schema": self.input_schema,
+        }

@@ -1,0 +1,100 @@
+"""Prompt rendering: prompt.md with argument substitution, plus the envelope instructions."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.contract.errors import EXPLAIN_MAX
+from proxy.module.model import Module, ModuleFormat
+
+_PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    system: str
+    user: str
+
+
+def arguments_of(value: Any) -> str:
+    """The text ``$ARGUMENTS`` stands for: ``$ARGUMENTS``, else ``query``, else ``code``."""
+    if not isinstance(value, dict):
+        return ""
+    for key in ("$ARGUMENTS", "query", "code"):
+        if key in value:
+            found = value[key]
+            return found if isinstance(found, str) else orjson.dumps(found).decode()
+    return ""
+
+
+def substitute_arguments(text: str, value: Any) -> str:
+    """Replace ``$ARGUMENTS``, ``$ARGUMENTS[N]`` and ``$N`` as the reference runtime does.
+
+    Indexed forms take the N-th whitespace-separated word; an index past the end is left as
+    written (so a literal "$5" in a prompt survives a one-word argument).
+    """
+    args = arguments_of(value)
+    words = args.split()
+
+    def replace(match: re.Match[str]) -> str:
+        index = match.group(1) or match.group(2)
+        if index is None:
+            return args
+        i = int(index)
+        return words[i] if i < len(words) else match.group(0)
+
+    return _PLACEHOLDER.sub(replace, text)
+
+
+def _envelope_instructions(module: Module) -> str:
+    if module.format is not ModuleFormat.V22:
+        return (
+            "## Response Format\n"
+            "Return ONLY one JSON object that matches the output schema below, including "
+            "`confidence` (a number from 0 to 1) and `rationale` (your reasoning)."
+        )
+    limit = module.overflow.limit
+    overflow = (
+        f"- `extensions.insights`: at most {limit} observations that do not fit the schema, "
+        "each with `text` and `suggested_mapping`\n"
+        if limit
+        else "- Do not add `extensions.insights`: overflow is disabled for this module\n"
+    )
+    custom = (
+        f"- Where the schema allows it, an enum value outside the list is written as "
+        f'{{"{module.unknown_tag}": "<name>", "reason": "<why>"}}\n'
+        if module.enum_strategy == "extensible"
+        else "- Enum fields take only the listed values\n"
+    )
+    risk_source = {
+        "max_changes_risk": "the highest `risk` in `data.changes`",
+        "max_issues_risk": "the highest `risk` in `data.issues`",
+    }
+    return (
+        "## Response Format (Envelope v2.2)\n"
+        'Success: {"ok": true, "meta": {"confidence": <0..1>, "risk": "none|low|medium|high", '
+        '"explain": "<short summary>"}, "data": {...}}\n'
+        'Failure: {"ok": false, "meta": {...}, "error": {"code": "<CODE>", "message": "..."}, '
+        '"partial_data": {...}}\n'
+        f"- `meta.confidence`: your confidence that the answer meets this contract\n"
+        f"- `meta.risk`: {risk_source.get(module.risk_rule, 'the overall risk of acting on the answer')}\n"
+        f"- `meta.explain`: at most {EXPLAIN_MAX} characters\n"
+        "- `data.rationale`: the complete reasoning, for audit\n"
+        f"{overflow}{custom}"
+        "Return ONLY valid JSON, with no text before or after it."
+    )
+
+
+def render_prompt(module: Module, value: Any) -> RenderedPrompt:
+    """The system and user messages for one call of ``module`` with input ``value``."""
+    parts = [substitute_arguments(module.prompt, value).strip(), _envelope_instructions(module)]
+    if module.data_schema:
+        parts.append("## Output schema (data)\n" + orjson.dumps(module.data_schema).decode())
+    if module.excludes:
+        parts.append("## This module must not\n" + "\n".join(f"- {x}" for x in module.excludes))
+    user = "## Input\n```json\n" + orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n```"
+    return RenderedPrompt(system="\n\n".join(parts), user=user)

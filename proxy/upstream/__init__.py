@@ -1,0 +1,1 @@
+"""Provider clients (openai-compatible, anthropic, offline) and the router."""

@@ -1,0 +1,164 @@
+"""Shared fixtures: paths, and a builder that writes real module directories to disk."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.module.loader import load_module
+from proxy.module.model import Module
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT.parent / "shared" / "spec"
+MODULES = ROOT / "modules"
+
+META_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["confidence", "risk", "explain"],
+    "properties": {
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "risk": {"type": "string", "enum": ["none", "low", "medium", "high"]},
+        "explain": {"type": "string", "maxLength": 280},
+    },
+}
+
+CHANGE_TYPE = {
+    "oneOf": [
+        {"type": "string", "enum": ["remove_redundancy", "simplify_logic", "other"]},
+        {
+            "type": "object",
+            "required": ["custom", "reason"],
+            "properties": {
+                "custom": {"type": "string", "minLength": 1, "maxLength": 32},
+                "reason": {"type": "string"},
+            },
+        },
+    ]
+}
+
+SCHEMA: dict[str, Any] = {
+    "meta": META_SCHEMA,
+    "input": {
+        "type": "object",
+        "required": ["code"],
+        "properties": {"code": {"type": "string"}, "language": {"type": "string"}},
+    },
+    "data": {
+        "type": "object",
+        "required": ["result", "rationale"],
+        "properties": {
+            "result": {"type": "string"},
+            "changes": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "risk"],
+                    "properties": {
+                        "type": CHANGE_TYPE,
+                        "risk": {"type": "string", "enum": ["none", "low", "medium", "high"]},
+                        "scope": {"type": "string", "enum": ["local", "function", "file"]},
+                    },
+                },
+            },
+            "note": {"type": "string"},
+            "rationale": {"type": "string"},
+            "extensions": {"$ref": "#/$defs/extensions"},
+        },
+    },
+    "error": {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "$defs": {
+        "extensions": {
+            "type": "object",
+            "properties": {
+                "insights": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["text"],
+                        "properties": {"text": {"type": "string"}, "suggested_mapping": {"type": "string"}},
+                    },
+                }
+            },
+        }
+    },
+}
+
+PROMPT = """# Test module
+Simplify $ARGUMENTS.
+## Response Format (Envelope v2.2)
+Return meta (confidence, risk, explain) and data (result, rationale).
+"""
+
+
+def write_module(
+    root: Path,
+    name: str = "demo",
+    *,
+    manifest: dict[str, Any] | None = None,
+    schema: dict[str, Any] | None = None,
+    prompt: str = PROMPT,
+) -> Path:
+    """Write a v2.2 module directory; ``manifest`` keys override the defaults (None removes)."""
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "name": name,
+        "version": "1.0.0",
+        "responsibility": "A module for tests",
+        "tier": "decision",
+        "excludes": ["writing files"],
+    }
+    for key, value in (manifest or {}).items():
+        if value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    (path / "module.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+    (path / "prompt.md").write_text(prompt, encoding="utf-8")
+    (path / "schema.json").write_text(json.dumps(schema if schema is not None else SCHEMA), encoding="utf-8")
+    return path
+
+
+ModuleFactory = Callable[..., Module]
+
+
+@pytest.fixture
+def make_module(tmp_path: Path) -> ModuleFactory:
+    """Build and load a module: ``make_module(tier="exec", schema=...)``."""
+    counter = {"n": 0}
+
+    def factory(*, schema: dict[str, Any] | None = None, prompt: str = PROMPT, **manifest: Any) -> Module:
+        counter["n"] += 1
+        path = write_module(tmp_path, f"mod{counter['n']}", manifest=manifest, schema=schema, prompt=prompt)
+        return load_module(path)
+
+    return factory
+
+
+def success(**data: Any) -> dict[str, Any]:
+    """A valid success envelope for the SCHEMA above; ``data`` keys override."""
+    body = {"result": "x = 1", "rationale": "Folded constants."}
+    body.update(data)
+    return {"ok": True, "meta": {"confidence": 0.9, "risk": "low", "explain": "Folded."}, "data": body}
+
+
+def schema_with(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(SCHEMA)
+    doc.update(changes)
+    return doc
+
+
+@pytest.fixture(scope="session")
+def module_for_properties(tmp_path_factory: pytest.TempPathFactory) -> Module:
+    """One module shared by hypothesis tests (function-scoped fixtures don't mix with @given)."""
+    return load_module(write_module(tmp_path_factory.mktemp("prop")))

@@ -1,0 +1,189 @@
+"""Stage 3: envelope rules (§0.1), module schemas with tier strictness, overflow, enums."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from proxy.contract.validate import validate_answer, validate_envelope
+from tests.conftest import SPEC, ModuleFactory, success
+
+VECTORS = sorted((SPEC / "test-vectors").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", VECTORS, ids=[p.stem for p in VECTORS])
+def test_official_vectors(path: Any) -> None:
+    vector = json.loads(path.read_text())
+    violations = validate_envelope(vector["envelope"])
+    if vector["$test"]["expects"] == "accept":
+        assert violations == []
+    else:
+        assert violations, "must be rejected"
+
+
+def test_there_are_sixteen_official_vectors() -> None:
+    assert len(VECTORS) == 16
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "code"),
+    [
+        (lambda e: e["data"].pop("rationale"), "data.rationale", "E3003"),
+        (lambda e: e["data"].update(rationale="   "), "data.rationale", "E3003"),
+        (lambda e: e["meta"].update(risk="critical"), "meta.risk", "E3005"),
+        (lambda e: e["meta"].update(confidence="0.9"), "meta.confidence", "E3001"),
+        (lambda e: e["meta"].update(confidence=True), "meta.confidence", "E3001"),
+        (lambda e: e.update(extra=1), "extra", "E3001"),
+        (lambda e: e.update(partial_data={}), "partial_data", "E3001"),
+        (lambda e: e.pop("meta"), "meta", "E3001"),
+    ],
+)
+def test_envelope_violations_name_path_and_specific_code(mutate: Any, path: str, code: str) -> None:
+    envelope = success()
+    mutate(envelope)
+    violations = validate_envelope(envelope)
+    assert any(v.path == path and v.code == code for v in violations), violations
+
+
+def test_failure_envelope_partial_data_must_be_an_object() -> None:
+    envelope = {
+        "ok": False,
+        "meta": {"confidence": 0.0, "risk": "high", "explain": "x"},
+        "error": {"code": "E", "message": "m"},
+        "partial_data": None,
+    }
+    assert [v.path for v in validate_envelope(envelope)] == ["partial_data"]
+
+
+def test_module_data_schema_is_enforced(make_module: ModuleFactory) -> None:
+    module = make_module()
+    envelope = success()
+    envelope["data"]["result"] = 42
+    assert [str(v) for v in validate_answer(envelope, module)] == ["data.result: must be string"]
+
+
+def test_module_error_schema_is_enforced_for_model_failures(make_module: ModuleFactory) -> None:
+    from tests.conftest import schema_with
+
+    module = make_module(
+        schema=schema_with(
+            error={
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"enum": ["UNSUPPORTED_LANGUAGE"]}, "message": {"type": "string"}},
+            }
+        )
+    )
+    failure = {
+        "ok": False,
+        "meta": {"confidence": 0.2, "risk": "high", "explain": "no"},
+        "error": {"code": "MADE_UP", "message": "m"},
+    }
+    assert [v.path for v in validate_answer(failure, module)] == ["error.code"]
+    failure["error"]["code"] = "UNSUPPORTED_LANGUAGE"
+    assert validate_answer(failure, module) == []
+
+
+@pytest.mark.parametrize(
+    ("tier", "manifest", "insights", "ok"),
+    [
+        ("decision", {}, 5, True),
+        ("decision", {}, 6, False),
+        ("exploration", {}, 20, True),
+        ("exploration", {}, 21, False),
+        ("exec", {}, 1, False),
+        ("exec", {}, 0, True),
+        ("decision", {"overflow": {"max_items": 2}}, 3, False),
+        ("exec", {"overflow": {"enabled": True, "max_items": 3}}, 3, True),
+        ("decision", {"overflow": {"enabled": False}}, 1, False),
+    ],
+)
+def test_overflow_limit_by_tier_and_manifest(
+    make_module: ModuleFactory, tier: str, manifest: dict[str, Any], insights: int, ok: bool
+) -> None:
+    module = make_module(tier=tier, **manifest)
+    envelope = success(
+        extensions={"insights": [{"text": f"i{i}", "suggested_mapping": "x"} for i in range(insights)]}
+    )
+    if tier == "exec":
+        envelope["data"]["changes"] = []
+        envelope["data"]["note"] = "n"
+    violations = validate_answer(envelope, module)
+    assert (violations == []) is ok, violations
+    if not ok:
+        assert any(v.code == "E3004" for v in violations)
+
+
+def test_require_suggested_mapping(make_module: ModuleFactory) -> None:
+    """The normative envelope schema always requires the key; the flag also refuses blanks."""
+    module = make_module()
+    relaxed = make_module(overflow={"require_suggested_mapping": False})
+    missing = success(extensions={"insights": [{"text": "no mapping"}]})
+    blank = success(extensions={"insights": [{"text": "blank", "suggested_mapping": " "}]})
+    path = "data.extensions.insights[0].suggested_mapping"
+    assert [v.path for v in validate_answer(missing, module)] == [path]
+    assert [v.path for v in validate_answer(missing, relaxed)] == [path]
+    assert [v.path for v in validate_answer(blank, module)] == [path]
+    assert validate_answer(blank, relaxed) == []
+
+
+CUSTOM = {"custom": "inline_callback", "reason": "not in the list"}
+
+
+@pytest.mark.parametrize(
+    ("manifest", "accepted"),
+    [
+        ({"tier": "decision"}, True),
+        ({"tier": "exploration"}, True),
+        ({"tier": "exec"}, False),
+        ({"tier": "decision", "enums": {"strategy": "strict"}}, False),
+        ({"tier": "exec", "enums": {"strategy": "extensible"}}, True),
+    ],
+)
+def test_custom_enum_form_only_under_extensible(
+    make_module: ModuleFactory, manifest: dict[str, Any], accepted: bool
+) -> None:
+    module = make_module(**manifest)
+    envelope = success(changes=[{"type": CUSTOM, "risk": "low"}])
+    violations = validate_answer(envelope, module)
+    assert (violations == []) is accepted, violations
+
+
+def test_unknown_plain_enum_value_is_rejected_even_when_extensible(make_module: ModuleFactory) -> None:
+    module = make_module(tier="decision")
+    envelope = success(changes=[{"type": "rename_everything", "risk": "low"}])
+    assert validate_answer(envelope, module)
+
+
+def test_high_strictness_rejects_undeclared_data_fields(make_module: ModuleFactory) -> None:
+    strict = make_module(tier="exec")
+    medium = make_module(tier="decision")
+    envelope = success(surprise="field")
+    assert [v.path for v in validate_answer(envelope, strict)] == ["data"]
+    assert validate_answer(envelope, medium) == []
+
+
+def test_low_strictness_requires_only_rationale(make_module: ModuleFactory) -> None:
+    low = make_module(tier="exploration")
+    medium = make_module(tier="decision")
+    envelope = success()
+    del envelope["data"]["result"]
+    assert validate_answer(envelope, low) == []
+    assert [v.path for v in validate_answer(envelope, medium)] == ["data.result"]
+    wrong_type = copy.deepcopy(envelope)
+    wrong_type["data"]["result"] = 1
+    assert validate_answer(wrong_type, low), "types are still checked at low strictness"
+
+
+def test_partial_data_refused_when_module_disallows_it(make_module: ModuleFactory) -> None:
+    module = make_module(failure={"partial_allowed": False})
+    failure = {
+        "ok": False,
+        "meta": {"confidence": 0.1, "risk": "high", "explain": "x"},
+        "error": {"code": "E2004", "message": "m"},
+        "partial_data": {"result": "x"},
+    }
+    assert [v.path for v in validate_answer(failure, module)] == ["partial_data"]

@@ -1,0 +1,98 @@
+"""Golden tests: the $validate/$example form, plain expected envelopes, and failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from proxy.cli import offline_envelope
+from proxy.module.golden import example_for, run_golden
+from proxy.module.loader import load_module
+from tests.conftest import success, write_module
+
+
+def add_case(path: Path, name: str, value: Any, expected: Any) -> None:
+    tests = path / "tests"
+    tests.mkdir(exist_ok=True)
+    (tests / f"{name}.input.json").write_text(json.dumps(value))
+    (tests / f"{name}.expected.json").write_text(json.dumps(expected))
+
+
+def test_validate_example_form_passes_and_fails(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "golden")
+    add_case(
+        path,
+        "good",
+        {"code": "x"},
+        {"$validate": {"ok": {"const": True}, "data": {"required": ["result"]}}, "$example": success()},
+    )
+    add_case(
+        path,
+        "bad",
+        {"code": "y"},
+        {"$validate": {"meta": {"properties": {"confidence": {"minimum": 0.95}}}}, "$example": success()},
+    )
+    outcomes = {o.name: o for o in run_golden(load_module(path), offline_envelope)}
+    assert outcomes["good"].passed
+    assert outcomes["bad"].problems == ("meta.confidence: must be bigger than or equal to 0.95",)
+
+
+def test_plain_expected_envelope_is_compared(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "plain")
+    add_case(path, "same", {"code": "x"}, success())
+    outcomes = run_golden(load_module(path), offline_envelope)
+    assert [o.passed for o in outcomes] == [True]
+
+
+def test_example_that_breaks_the_contract_fails_its_case(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "broken-example")
+    broken = success(result=3)
+    add_case(path, "case", {"code": "x"}, {"$validate": {"ok": {"const": True}}, "$example": broken})
+    (outcome,) = run_golden(load_module(path), offline_envelope)
+    assert outcome.problems == ("ok: must be same as const definition: True",)
+    assert outcome.envelope is not None and outcome.envelope["error"]["code"] == "E3001"
+
+
+def test_invalid_golden_input_is_caught(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "bad-input")
+    add_case(path, "case", {"language": "py"}, success())
+    (outcome,) = run_golden(load_module(path), offline_envelope)
+    assert "ok: expected true, got false" in outcome.problems
+
+
+def test_expected_input_error_case(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "input-error")
+    add_case(
+        path,
+        "missing",
+        {},
+        {
+            "ok": False,
+            "meta": {"confidence": 0.0, "risk": "high", "explain": "x"},
+            "error": {"code": "MISSING_REQUIRED_FIELD", "message": "code missing"},
+        },
+    )
+    assert [o.passed for o in run_golden(load_module(path), offline_envelope)] == [True]
+
+
+def test_unreadable_case_is_a_failure(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "unreadable")
+    add_case(path, "case", {"code": "x"}, success())
+    (path / "tests" / "case.expected.json").write_text("{")
+    (outcome,) = run_golden(load_module(path), offline_envelope)
+    assert not outcome.passed and "cannot read case" in outcome.problems[0]
+
+
+def test_example_for_matches_input_then_falls_back(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "examples")
+    failure = {
+        "ok": False,
+        "meta": {"confidence": 0.1, "risk": "high", "explain": "x"},
+        "error": {"code": "E2004", "message": "m"},
+    }
+    add_case(path, "a_fail", {"code": "fail"}, failure)
+    add_case(path, "b_ok", {"code": "ok"}, {"$validate": {}, "$example": success(result="ok")})
+    module = load_module(path)
+    assert example_for(module, {"code": "fail"}) == failure
+    assert example_for(module, {"code": "never seen"})["data"]["result"] == "ok"

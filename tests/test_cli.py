@@ -1,0 +1,95 @@
+"""The cogproxy command line, run as users run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+from tests.conftest import MODULES, SPEC, write_module
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, check=False)
+
+
+def test_conformance_on_the_official_vectors() -> None:
+    result = run_cli("conformance", str(SPEC / "test-vectors"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "16 passed, 0 failed"
+
+
+def test_conformance_reports_each_failing_vector(tmp_path: Path) -> None:
+    bad = {"$test": {"name": "wrongly-valid", "expects": "accept"}, "envelope": {"ok": True}}
+    good = {
+        "$test": {"name": "fine", "expects": "reject", "error_codes": ["E3001"]},
+        "envelope": {"ok": True},
+    }
+    (tmp_path / "a.json").write_text(json.dumps(bad))
+    (tmp_path / "b.json").write_text(json.dumps(good))
+    result = run_cli("conformance", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("FAIL a.json (wrongly-valid): should be accepted")
+    assert lines[-1] == "1 passed, 1 failed"
+
+
+def test_validate_reports_one_line_per_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_module(
+        tmp_path,
+        "weak",
+        manifest={"overflow": None},
+        schema={
+            "meta": {"type": "object", "properties": {"explain": {"maxLength": 500}}},
+            "data": {"type": "object"},
+        },
+        prompt="Do it.",
+    )
+    assert main(["validate", str(path), "--v22"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any("overflow is missing" in line for line in lines)
+    assert any("enums is missing" in line for line in lines)
+    assert any("meta.confidence must be declared" in line for line in lines)
+    assert any("maxLength <= 280" in line for line in lines)
+    assert any("data.rationale must be declared" in line for line in lines)
+    assert any("does not explain the v2.2 envelope" in line for line in lines)
+    assert main(["validate", str(path)]) == 0  # the plain check passes: the module loads
+
+
+def test_validate_broken_module_exits_non_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_module(tmp_path, "broken")
+    (path / "schema.json").write_text("[")
+    assert main(["validate", str(path)]) == 1
+    assert "invalid JSON" in capsys.readouterr().out
+
+
+def test_run_prints_the_envelope(capsys: pytest.CaptureFixture[str]) -> None:
+    input_file = MODULES / "code-simplifier" / "tests" / "case1.input.json"
+    assert main(["run", "code-simplifier", "--modules", str(MODULES), "--input", str(input_file)]) == 0
+    envelope = json.loads(capsys.readouterr().out)
+    assert envelope["ok"] is True and envelope["meta"]["confidence"] >= 0.9
+
+
+def test_run_with_invalid_input_answers_the_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "in.json"
+    bad.write_text("{}")
+    assert main(["run", str(MODULES / "code-simplifier"), "--input", str(bad)]) == 1
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "E1002"
+
+
+def test_run_unknown_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "in.json").write_text("{}")
+    assert main(["run", "nope", "--modules", str(MODULES), "--input", str(tmp_path / "in.json")]) == 1
+    assert "no such module" in capsys.readouterr().err
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).with_name("cogproxy")
+    result = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout.startswith("cogproxy ")

@@ -1,6 +1,7 @@
 """Stage 2: v2.1 auto-wrap (spec v2.2 §4.2, §6.3).
 
-A payload without ``ok``/``meta`` becomes a v2.2 envelope. ``meta`` is promoted from the data:
+A payload without ``ok``/``meta`` becomes a v2.2 envelope (a bare ``{"error": {...}}`` becomes a
+failure envelope). ``meta`` is promoted from the data:
 confidence from ``data.confidence`` (0.5 if none), risk by the module's risk rule (the default
 rule is ``max(data.changes[*].risk)``, "medium" if none), explain from the first 200 characters
 of ``data.rationale`` ("No explanation provided" if none). Values are copied, never coerced: a
@@ -33,7 +34,9 @@ def wrap_v21(payload: dict[str, Any], risk_rule: str = "max_changes_risk") -> di
     if is_v22_envelope(payload) or ("ok" in payload and not isinstance(payload["ok"], bool)):
         return None
     ok = payload.get("ok")
-    if ok is False:
+    # A legacy bare answer {"error": {...}} (no ok) is a failure, as in the reference runtime.
+    legacy_error = ok is None and isinstance(payload.get("error"), dict) and "data" not in payload
+    if ok is False or legacy_error:
         error = payload.get("error")
         message = error.get("message") if isinstance(error, dict) else None
         envelope: dict[str, Any] = {

@@ -156,3 +156,14 @@ def test_v21_confidence_is_promoted_without_coercion(make_module: ModuleFactory)
     result = run_contract(dumps({"rationale": "r", "confidence": "high"}), module)
     assert result.error_code == "E3001"
     assert result.envelope["partial_data"] == {"rationale": "r", "confidence": "high"}
+
+
+def test_legacy_bare_error_answer_becomes_a_failure(make_module: ModuleFactory) -> None:
+    module = make_module(compat={"runtime_auto_wrap": True})
+    result = run_contract(dumps({"error": {"code": "INVALID_INPUT", "message": "not text"}}), module)
+    assert result.passed
+    assert result.envelope == {
+        "ok": False,
+        "meta": {"confidence": 0.0, "risk": "high", "explain": "not text"},
+        "error": {"code": "INVALID_INPUT", "message": "not text"},
+    }

@@ -17,11 +17,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## run: the proxy's embedded default (offline demo provider: no API key, no Redis)
+## run: the proxy on :$(PORT) with the embedded default (offline demo provider: no API key, no Redis)
 run: install
-	$(BIN)/cogproxy conformance ../shared/spec/test-vectors || true
-	@for m in modules/*/; do $(BIN)/cogproxy test $$m | tail -n 1 | sed "s|^|$$m: |"; done
-	$(BIN)/cogproxy run code-simplifier --modules modules --input modules/code-simplifier/tests/case1.input.json
+	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host 127.0.0.1 --port $(PORT) --log-format console
 
 ## redis: make sure a Redis answers on $(REDIS_HOST):$(REDIS_PORT) (started here when installed and down)
 redis:

@@ -1,17 +1,25 @@
-"""The ``cogproxy`` command line: validate, conformance, test, run."""
+"""The ``cogproxy`` command line: serve, run, validate, test, conformance.
+
+Every ``serve`` flag can also be set by an environment variable (``COGPROXY_<FLAG>``); a flag
+given on the command line wins over the environment.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
+from aiohttp import web
 
 from proxy import __version__
+from proxy.app import build_app
 from proxy.conformance import run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
@@ -20,7 +28,20 @@ from proxy.module.lint import lint_module
 from proxy.module.loader import ModuleLoadError, is_module_dir, load_module
 from proxy.module.model import Module
 from proxy.module.registry import ModuleRegistry
+from proxy.observability.logging import configure_logging
+from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.policy.loader import PolicyError, load_policy
+from proxy.policy.model import Policy
+from proxy.settings import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_POOL_SIZE,
+    Settings,
+    read_key_file,
+)
 from proxy.upstream.offline import offline_answer
+from proxy.upstream.registry import build_providers
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -100,15 +121,145 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (OSError, orjson.JSONDecodeError) as exc:
         print(f"{args.input}: cannot read the input JSON: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    envelope = offline_envelope(module, value)
+    if args.policy:
+        try:
+            policy = load_policy(Path(args.policy))
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_USAGE
+        answer = asyncio.run(_run_with_policy(module, value, policy))
+        envelope = answer.envelope
+        print(
+            f"decision: {answer.decision}; attempts: "
+            + ", ".join(f"{a.rung}:{a.target}={a.outcome}" for a in answer.attempts),
+            file=sys.stderr,
+        )
+    else:
+        envelope = offline_envelope(module, value)
     _print_json(envelope)
     return EXIT_OK if envelope.get("ok") else EXIT_FAILED
+
+
+async def _run_with_policy(module: Module, value: Any, policy: Policy) -> ModuleAnswer:
+    """The server's module path, without the server: same pipeline, providers and decisions."""
+    async with aiohttp.ClientSession() as session:
+        return await run_module(Call(module, value, policy, build_providers(policy, session)))
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"COGPROXY_{name}", default)
+
+
+def _env_list(name: str) -> list[str]:
+    return [part for part in (_env(name) or "").split(os.pathsep) if part]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
+    if args.api_keys_file:
+        keys |= read_key_file(Path(args.api_keys_file))
+    return Settings(
+        policy_path=Path(args.policy),
+        module_dirs=tuple(Path(d) for d in args.modules),
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        pool_size=args.pool_size,
+        idle_timeout_s=args.idle_timeout,
+        drain_timeout_s=args.drain_timeout,
+        api_keys=keys,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not args.policy:
+        print("serve: a policy is required (--policy FILE or COGPROXY_POLICY)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        settings = _settings(args)
+        configure_logging(args.log_format, args.log_level)
+        load_policy(settings.policy_path)  # fail fast, with the path and the key, before binding
+    except (PolicyError, ValueError, OSError) as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    loop = None
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # uvloop is optional (the `fast` extra)
+        pass
+    web.run_app(
+        build_app(settings),
+        host=settings.host,
+        port=settings.port,
+        shutdown_timeout=settings.drain_timeout_s,
+        keepalive_timeout=settings.idle_timeout_s,
+        handler_cancellation=True,  # a client that hangs up cancels its upstream call
+        access_log=None,
+        print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
+        loop=loop,
+    )
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cogproxy", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cogproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the proxy (flags also read from COGPROXY_* variables)")
+    p.add_argument("--policy", default=_env("POLICY"), help="policy YAML (COGPROXY_POLICY)")
+    p.add_argument(
+        "--modules",
+        action="append",
+        default=None,
+        help="module directory, repeatable (COGPROXY_MODULES, os.pathsep-separated)",
+    )
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (COGPROXY_HOST)")
+    p.add_argument("--port", type=int, default=int(_env("PORT", "8080") or 8080), help="(COGPROXY_PORT)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)) or 0),
+        help="largest request body; larger ones get 413 (COGPROXY_MAX_BODY_BYTES)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        default=int(_env("POOL_SIZE", str(DEFAULT_POOL_SIZE)) or 0),
+        help="upstream connections kept in the pool (COGPROXY_POOL_SIZE)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=float(_env("IDLE_TIMEOUT", str(DEFAULT_IDLE_TIMEOUT_S)) or 0),
+        help="seconds an idle client keep-alive connection stays open (COGPROXY_IDLE_TIMEOUT)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=float(_env("DRAIN_TIMEOUT", str(DEFAULT_DRAIN_TIMEOUT_S)) or 0),
+        help="seconds in-flight requests get to finish after SIGTERM (COGPROXY_DRAIN_TIMEOUT)",
+    )
+    p.add_argument(
+        "--api-keys",
+        default=_env("API_KEYS"),
+        help="comma-separated client keys; unset: no client auth (COGPROXY_API_KEYS)",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        default=_env("API_KEYS_FILE"),
+        help="file of client keys, one per line (COGPROXY_API_KEYS_FILE)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default=_env("LOG_FORMAT", "json"),
+        help="(COGPROXY_LOG_FORMAT)",
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="(COGPROXY_LOG_LEVEL)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("validate", help="check a module directory")
     p.add_argument("module_dir")
@@ -127,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("module", help="a module name (looked up in --modules) or a module directory")
     p.add_argument("--input", required=True, help="input JSON file, or - for stdin")
     p.add_argument(
+        "--policy",
+        default=_env("POLICY"),
+        help="route through this policy's providers and ladder (COGPROXY_POLICY); "
+        "without it the module's own golden examples answer (offline)",
+    )
+    p.add_argument(
         "--modules",
         action="append",
         default=[d for d in os.environ.get("COGPROXY_MODULES", "").split(os.pathsep) if d],
@@ -138,5 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "serve" and args.modules is None:
+        args.modules = _env_list("MODULES") or ["modules"]
     code: int = args.func(args)
     return code

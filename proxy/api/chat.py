@@ -1,0 +1,188 @@
+"""``POST /v1/chat/completions``: passthrough chat, and module mode over chat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.api.body import read_object, upstream_failure
+from proxy.api.errors import ApiError, json_response
+from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
+from proxy.api.modules import module_error_response, module_not_found
+from proxy.api.state import Runtime, runtime_of
+from proxy.jsonshape import as_dict, as_list
+from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.policy.model import Policy, Target
+from proxy.upstream.base import CallContext, ProviderError
+from proxy.wire import DONE, completion, completion_chunks, sse_frame
+
+MODULE_PREFIX = "module:"
+
+
+def resolve_model(policy: Policy, name: str) -> tuple[Target, ...] | None:
+    """A passthrough model name -> the targets to try: an alias (to a rung or provider/model),
+    a rung name, or ``provider/model`` of a configured provider."""
+    name = policy.aliases.get(name, name)
+    index = policy.rung_index(name)
+    if index is not None:
+        return policy.ladder[index].targets
+    provider, _, model = name.partition("/")
+    if model and provider in policy.providers:
+        return (Target(provider, model),)
+    return None
+
+
+def model_names(runtime: Runtime) -> list[str]:
+    return sorted(runtime.policy.aliases) + [MODULE_PREFIX + n for n in runtime.registry.names()]
+
+
+def text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(as_dict(p).get("text", "")) for p in as_list(content) if as_dict(p).get("type") == "text"
+    )
+
+
+def module_input(body: dict[str, Any]) -> tuple[Any, bool]:
+    """The last user message as module input, and whether to check it against the schema:
+    a JSON object is the input as is; plain text becomes ``{"$ARGUMENTS": text, "query": text}``
+    and skips the input schema, as the reference runtime does."""
+    users = [m for m in as_list(body.get("messages")) if as_dict(m).get("role") == "user"]
+    if not users:
+        raise ApiError(400, "Module calls need a user message holding the input", param="messages")
+    text = text_of(users[-1])
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        return value, True
+    return {"$ARGUMENTS": text, "query": text}, False
+
+
+async def _module_chat(
+    request: web.Request, runtime: Runtime, name: str, body: dict[str, Any]
+) -> web.StreamResponse:
+    module = runtime.registry.get(name)
+    if module is None:
+        return module_not_found(name, runtime, request[TRACE_KEY])
+    value, check = module_input(body)
+    answer = await run_module(
+        Call(
+            module,
+            value,
+            runtime.policy,
+            runtime.providers,
+            request[TRACE_KEY],
+            request.get(CLIENT_KEY),
+            check_input=check,
+        )
+    )
+    if answer.status != 200:
+        return module_error_response(answer, request[TRACE_KEY])
+    reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())
+    if answer.usage:
+        reply["usage"] = dict(answer.usage)
+    reply["cognitive"] = answer.cognitive()
+    headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    if body.get("stream") is True:
+        return await _stream_module(request, reply, answer, headers, body)
+    return json_response(reply, headers=headers)
+
+
+async def _stream_module(
+    request: web.Request,
+    reply: dict[str, Any],
+    answer: ModuleAnswer,
+    headers: dict[str, str],
+    body: dict[str, Any],
+) -> web.StreamResponse:
+    """A valid SSE stream carrying the final envelope (true v2.5 streaming is a later issue)."""
+    include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
+    chunks = completion_chunks(reply, include_usage=include_usage)
+    chunks[-1 if not include_usage else -2]["cognitive"] = answer.cognitive()
+    response = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(sse_frame(chunk))
+    await response.write(DONE)
+    await response.write_eof()
+    return response
+
+
+async def _passthrough(
+    request: web.Request, runtime: Runtime, body: dict[str, Any], model: str
+) -> web.StreamResponse:
+    targets = resolve_model(runtime.policy, model)
+    if not targets:
+        raise ApiError(
+            404,
+            f"The model {model!r} does not exist on this proxy. Available: {', '.join(model_names(runtime))}",
+            code="model_not_found",
+            param="model",
+        )
+    target = targets[0]
+    provider = runtime.providers[target.provider]
+    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
+    timeout = runtime.policy.timeouts.per_try_s
+    headers = {"X-Cognitive-Model": str(target), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    if body.get("stream") is not True:
+        try:
+            reply = await provider.complete(body, target.model, ctx, timeout)
+        except ProviderError as exc:
+            return upstream_failure(exc, request[TRACE_KEY])
+        return json_response(reply, headers=headers)
+    chunks = aiter(provider.stream(body, target.model, ctx, timeout))
+    try:
+        first = await anext(chunks)
+    except ProviderError as exc:
+        return upstream_failure(exc, request[TRACE_KEY])
+    except StopAsyncIteration:
+        first = b""
+    response = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    try:
+        await response.write(first)
+        async for chunk in chunks:
+            await response.write(chunk)
+    except ProviderError as exc:
+        # Bytes already reached the client: never retried; the stream ends with an error event.
+        await response.write(
+            sse_frame(
+                {
+                    "error": {
+                        "message": f"Upstream stream failed: {exc.message}",
+                        "type": "server_error",
+                        "code": "upstream_stream_error",
+                    }
+                }
+            )
+        )
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    await response.write_eof()
+    return response
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI-compatible chat completions; ``model: "module:<name>"`` or the
+    ``X-Cognitive-Module`` header runs a module instead of proxying."""
+    runtime = runtime_of(request)
+    body = await read_object(request)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "The request needs a model (a string)", param="model", code="missing_model")
+    header_module = request.headers.get("X-Cognitive-Module", "").strip()
+    if header_module:
+        return await _module_chat(request, runtime, header_module, body)
+    if model.startswith(MODULE_PREFIX):
+        return await _module_chat(request, runtime, model[len(MODULE_PREFIX) :], body)
+    return await _passthrough(request, runtime, body, model)

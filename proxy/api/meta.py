@@ -1,0 +1,77 @@
+"""Catalogue and health routes: models, capabilities, liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from proxy import __version__
+from proxy.api.chat import MODULE_PREFIX
+from proxy.api.errors import json_response
+from proxy.api.state import RUNTIME, SETTINGS, runtime_of
+
+METRICS = web.AppKey("metrics", CollectorRegistry)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """Policy aliases and ``module:<name>`` entries in OpenAI's list format."""
+    runtime = runtime_of(request)
+    entries = [
+        {"id": alias, "object": "model", "created": 0, "owned_by": "cognitive-proxy", "route": target}
+        for alias, target in sorted(runtime.policy.aliases.items())
+    ]
+    entries += [
+        {
+            "id": MODULE_PREFIX + name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "cognitive-proxy",
+            "tier": runtime.registry.modules[name].tier,
+        }
+        for name in runtime.registry.names()
+    ]
+    return json_response({"object": "list", "data": entries})
+
+
+async def capabilities(request: web.Request) -> web.Response:
+    """The runtime's capability declaration (spec v2.5 §3.2.5)."""
+    runtime = runtime_of(request)
+    return json_response(
+        {
+            "runtime": "cognitive-proxy",
+            "version": __version__,
+            "spec_versions": ["2.2", "2.1", "1.0"],
+            "conformance_level": 2,
+            "response_modes": ["sync"],
+            "chat_completions": {"stream": True, "module_stream": "final-envelope"},
+            "modalities": {"input": ["text"], "output": ["text"]},
+            "max_body_bytes": request.app[SETTINGS].max_body_bytes,
+            "modules": len(runtime.registry.modules),
+            "providers": sorted(runtime.policy.providers),
+        }
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: answers as long as the process serves."""
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 only once the policy and the modules are loaded."""
+    current = request.app[RUNTIME].current
+    if current is None:
+        return json_response({"status": "loading"}, status=503)
+    return json_response(
+        {
+            "status": "ready",
+            "policy": current.policy.source,
+            "modules": len(current.registry.modules),
+            "module_problems": [str(p) for p in current.registry.problems],
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,73 @@
+"""Request middlewares, in this order after error mapping: trace id, then client auth."""
+
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+
+import structlog
+from aiohttp import web
+
+from proxy.api.errors import ApiError, Handler
+from proxy.api.state import SETTINGS
+
+TRACE_KEY = web.RequestKey("trace_id", str)
+CLIENT_KEY = web.RequestKey("client_key", str)
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def trace_id_of(request: web.Request) -> str:
+    """W3C ``traceparent``'s trace id, else a sane ``X-Request-Id``, else a new id."""
+    match = _TRACEPARENT.match(request.headers.get("traceparent", "").strip().lower())
+    if match and match["trace"] != "0" * 32:
+        return match["trace"]
+    request_id = request.headers.get("X-Request-Id", "").strip()
+    if _REQUEST_ID.match(request_id):
+        return request_id
+    return uuid.uuid4().hex
+
+
+@web.middleware
+async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bind the trace id to every log line of the request and echo it in a header."""
+    trace_id = trace_id_of(request)
+    request[TRACE_KEY] = trace_id
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=request.path)
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        exc.headers.setdefault("X-Cognitive-Trace-Id", trace_id)
+        raise
+    if not response.prepared:
+        response.headers["X-Cognitive-Trace-Id"] = trace_id
+    return response
+
+
+def bearer_of(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """When client keys are configured, demand one of them as a bearer token (constant-time)."""
+    keys = request.app[SETTINGS].api_keys
+    token = bearer_of(request)
+    if token is not None:
+        request[CLIENT_KEY] = token
+    if keys and request.path not in UNAUTHENTICATED_PATHS:
+        presented = (token or "").encode()
+        if not any(hmac.compare_digest(presented, key.encode()) for key in keys):
+            raise ApiError(
+                401,
+                "Missing or invalid API key for this proxy (Authorization: Bearer ...)",
+                "authentication_error",
+                "invalid_api_key",
+            )
+    return await handler(request)

@@ -1,0 +1,72 @@
+"""Module routes: execute, catalogue, manifest summary. Module answers are always envelopes."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.api.body import read_object
+from proxy.api.errors import json_response
+from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
+from proxy.api.state import Runtime, runtime_of
+from proxy.contract.errors import Code, error_envelope, http_status
+from proxy.pipeline import Call, ModuleAnswer, run_module
+
+
+def module_not_found(name: str, runtime: Runtime, trace_id: str) -> web.Response:
+    known = ", ".join(runtime.registry.names()) or "none"
+    envelope = error_envelope(Code.MODULE_NOT_FOUND, f"Module {name!r} is not installed (installed: {known})")
+    envelope["meta"]["trace_id"] = trace_id
+    return json_response(
+        envelope,
+        status=http_status(Code.MODULE_NOT_FOUND),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+def module_error_response(answer: ModuleAnswer, trace_id: str) -> web.Response:
+    """A module answer whose status is not 200: the envelope itself is the body."""
+    return json_response(
+        answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
+    )
+
+
+async def execute(request: web.Request) -> web.Response:
+    """``POST /v1/modules/{name}/execute`` with ``{"input": {...}, "_options": {...}}``."""
+    runtime = runtime_of(request)
+    name = request.match_info["name"]
+    trace_id = request[TRACE_KEY]
+    module = runtime.registry.get(name)
+    if module is None:
+        return module_not_found(name, runtime, trace_id)
+    body = await read_object(request)
+    if "input" not in body:
+        envelope = error_envelope(
+            Code.INVALID_INPUT,
+            'The request body needs an "input" field',
+            suggestion='Send {"input": {...}} with the module input',
+        )
+        return json_response(envelope, status=400, headers={"X-Cognitive-Trace-Id": trace_id})
+    answer = await run_module(
+        Call(module, body["input"], runtime.policy, runtime.providers, trace_id, request.get(CLIENT_KEY))
+    )
+    return json_response(
+        answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
+    )
+
+
+async def list_modules(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    data = [
+        {"id": m.name, "object": "module", **m.summary()}
+        for m in (runtime.registry.modules[n] for n in runtime.registry.names())
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+async def get_module(request: web.Request) -> web.Response:
+    runtime = runtime_of(request)
+    name = request.match_info["name"]
+    module = runtime.registry.get(name)
+    if module is None:
+        return module_not_found(name, runtime, request[TRACE_KEY])
+    return json_response({"id": module.name, "object": "module", **module.summary()})

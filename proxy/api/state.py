@@ -1,0 +1,51 @@
+"""What the application holds: settings, the HTTP session and the current runtime snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from proxy.api.errors import ApiError
+from proxy.module.registry import ModuleRegistry
+from proxy.policy.model import Policy
+from proxy.settings import Settings
+from proxy.upstream.base import Provider
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """An immutable snapshot; a reload builds a new one and swaps it in whole, so a request
+    finishes on the policy and modules it started with."""
+
+    policy: Policy
+    registry: ModuleRegistry
+    providers: Mapping[str, Provider]
+
+
+class RuntimeHolder:
+    """The one mutable cell: the current ``Runtime`` (None until loaded)."""
+
+    def __init__(self) -> None:
+        self.current: Runtime | None = None
+
+
+SETTINGS = web.AppKey("settings", Settings)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+RUNTIME = web.AppKey("runtime", RuntimeHolder)
+
+
+def runtime_of(request: web.Request) -> Runtime:
+    """The runtime this request runs on (readiness guarantees it is loaded)."""
+    current = request.app[RUNTIME].current
+    if current is None:
+        raise ApiError(
+            503,
+            "The proxy is starting: policy and modules are not loaded yet",
+            "server_error",
+            "not_ready",
+            headers={"Retry-After": "1"},
+        )
+    return current

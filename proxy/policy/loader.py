@@ -1,0 +1,128 @@
+"""Policy YAML -> ``Policy``, validated against the shipped JSON Schema.
+
+A bad file is refused with ``path.to.key: problem``; nothing half-loaded is ever returned.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from proxy import schemas
+from proxy.contract.schema import Validator, check, compile_schema
+from proxy.jsonshape import as_dict
+from proxy.policy.model import Policy, ProviderConfig, Rung, Target, Thresholds, Timeouts
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# Used when a policy has no `tiers:` block, and for tiers it leaves out.
+DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "exec": {"min_confidence": 0.9, "max_risk": "low", "exhausted": "reject"},
+    "decision": {"min_confidence": 0.7, "max_risk": "medium", "exhausted": "review"},
+    "exploration": {"min_confidence": 0.3, "max_risk": "high", "exhausted": "accept"},
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the message lists each problem as ``path.to.key: problem``."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"{source}: " + "; ".join(problems))
+        self.source = source
+        self.problems = problems
+
+
+@cache
+def _validator() -> Validator:
+    return compile_schema(schemas.load("policy.schema.json"))
+
+
+def _thresholds(raw: dict[str, Any]) -> Thresholds:
+    return Thresholds(
+        min_confidence=float(raw["min_confidence"]),
+        max_risk=raw["max_risk"],
+        exhausted=raw.get("exhausted", "reject"),
+        start=raw.get("start"),
+        reask=int(raw.get("reask", 0)),
+    )
+
+
+def _cross_checks(doc: dict[str, Any]) -> list[str]:
+    problems = []
+    providers = as_dict(doc.get("providers"))
+    rung_names = [r["name"] for r in doc["ladder"]]
+    for i, rung in enumerate(doc["ladder"]):
+        if rung_names.count(rung["name"]) > 1:
+            problems.append(f"ladder[{i}].name: duplicate rung {rung['name']!r}")
+        for j, target in enumerate(rung["targets"]):
+            provider = target.split("/", 1)[0]
+            if provider not in providers:
+                problems.append(f"ladder[{i}].targets[{j}]: unknown provider {provider!r}")
+    for name, provider in providers.items():
+        if provider["kind"] in ("openai", "anthropic") and "base_url" not in provider:
+            problems.append(f"providers.{name}.base_url: required for kind {provider['kind']}")
+    for section in ("tiers", "modules"):
+        for name, entry in as_dict(doc.get(section)).items():
+            start = entry.get("start")
+            if start is not None and start not in rung_names:
+                problems.append(f"{section}.{name}.start: no rung named {start!r}")
+    for alias, target in as_dict(doc.get("aliases")).items():
+        if target not in rung_names and target.split("/", 1)[0] not in providers:
+            problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
+    return problems
+
+
+def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
+    """Validate a parsed YAML document and build the ``Policy``; raise ``PolicyError``."""
+    violations = check(_validator(), doc, "")
+    if violations:
+        raise PolicyError(source, [str(v) for v in violations])
+    problems = _cross_checks(doc)
+    if problems:
+        raise PolicyError(source, problems)
+    providers = {
+        name: ProviderConfig(
+            name=name,
+            kind=raw["kind"],
+            base_url=raw.get("base_url", "").rstrip("/"),
+            api_key_env=raw.get("api_key_env"),
+            forward_client_key=raw.get("forward_client_key", False),
+            headers=MappingProxyType(dict(raw.get("headers", {}))),
+            options=MappingProxyType(dict(raw.get("options", {}))),
+        )
+        for name, raw in doc["providers"].items()
+    }
+    ladder = tuple(
+        Rung(r["name"], tuple(Target(*t.split("/", 1)) for t in r["targets"])) for r in doc["ladder"]
+    )
+    tiers = {
+        name: _thresholds({**DEFAULT_TIERS[name], **as_dict(doc.get("tiers")).get(name, {})})
+        for name in DEFAULT_TIERS
+    }
+    timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
+    return Policy(
+        providers=MappingProxyType(providers),
+        ladder=ladder,
+        tiers=MappingProxyType(tiers),
+        modules=MappingProxyType(
+            {k: MappingProxyType(dict(v)) for k, v in as_dict(doc.get("modules")).items()}
+        ),
+        aliases=MappingProxyType(dict(as_dict(doc.get("aliases")))),
+        timeouts=Timeouts(float(timeout.get("per_try_s", 30)), float(timeout.get("total_s", 90))),
+        source=source,
+    )
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and parse a policy file; every failure is a ``PolicyError`` naming the file."""
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)
+    except OSError as exc:
+        raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
+    except yaml.YAMLError as exc:
+        raise PolicyError(str(path), [f"invalid YAML: {exc}"]) from exc
+    return parse_policy(doc, str(path))

@@ -1,0 +1,87 @@
+"""The routing policy as frozen, typed values (parsed once from YAML by ``loader``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from proxy.contract.risk import Risk
+
+ProviderKind = Literal["openai", "anthropic", "offline"]
+Exhausted = Literal["reject", "review", "accept"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    kind: ProviderKind
+    base_url: str = ""
+    api_key_env: str | None = None
+    forward_client_key: bool = False
+    """Send the client's own bearer key upstream instead of ``api_key_env`` (off by default)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Provider-specific settings (the offline provider's script, an Anthropic version)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    provider: str
+    model: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    name: str
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """A tier's entry (or a module's override of it): what is accepted, where to start."""
+
+    min_confidence: float
+    max_risk: Risk
+    exhausted: Exhausted
+    start: str | None = None
+    reask: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    per_try_s: float = 30.0
+    total_s: float = 90.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    providers: Mapping[str, ProviderConfig]
+    ladder: tuple[Rung, ...]
+    tiers: Mapping[str, Thresholds]
+    modules: Mapping[str, Mapping[str, Any]]
+    """Per-module overrides: the fields they name replace those of the module's tier entry."""
+    aliases: Mapping[str, str]
+    timeouts: Timeouts
+    source: str = "<memory>"
+
+    def rung_index(self, name: str) -> int | None:
+        for i, rung in enumerate(self.ladder):
+            if rung.name == name:
+                return i
+        return None
+
+    def thresholds_for(self, module: str, tier: str) -> Thresholds:
+        """The module's tier entry with the module's overrides applied."""
+        base = self.tiers[tier]
+        override = self.modules.get(module)
+        return replace(base, **override) if override else base
+
+    def start_rung(self, thresholds: Thresholds) -> int:
+        if thresholds.start is None:
+            return 0
+        index = self.rung_index(thresholds.start)
+        return 0 if index is None else index

@@ -1,0 +1,38 @@
+"""Server settings: one frozen value built from flags and environment variables by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+DEFAULT_POOL_SIZE = 100
+DEFAULT_IDLE_TIMEOUT_S = 75.0
+DEFAULT_DRAIN_TIMEOUT_S = 25.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    policy_path: Path
+    module_dirs: tuple[Path, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    pool_size: int = DEFAULT_POOL_SIZE
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise ValueError(f"max_body_bytes must be positive, not {self.max_body_bytes}")
+        if self.pool_size <= 0:
+            raise ValueError(f"pool_size must be positive, not {self.pool_size}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, not {self.port}")
+
+
+def read_key_file(path: Path) -> frozenset[str]:
+    """Client API keys, one per line; blank lines and ``#`` comments are ignored."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))

@@ -1,0 +1,84 @@
+"""``kind: anthropic``: the Messages API, translated to and from OpenAI's chat format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.jsonshape import as_dict
+from proxy.policy.model import ProviderConfig
+from proxy.upstream.anthropic_wire import (
+    StreamError,
+    StreamTranslator,
+    from_messages_response,
+    parse_sse,
+    to_messages_request,
+)
+from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.http import api_key, post, read_json
+from proxy.wire import DONE, sse_frame
+
+DEFAULT_VERSION = "2023-06-01"
+
+
+class AnthropicProvider:
+    def __init__(self, config: ProviderConfig, session: aiohttp.ClientSession) -> None:
+        self.config = config
+        self._session = session
+        self._url = f"{config.base_url}/v1/messages"
+        self._version = str(config.options.get("anthropic_version", DEFAULT_VERSION))
+        self._max_tokens = int(config.options.get("max_tokens", 4096))
+
+    def _headers(self, ctx: CallContext) -> dict[str, str]:
+        headers = {
+            "Content-Type": "application/json",
+            "anthropic-version": self._version,
+            **self.config.headers,
+        }
+        key = api_key(self.config, ctx)
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def _request(self, body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
+        try:
+            payload = to_messages_request(
+                {**body, "stream": stream}, model, default_max_tokens=self._max_tokens
+            )
+        except ValueError as exc:
+            raise ProviderError(
+                "client_error", f"cannot translate the request for Anthropic: {exc}", status=400
+            ) from exc
+        return payload
+
+    async def complete(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> dict[str, Any]:
+        payload = self._request(body, model, stream=False)
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+            return from_messages_response(await read_json(resp), model)
+
+    async def stream(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> AsyncIterator[bytes]:
+        """Anthropic SSE events in, OpenAI ``chat.completion.chunk`` frames out, as they arrive."""
+        include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
+        translator = StreamTranslator(model, include_usage=include_usage)
+        payload = self._request(body, model, stream=True)
+        buffer = b""
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+            async for piece in resp.content.iter_any():
+                events, buffer = parse_sse(buffer + piece)
+                for name, data in events:
+                    try:
+                        chunks = translator.feed(name, orjson.loads(data))
+                    except orjson.JSONDecodeError as exc:
+                        raise ProviderError("malformed", f"bad Anthropic stream event {name!r}") from exc
+                    except StreamError as exc:
+                        raise ProviderError("server_error", f"Anthropic stream error: {exc.message}") from exc
+                    for chunk in chunks:
+                        yield sse_frame(chunk)
+        yield DONE

@@ -1,0 +1,80 @@
+"""What every provider client offers, and the typed errors the router acts on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from proxy.module.model import Module
+from proxy.policy.model import ProviderConfig
+
+FailureKind = Literal["connect", "timeout", "rate_limited", "client_error", "server_error", "malformed"]
+
+
+class ProviderError(Exception):
+    """A provider call that failed. ``kind`` is what the router retries or fails over on."""
+
+    def __init__(
+        self,
+        kind: FailureKind,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        self.body = body
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a provider may know about the call besides the OpenAI body."""
+
+    trace_id: str = ""
+    client_key: str | None = None
+    module: Module | None = None
+    input: Any = None
+
+
+class Provider(Protocol):
+    config: ProviderConfig
+
+    async def complete(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> dict[str, Any]:
+        """One non-streamed chat completion, answered as an OpenAI ``chat.completion`` object."""
+        ...
+
+    def stream(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> AsyncIterator[bytes]:
+        """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``)."""
+        ...
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds form); None when absent or unusable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def content_of(completion: dict[str, Any]) -> str:
+    """The assistant text of a ``chat.completion``; raise ``ProviderError(malformed)`` if none."""
+    try:
+        content = completion["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ProviderError("malformed", "the provider answer has no choices[0].message") from exc
+    return content if isinstance(content, str) else ""

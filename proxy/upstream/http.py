@@ -1,0 +1,84 @@
+"""The shared pieces of HTTP provider clients: key injection, error typing, timeouts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.policy.model import ProviderConfig
+from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
+
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+def api_key(config: ProviderConfig, ctx: CallContext) -> str | None:
+    """The key sent upstream: the client's own only when the provider opts in, else the
+    provider's ``api_key_env`` (read per call, so a rotated secret needs no restart)."""
+    if config.forward_client_key:
+        return ctx.client_key
+    return os.environ.get(config.api_key_env) if config.api_key_env else None
+
+
+def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderError:
+    """A non-2xx answer as a typed error."""
+    retry_after = parse_retry_after(headers.get("Retry-After") or headers.get("retry-after"))
+    kind: FailureKind
+    if status == 429:
+        kind = "rate_limited"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "client_error"
+    text = body[:500].decode("utf-8", "replace")
+    return ProviderError(
+        kind,
+        f"upstream answered {status}: {text}",
+        status=status,
+        retry_after=retry_after,
+        body=body,
+        headers=headers,
+    )
+
+
+@asynccontextmanager
+async def post(
+    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], headers: dict[str, str], timeout: float
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
+
+    ``timeout`` bounds connecting and each read, so a stream that stalls fails too.
+    """
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    try:
+        async with session.post(
+            url, data=orjson.dumps(payload), headers=headers, timeout=client_timeout
+        ) as resp:
+            if resp.status >= 400:
+                body = await resp.content.read(_ERROR_BODY_LIMIT)
+                raise status_error(resp.status, body, dict(resp.headers))
+            yield resp
+    except ProviderError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise ProviderError("timeout", f"no answer from {url} within {timeout:g}s") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise ProviderError("connect", f"connection to {url} broke mid-answer: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise ProviderError("connect", f"cannot reach {url}: {exc}") from exc
+
+
+async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The JSON object of a 2xx answer; ``malformed`` when it is not one."""
+    raw = await resp.read()
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderError("malformed", f"upstream answered non-JSON: {raw[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ProviderError("malformed", "upstream answered JSON that is not an object")
+    return value

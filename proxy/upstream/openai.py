@@ -1,0 +1,94 @@
+"""``kind: openai``: any OpenAI-compatible chat completions API (OpenAI, vLLM, Ollama, LM Studio)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from proxy.policy.model import ProviderConfig
+from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.http import api_key, post, read_json
+
+# Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
+_FORMATS = ("json_schema", "json_object", None)
+
+
+def response_format(kind: str | None, ctx: CallContext) -> dict[str, Any] | None:
+    """The ``response_format`` asking for the module's envelope, or None."""
+    if kind is None or ctx.module is None:
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    schema = {
+        "type": "object",
+        "required": ["ok", "meta"],
+        "properties": {
+            "ok": {"type": "boolean"},
+            "meta": ctx.module.schema.get("meta") or {"type": "object"},
+            "data": ctx.module.data_schema or {"type": "object"},
+            "error": {"type": "object"},
+            "partial_data": {"type": "object"},
+        },
+    }
+    defs = {k: ctx.module.schema[k] for k in ("$defs", "definitions") if k in ctx.module.schema}
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": ctx.module.name.replace(".", "_"),
+            "strict": False,
+            "schema": {**schema, **defs},
+        },
+    }
+
+
+class OpenAIProvider:
+    """Talks the OpenAI wire format; the proxy's own retry loop is the only one (no retries here)."""
+
+    def __init__(self, config: ProviderConfig, session: aiohttp.ClientSession) -> None:
+        self.config = config
+        self._session = session
+        self._url = f"{config.base_url}/chat/completions"
+        # Which structured-output form each model accepted last (learned from 400s, per process).
+        self._format_level: dict[str, int] = {}
+
+    def _headers(self, ctx: CallContext) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", **self.config.headers}
+        key = api_key(self.config, ctx)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if ctx.trace_id:
+            headers["X-Request-Id"] = ctx.trace_id
+        return headers
+
+    async def complete(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> dict[str, Any]:
+        """One chat completion. Module calls ask for structured output and step down on refusal."""
+        payload = {**body, "model": model, "stream": False}
+        wants_format = (
+            ctx.module is not None and ctx.module.runtime.structured_output and "response_format" not in body
+        )
+        level = self._format_level.get(model, 0) if wants_format else len(_FORMATS) - 1
+        while True:
+            fmt = response_format(_FORMATS[level], ctx)
+            attempt = {**payload, "response_format": fmt} if fmt else payload
+            try:
+                async with post(self._session, self._url, attempt, self._headers(ctx), timeout) as resp:
+                    return await read_json(resp)
+            except ProviderError as exc:
+                if exc.status == 400 and fmt is not None and level + 1 < len(_FORMATS):
+                    level += 1
+                    self._format_level[model] = level
+                    continue
+                raise
+
+    async def stream(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> AsyncIterator[bytes]:
+        """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded."""
+        payload = {**body, "model": model, "stream": True}
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+            async for chunk in resp.content.iter_any():
+                yield chunk

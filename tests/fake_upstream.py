@@ -1,0 +1,424 @@
+"""A real aiohttp app impersonating OpenAI and Anthropic on loopback, for end-to-end tests.
+
+Usage::
+
+    async with FakeUpstream.start(api_key="sk-upstream") as fake:
+        fake.script("gpt-4o", "first answer", Fault.http(429, retry_after=1), DROP)
+        ...  # point a client at fake.openai_base (OpenAI) or fake.url (Anthropic)
+        assert fake.count("/v1/chat/completions", model="gpt-4o") == 1
+
+or take the ``fake_upstream`` pytest fixture, which yields a started instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pytest_asyncio
+from aiohttp import web
+
+FaultKind = Literal["status", "slow", "drop", "malformed", "stream_break"]
+DEFAULT_CONTENT = "Hello from the fake upstream."
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ErrorFactory = Callable[[int, str, Mapping[str, str]], web.Response]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A scripted misbehaviour, used in place of a reply (see the ``FaultKind`` values)."""
+
+    kind: FaultKind
+    status: int = 500
+    retry_after: float | None = None
+    delay: float = 0.0
+    body: str | None = None
+
+    @classmethod
+    def http(cls, status: int, retry_after: float | None = None, body: str | None = None) -> Fault:
+        """Answer ``status`` with a wire-format error body (or ``body`` verbatim) and optional Retry-After."""
+        return cls("status", status=status, retry_after=retry_after, body=body)
+
+    @classmethod
+    def slow(cls, delay: float, content: str | None = None) -> Fault:
+        """Sleep ``delay`` seconds, then answer normally (with ``content`` or the model's default)."""
+        return cls("slow", delay=delay, body=content)
+
+    @classmethod
+    def drop(cls) -> Fault:
+        """Close the TCP connection without any HTTP answer."""
+        return cls("drop")
+
+    @classmethod
+    def malformed(cls, body: str = "{this is not json") -> Fault:
+        """Answer 200 with a body that is not JSON."""
+        return cls("malformed", status=200, body=body)
+
+    @classmethod
+    def stream_break(cls) -> Fault:
+        """For streamed requests: send two chunks, then drop the connection (plain drop otherwise)."""
+        return cls("stream_break")
+
+
+DROP = Fault.drop()
+MALFORMED = Fault.malformed()
+STREAM_BREAK = Fault.stream_break()
+RATE_LIMITED = Fault.http(429, retry_after=1)
+SERVER_ERROR = Fault.http(500)
+UNAVAILABLE = Fault.http(503)
+
+Reply = str | Fault
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake received it; ``headers`` has lower-case keys, ``json`` is None if not JSON."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+    query: str
+
+    @property
+    def model(self) -> str | None:
+        """The ``model`` field of a JSON object body, if any."""
+        return self.json.get("model") if isinstance(self.json, dict) else None
+
+
+_OPENAI_TYPES = {429: "requests"}
+_OPENAI_CODES = {401: "invalid_api_key", 404: "not_found", 429: "rate_limit_exceeded"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def openai_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    """An OpenAI-style error response."""
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    error = {"message": message, "type": kind, "param": None, "code": _OPENAI_CODES.get(status)}
+    return web.json_response({"error": error}, status=status, headers=headers)
+
+
+def anthropic_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    """An Anthropic-style error response."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _tokens(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    parts: list[str] = [body["system"]] if isinstance(body.get("system"), str) else []
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return " ".join(parts)
+
+
+def _pieces(content: str) -> list[str]:
+    """Split content into several deltas on word boundaries (leading whitespace kept)."""
+    return re.findall(r"\s*\S+\s*$|\s*\S+", content) or ([content] if content else [])
+
+
+class FakeUpstream:
+    """State and routes of a fake LLM provider; ``chunk_delay`` is the pause between streamed chunks."""
+
+    def __init__(self, api_key: str | None = None, chunk_delay: float = 0.0) -> None:
+        self.api_key = api_key
+        self.chunk_delay = chunk_delay
+        self.url = ""
+        self.requests: list[RecordedRequest] = []
+        self.cancelled = 0
+        self.in_flight = 0
+        self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
+        self._defaults: dict[str, Reply] = {}
+
+    @property
+    def openai_base(self) -> str:
+        """Base URL for OpenAI clients (``url + "/v1"``)."""
+        return self.url + "/v1"
+
+    def script(self, model: str, *replies: Reply) -> None:
+        """Queue replies (content strings or Faults) for ``model``, consumed one per request, in order."""
+        self._scripts[model].extend(replies)
+
+    def set_default_reply(self, model: str, reply: Reply | Mapping[str, Any] | list[Any]) -> None:
+        """Set the reply used when ``model``'s queue is empty; mappings/lists are sent as JSON text."""
+        self._defaults[model] = reply if isinstance(reply, str | Fault) else json.dumps(reply)
+
+    def default_reply(self, model: str) -> Reply:
+        """The reply used when ``model``'s queue is empty."""
+        return self._defaults.get(model, DEFAULT_CONTENT)
+
+    def next_reply(self, model: str) -> Reply:
+        """Pop the next scripted reply for ``model`` (or its default)."""
+        queue = self._scripts.get(model)
+        return queue.popleft() if queue else self.default_reply(model)
+
+    def count(self, path: str | None = None, model: str | None = None) -> int:
+        """Number of recorded requests matching ``path`` and/or body ``model``."""
+        return sum(
+            1
+            for r in self.requests
+            if (path is None or r.path == path) and (model is None or r.model == model)
+        )
+
+    def reset(self) -> None:
+        """Forget recorded requests, counters, scripts and default replies (keeps api_key/chunk_delay)."""
+        self.requests.clear()
+        self._scripts.clear()
+        self._defaults.clear()
+        self.cancelled = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application serving the fake routes."""
+        app = web.Application(middlewares=[self._record])
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_route("*", "/v1/{tail:.*}", self._not_found)
+        return app
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls, api_key: str | None = None, chunk_delay: float = 0.0, shutdown_timeout: float = 0.5
+    ) -> AsyncIterator[FakeUpstream]:
+        """Serve a new FakeUpstream on 127.0.0.1 on a free port for the duration of the block."""
+        fake = cls(api_key=api_key, chunk_delay=chunk_delay)
+        runner = web.AppRunner(fake.app(), access_log=None, shutdown_timeout=shutdown_timeout)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            yield fake
+        finally:
+            await runner.cleanup()
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            body = _parse_json(await request.read())
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            self.requests.append(
+                RecordedRequest(request.method, request.path, headers, body, request.query_string)
+            )
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
+    def _openai_auth(self, request: web.Request) -> web.Response | None:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return openai_error(401, "Incorrect API key provided.")
+        return None
+
+    def _anthropic_auth(self, request: web.Request) -> web.Response | None:
+        key = request.headers.get("x-api-key")
+        if not key or (self.api_key is not None and key != self.api_key):
+            return anthropic_error(401, "invalid x-api-key")
+        if not request.headers.get("anthropic-version"):
+            return anthropic_error(401, "anthropic-version header is required")
+        return None
+
+    async def _consume(
+        self, request: web.Request, auth: Callable[[web.Request], web.Response | None], error: ErrorFactory
+    ) -> tuple[web.StreamResponse | None, dict[str, Any], str, bool]:
+        """Check auth, take the next reply: (early answer or None, JSON body, content, break the stream?)."""
+        if denied := auth(request):
+            return denied, {}, "", False
+        body = _parse_json(await request.read())
+        body = body if isinstance(body, dict) else {}
+        reply = self.next_reply(str(body.get("model", "")))
+        if isinstance(reply, str):
+            return None, body, reply, False
+        brk = reply.kind == "stream_break" and bool(body.get("stream"))
+        if not brk and (answer := await self._fault(request, reply, error)) is not None:
+            return answer, body, "", False
+        default = self.default_reply(str(body.get("model", "")))
+        fallback = default if isinstance(default, str) else DEFAULT_CONTENT
+        return None, body, fallback if reply.body is None else reply.body, brk
+
+    async def _fault(
+        self, request: web.Request, fault: Fault, error: ErrorFactory
+    ) -> web.StreamResponse | None:
+        """Apply a non-streaming fault; None means "answer normally" (after any delay)."""
+        if fault.kind == "slow":
+            await asyncio.sleep(fault.delay)
+            return None
+        if fault.kind not in ("status", "malformed"):
+            return self._drop(request)
+        headers = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
+        if fault.body is None:
+            return error(fault.status, f"fake upstream fault: HTTP {fault.status}", headers)
+        return web.Response(
+            status=fault.status, text=fault.body, content_type="application/json", headers=headers
+        )
+
+    @staticmethod
+    def _drop(request: web.Request) -> web.StreamResponse:
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response()  # aiohttp fails to write it to the closed transport and moves on quietly
+
+    async def _stream(self, request: web.Request, frames: list[bytes], brk: bool) -> web.StreamResponse:
+        """Write each frame separately (``chunk_delay`` apart); ``brk`` drops the connection after two."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            for i, frame in enumerate(frames):
+                if brk and i == 2:
+                    self._drop(request)
+                    return resp
+                if i and self.chunk_delay:
+                    await asyncio.sleep(self.chunk_delay)
+                await resp.write(frame)
+            await resp.write_eof()
+        except ConnectionResetError:
+            self.cancelled += 1
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return resp
+
+    # -- OpenAI ------------------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            return denied
+        models = sorted({"gpt-4o-mini", *self._scripts, *self._defaults} - {""})
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake-upstream"} for m in models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _not_found(self, request: web.Request) -> web.StreamResponse:
+        return openai_error(404, f"Unknown path {request.method} {request.path}")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        early, body, content, brk = await self._consume(request, self._openai_auth, openai_error)
+        if early is not None:
+            return early
+        model, stream = str(body.get("model", "")), bool(body.get("stream"))
+        prompt, completion = _tokens(_prompt_text(body)), _tokens(content)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if not stream:
+            message = {"role": "assistant", "content": content, "refusal": None}
+            return web.json_response(
+                {
+                    "id": ident,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+                    "usage": usage,
+                    "system_fingerprint": None,
+                }
+            )
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            out: dict[str, Any] = {
+                "id": ident,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [choice],
+            }
+            if include_usage:
+                out["usage"] = None
+            return out
+
+        chunks = [chunk({"role": "assistant", "content": ""})]
+        chunks += [chunk({"content": piece}) for piece in _pieces(content)]
+        chunks.append(chunk({}, "stop"))
+        if include_usage:
+            chunks.append({**chunk({}), "choices": [], "usage": usage})
+        frames = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+        return await self._stream(request, frames, brk)
+
+    # -- Anthropic ---------------------------------------------------------------------------------
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        early, body, content, brk = await self._consume(request, self._anthropic_auth, anthropic_error)
+        if early is not None:
+            return early
+        model, stream = str(body.get("model", "")), bool(body.get("stream"))
+        input_tokens, output_tokens = _tokens(_prompt_text(body)), _tokens(content)
+        message: dict[str, Any] = {
+            "id": f"msg_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": content}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        }
+        if not stream:
+            return web.json_response(message)
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+        }
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": start},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            *[
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}
+                for piece in _pieces(content)
+            ],
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+            {"type": "message_stop"},
+        ]
+        frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events]
+        return await self._stream(request, frames, brk)
+
+
+@pytest_asyncio.fixture
+async def fake_upstream() -> AsyncIterator[FakeUpstream]:
+    """A started FakeUpstream (no api_key, no chunk delay), stopped after the test."""
+    async with FakeUpstream.start() as fake:
+        yield fake

@@ -1,0 +1,89 @@
+"""Policy YAML: shipped policies load; bad files are refused with path.to.key: problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.policy.loader import PolicyError, load_policy, parse_policy
+from tests.conftest import ROOT
+
+MINIMAL: dict[str, Any] = {
+    "version": 1,
+    "providers": {"p": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"}},
+    "ladder": [{"name": "fast", "targets": ["p/small"]}, {"name": "strong", "targets": ["p/big"]}],
+}
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "demo.yaml"])
+def test_shipped_policies_load(name: str) -> None:
+    policy = load_policy(ROOT / "policies" / name)
+    assert [r.name for r in policy.ladder] == ["fast", "strong"]
+    assert set(policy.tiers) == {"exec", "decision", "exploration"}
+
+
+def test_default_policy_is_not_offline() -> None:
+    policy = load_policy(ROOT / "policies" / "default.yaml")
+    assert {p.kind for p in policy.providers.values()} == {"openai", "anthropic"}
+
+
+def test_missing_tiers_get_documented_defaults() -> None:
+    policy = parse_policy(MINIMAL)
+    exec_tier = policy.tiers["exec"]
+    assert (exec_tier.min_confidence, exec_tier.max_risk, exec_tier.exhausted) == (0.9, "low", "reject")
+    assert policy.timeouts.per_try_s == 30 and policy.timeouts.total_s == 90
+
+
+def test_module_override_replaces_only_the_fields_it_names() -> None:
+    doc = {
+        **MINIMAL,
+        "tiers": {"decision": {"min_confidence": 0.7, "max_risk": "medium", "exhausted": "review"}},
+        "modules": {"code-simplifier": {"min_confidence": 0.8}},
+    }
+    policy = parse_policy(doc)
+    merged = policy.thresholds_for("code-simplifier", "decision")
+    assert (merged.min_confidence, merged.max_risk, merged.exhausted) == (0.8, "medium", "review")
+    assert policy.thresholds_for("other", "decision").min_confidence == 0.7
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"version": 2}, "version"),
+        ({"ladder": []}, "ladder"),
+        (
+            {"ladder": [{"name": "fast", "targets": ["nobody/x"]}]},
+            "ladder[0].targets[0]: unknown provider 'nobody'",
+        ),
+        ({"providers": {"p": {"kind": "openai"}}}, "providers.p.base_url: required"),
+        ({"providers": {"p": {"kind": "grpc", "base_url": "http://x"}}}, "providers.p.kind"),
+        ({"tiers": {"exec": {"min_confidence": 1.5, "max_risk": "low"}}}, "tiers.exec.min_confidence"),
+        ({"tiers": {"exec": {"min_confidence": 0.9, "max_risk": "severe"}}}, "tiers.exec.max_risk"),
+        (
+            {"tiers": {"exec": {"min_confidence": 0.9, "max_risk": "low", "start": "warp"}}},
+            "tiers.exec.start: no rung",
+        ),
+        ({"aliases": {"gpt": "nowhere"}}, "aliases.gpt"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_policy_names_the_key(change: dict[str, Any], problem: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy({**MINIMAL, **change}, "p.yaml")
+    assert problem in str(info.value)
+    assert str(info.value).startswith("p.yaml: ")
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: [1")
+    with pytest.raises(PolicyError, match="invalid YAML"):
+        load_policy(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(MINIMAL))
+    assert load_policy(good).source == str(good)

@@ -43,6 +43,11 @@ lint: install
 	$(BIN)/ruff check proxy tests
 	$(BIN)/mypy proxy
 
+## bench: the proxy's overhead against the upstream (needs wrk: apt-get install -y wrk)
+bench: install
+	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get install -y -qq wrk; }
+	$(BIN)/python tests/perf/bench.py
+
 conformance: install
 	$(BIN)/cogproxy conformance ../shared/spec/test-vectors
 

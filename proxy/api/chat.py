@@ -134,10 +134,11 @@ async def _passthrough(
     headers = {"X-Cognitive-Model": str(target), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
     if body.get("stream") is not True:
         try:
-            reply = await provider.complete(body, target.model, ctx, timeout)
+            raw = await provider.relay(body, target.model, ctx, timeout)
         except ProviderError as exc:
             return upstream_failure(exc, request[TRACE_KEY])
-        return json_response(reply, headers=headers)
+        headers["Content-Type"] = "application/json"
+        return web.Response(body=raw, headers=headers)
     chunks = aiter(provider.stream(body, target.model, ctx, timeout))
     try:
         first = await anext(chunks)

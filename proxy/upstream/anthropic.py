@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.jsonshape import as_dict
 from proxy.policy.model import ProviderConfig
@@ -28,7 +29,7 @@ class AnthropicProvider:
     def __init__(self, config: ProviderConfig, session: aiohttp.ClientSession) -> None:
         self.config = config
         self._session = session
-        self._url = f"{config.base_url}/v1/messages"
+        self._url = URL(f"{config.base_url}/v1/messages")
         self._version = str(config.options.get("anthropic_version", DEFAULT_VERSION))
         self._max_tokens = int(config.options.get("max_tokens", 4096))
 
@@ -60,6 +61,9 @@ class AnthropicProvider:
         payload = self._request(body, model, stream=False)
         async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
             return from_messages_response(await read_json(resp), model)
+
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+        return orjson.dumps(await self.complete(body, model, ctx, timeout))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

@@ -53,6 +53,11 @@ class Provider(Protocol):
         """One non-streamed chat completion, answered as an OpenAI ``chat.completion`` object."""
         ...
 
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+        """A non-streamed passthrough answer as OpenAI ``chat.completion`` JSON bytes (an
+        OpenAI-wire provider hands the upstream's bytes over untouched)."""
+        ...
+
     def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
     ) -> AsyncIterator[bytes]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import lru_cache
 from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
@@ -45,15 +47,21 @@ def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderE
     )
 
 
+@lru_cache(maxsize=64)
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    # ClientTimeout is frozen: one per distinct value instead of one per request.
+    return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+
+
 @asynccontextmanager
 async def post(
-    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], headers: dict[str, str], timeout: float
+    session: aiohttp.ClientSession, url: URL, payload: dict[str, Any], headers: dict[str, str], timeout: float
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
 
     ``timeout`` bounds connecting and each read, so a stream that stalls fails too.
     """
-    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    client_timeout = _timeout(timeout)
     try:
         async with session.post(
             url, data=orjson.dumps(payload), headers=headers, timeout=client_timeout
@@ -74,7 +82,11 @@ async def post(
 
 async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     """The JSON object of a 2xx answer; ``malformed`` when it is not one."""
-    raw = await resp.read()
+    return check_json_object(await resp.read())
+
+
+def check_json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` parsed; ``ProviderError(malformed)`` unless it is a JSON object."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

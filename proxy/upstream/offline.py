@@ -81,6 +81,9 @@ class OfflineProvider:
         content = self._module_answer(model, ctx) if ctx.module is not None else self._reply
         return completion(model, content, prompt_tokens=len(orjson.dumps(body.get("messages", []))) // 4)
 
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+        return orjson.dumps(await self.complete(body, model, ctx, timeout))
+
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
     ) -> AsyncIterator[bytes]:

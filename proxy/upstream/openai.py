@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, ProviderError
-from proxy.upstream.http import api_key, post, read_json
+from proxy.upstream.http import api_key, check_json_object, post, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
 _FORMATS = ("json_schema", "json_object", None)
@@ -49,7 +50,7 @@ class OpenAIProvider:
     def __init__(self, config: ProviderConfig, session: aiohttp.ClientSession) -> None:
         self.config = config
         self._session = session
-        self._url = f"{config.base_url}/chat/completions"
+        self._url = URL(f"{config.base_url}/chat/completions")  # parsed once, not per request
         # Which structured-output form each model accepted last (learned from 400s, per process).
         self._format_level: dict[str, int] = {}
 
@@ -83,6 +84,14 @@ class OpenAIProvider:
                     self._format_level[model] = level
                     continue
                 raise
+
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+        """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
+        payload = {**body, "model": model, "stream": False}
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+            raw = await resp.read()
+        check_json_object(raw)
+        return raw
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

@@ -1,0 +1,290 @@
+"""Benchmark: the proxy's overhead against the upstream measured directly, in one run.
+
+Run by hand (not part of ``make test``)::
+
+    make bench            # or: .venv/bin/python tests/perf/bench.py [--duration 10]
+
+It starts a no-delay fake upstream (its own process), then ``cogproxy serve`` in front of it,
+and drives both with ``wrk`` (Debian package ``wrk``) at concurrency 1, 16 and 64 for
+passthrough chat and a module call; streaming time-to-first-byte is measured with a small
+asyncio client. It prints p50/p99 latency, the overhead (proxy minus direct), the throughput
+ratio proxy/direct, the proxy's CPU milliseconds per request and its RSS after the load.
+Everything shares the machine's cores, so read ratios, not absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+ENVELOPE = {
+    "ok": True,
+    "meta": {"confidence": 0.93, "risk": "low", "explain": "One small style issue."},
+    "data": {
+        "issues": [
+            {
+                "severity": "minor",
+                "category": "style",
+                "line": 1,
+                "description": "Name is short.",
+                "suggestion": "Use a descriptive name.",
+                "risk": "low",
+            }
+        ],
+        "summary": "Fine overall.",
+        "verdict": "approve",
+        "rationale": "The function is correct; one naming nit.",
+    },
+}
+COMPLETION = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": json.dumps(ENVELOPE)},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+}
+CHAT_BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
+STREAM_BODY = {**CHAT_BODY, "stream": True}
+MODULE_BODY = {"input": {"code": "def f(x):\n    return x\n", "language": "python"}}
+
+
+def upstream_main(port: int) -> None:
+    """The no-delay fake upstream: precomputed bytes, nothing else."""
+    from aiohttp import web
+
+    body = json.dumps(COMPLETION).encode()
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "hi "}, "finish_reason": None}],
+    }
+    frames = [b"data: " + json.dumps(chunk).encode() + b"\n\n"] * 5 + [b"data: [DONE]\n\n"]
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        if not payload.get("stream"):
+            return web.Response(body=body, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for frame in frames:
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = None
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+@dataclass
+class WrkResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not match:
+        raise ValueError(text)
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def wrk(url: str, body: dict[str, object], connections: int, duration: int, script_dir: Path) -> WrkResult:
+    script = script_dir / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = [[{json.dumps(body)}]]\n"
+    )
+    threads = min(connections, 2)
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M)[1])  # type: ignore[index]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M)[1])  # type: ignore[index]
+    total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{url}: {errors[1]} non-2xx answers during the load")
+    return WrkResult(rps, p50, p99, total)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
+    """Time to the first streamed byte, in ms, over ``total`` requests ``concurrency`` at a time."""
+    import aiohttp
+
+    samples: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        queue = iter(range(total))
+
+        async def worker() -> None:
+            for _ in queue:
+                start = time.perf_counter()
+                async with session.post(url, json=STREAM_BODY) as resp:
+                    await resp.content.readany()
+                    samples.append((time.perf_counter() - start) * 1000)
+                    await resp.read()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.upstream:
+        upstream_main(args.upstream)
+        return 0
+    if shutil.which("wrk") is None:
+        print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
+        return 2
+
+    up_port, proxy_port = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        policy = tmpdir / "policy.yaml"
+        policy.write_text(
+            "version: 1\n"
+            f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+            "ladder:\n  - {name: fast, targets: [up/m]}\n"
+            "aliases: {bench: fast}\n"
+        )
+        upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
+        proxy = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "proxy",
+                "serve",
+                "--policy",
+                str(policy),
+                "--modules",
+                str(ROOT / "modules"),
+                "--port",
+                str(proxy_port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+        )
+        try:
+            wait_port(up_port)
+            wait_port(proxy_port)
+            direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
+            through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
+            wrk(through, CHAT_BODY, 4, 2, tmpdir)  # warm-up (imports, pools, JIT-free but caches)
+            wrk(module, MODULE_BODY, 4, 2, tmpdir)
+            print(
+                f"{'case':<22}{'conc':>5}{'direct p50':>12}{'proxy p50':>11}{'overhead p50':>14}"
+                f"{'proxy p99':>11}{'direct rps':>12}{'proxy rps':>11}{'ratio':>8}{'cpu ms/req':>12}"
+            )
+            for conc in args.concurrency:
+                base = wrk(direct, CHAT_BODY, conc, args.duration, tmpdir)
+                for name, url, body in (
+                    ("passthrough", through, CHAT_BODY),
+                    ("module (execute)", module, MODULE_BODY),
+                ):
+                    cpu0 = cpu_seconds(proxy.pid)
+                    res = wrk(url, body, conc, args.duration, tmpdir)
+                    cpu_ms = (cpu_seconds(proxy.pid) - cpu0) * 1000 / max(res.requests, 1)
+                    print(
+                        f"{name:<22}{conc:>5}{base.p50_ms:>12.3f}{res.p50_ms:>11.3f}"
+                        f"{res.p50_ms - base.p50_ms:>14.3f}{res.p99_ms:>11.3f}{base.rps:>12.0f}"
+                        f"{res.rps:>11.0f}{res.rps / base.rps:>8.3f}{cpu_ms:>12.3f}"
+                    )
+            for conc in args.concurrency:
+                total = 400 if conc == 1 else 2000
+                d = asyncio.run(ttfb(direct, conc, total))
+                p = asyncio.run(ttfb(through, conc, total))
+                print(
+                    f"{'stream TTFB':<22}{conc:>5}{pct(d, 50):>12.3f}{pct(p, 50):>11.3f}"
+                    f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
+                )
+            print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
+        finally:
+            for proc in (proxy, upstream):
+                proc.terminate()
+                proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

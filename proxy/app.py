@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from proxy.api import chat, meta, modules
 from proxy.api.errors import error_middleware
 from proxy.api.middleware import auth_middleware, trace_middleware
-from proxy.api.state import RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
+from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
 from proxy.module.registry import ModuleRegistry
+from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
+from proxy.reload import RELOADER, Reloader
+from proxy.review import build_sink
 from proxy.settings import Settings
+from proxy.state.memory import MemoryBreakerStore
+from proxy.state.redis_store import RedisBreakerStore
+from proxy.state.store import BreakerStore
+from proxy.upstream.breaker import Breakers
 from proxy.upstream.registry import build_providers
+from proxy.upstream.router import Router
 
 log = structlog.get_logger("proxy.app")
 
 
 def load_runtime(settings: Settings, session: aiohttp.ClientSession) -> Runtime:
-    """Policy, modules and provider clients; raises ``PolicyError`` for a bad policy. A broken
-    module is logged with its path and reason and the others still load."""
+    """Policy, modules, provider clients and review sink; raises ``PolicyError`` for a bad
+    policy. A broken module is reported with its path and reason and the others still load."""
     policy = load_policy(settings.policy_path)
     registry = ModuleRegistry.load(settings.module_dirs)
-    for problem in registry.problems:
-        log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
-    return Runtime(policy, registry, build_providers(policy, session))
+    return Runtime(
+        policy,
+        registry,
+        build_providers(policy, session),
+        build_sink(policy.review, session, settings.redis_url),
+    )
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -41,11 +52,49 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Breaker state: in Redis when ``--redis-url`` is set (shared by replicas), else in memory."""
+    settings = app[SETTINGS]
+    store: BreakerStore = (
+        RedisBreakerStore(settings.redis_url) if settings.redis_url else MemoryBreakerStore()
+    )
+    app[ROUTER] = Router(Breakers(store))
+    yield
+    await store.aclose()
+
+
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
-    current = load_runtime(app[SETTINGS], app[SESSION])
+    settings = app[SETTINGS]
+    current = load_runtime(settings, app[SESSION])
+    for problem in current.registry.problems:
+        log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
     app[RUNTIME].current = current
     log.info("proxy.loaded", policy=current.policy.source, modules=current.registry.names())
+    reloader = Reloader(settings, app[RUNTIME], lambda: load_runtime(settings, app[SESSION]), app[METRICS])
+    retired: set[asyncio.Task[None]] = set()
+
+    def retire(old: Runtime) -> None:
+        # In-flight requests may still use the old sink: close it after the drain timeout.
+        async def later() -> None:
+            await asyncio.sleep(settings.drain_timeout_s)
+            await old.review.aclose()
+
+        task = asyncio.create_task(later())
+        retired.add(task)
+        task.add_done_callback(retired.discard)
+
+    reloader.on_swap = retire
+    app[RELOADER] = reloader
+    reloader.install_sighup()
+    poller = asyncio.create_task(reloader.poll()) if settings.reload_interval_s > 0 else None
     yield
+    if poller is not None:
+        poller.cancel()
+    for task in list(retired):
+        task.cancel()
+    final = app[RUNTIME].current
+    if final is not None:
+        await final.review.aclose()
 
 
 def build_app(settings: Settings) -> web.Application:
@@ -56,8 +105,8 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
-    app[meta.METRICS] = CollectorRegistry(auto_describe=True)
-    app.cleanup_ctx.extend([_session_ctx, _runtime_ctx])
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_post("/v1/modules/{name}/execute", modules.execute)

@@ -40,8 +40,11 @@ from proxy.settings import (
     Settings,
     read_key_file,
 )
+from proxy.state.memory import MemoryBreakerStore
+from proxy.upstream.breaker import Breakers
 from proxy.upstream.offline import offline_answer
 from proxy.upstream.registry import build_providers
+from proxy.upstream.router import Router
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -143,7 +146,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 async def _run_with_policy(module: Module, value: Any, policy: Policy) -> ModuleAnswer:
     """The server's module path, without the server: same pipeline, providers and decisions."""
     async with aiohttp.ClientSession() as session:
-        return await run_module(Call(module, value, policy, build_providers(policy, session)))
+        router = Router(Breakers(MemoryBreakerStore()))
+        return await run_module(Call(module, value, policy, build_providers(policy, session), router))
 
 
 def _env(name: str, default: str | None = None) -> str | None:

@@ -11,13 +11,14 @@ every failure was a rate limit).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
 
-from proxy.contract.engine import run_contract
+from proxy.contract.engine import ContractResult, run_contract
 from proxy.contract.errors import Code, error_envelope, http_status
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
@@ -27,6 +28,7 @@ from proxy.module.prompt import render_prompt
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
 from proxy.upstream.base import CallContext, Provider, ProviderError, content_of
+from proxy.upstream.router import Router, RungFailed, Try
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,7 @@ class Call:
     input: Any
     policy: Policy
     providers: Mapping[str, Provider]
+    router: Router
     trace_id: str = ""
     client_key: str | None = None
     check_input: bool = True
@@ -161,6 +164,80 @@ def build_messages(module: Module, value: Any) -> list[dict[str, str]]:
     return [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
 
 
+def _meta_of(envelope: dict[str, Any]) -> Meta:
+    meta = as_dict(envelope.get("meta"))
+    confidence = meta.get("confidence")
+    value = (
+        float(confidence)
+        if isinstance(confidence, (int, float)) and not isinstance(confidence, bool)
+        else 0.0
+    )
+    return Meta(value, str(meta.get("risk", "high")))
+
+
+def reask_messages(messages: list[dict[str, str]], text: str, result: ContractResult) -> list[dict[str, str]]:
+    """The conversation for a re-ask: the rejected answer and what was wrong with it."""
+    problems = "\n".join(f"- {v}" for v in result.violations[:20]) or "- not a valid envelope"
+    return [
+        *messages,
+        {"role": "assistant", "content": text},
+        {
+            "role": "user",
+            "content": (
+                "Your answer did not pass the module contract:\n"
+                + problems
+                + "\nAnswer again with only the corrected JSON envelope."
+            ),
+        },
+    ]
+
+
+async def _complete(
+    provider: Provider, target: Target, timeout: float, body: dict[str, Any], ctx: CallContext
+) -> tuple[dict[str, Any], str]:
+    reply = await provider.complete(body, target.model, ctx, timeout)
+    return reply, content_of(reply)  # no message: a malformed answer, failed over like one
+
+
+class _Attempts:
+    """Collects the ``cognitive.attempts`` list: provider failures as they happen, answers
+    once their outcome is known."""
+
+    def __init__(self) -> None:
+        self.items: list[Attempt] = []
+        self.last_ms = 0.0
+
+    def on_try(self, rung: str) -> Callable[[Try], None]:
+        def record(attempt: Try) -> None:
+            self.last_ms = attempt.latency_ms
+            if attempt.error is not None:
+                outcome = "circuit_open" if attempt.skipped else f"provider_error:{attempt.error.kind}"
+                self.items.append(
+                    Attempt(
+                        rung,
+                        str(attempt.target),
+                        outcome,
+                        latency_ms=attempt.latency_ms,
+                        error=attempt.error.message[:300],
+                    )
+                )
+
+        return record
+
+    def answer(self, rung: str, target: Target, outcome: str, meta: Meta, result: ContractResult) -> None:
+        self.items.append(
+            Attempt(
+                rung,
+                str(target),
+                outcome,
+                meta.confidence,
+                meta.risk,
+                self.last_ms,
+                result.error_code and f"contract:{result.error_code}",
+            )
+        )
+
+
 async def run_module(call: Call) -> ModuleAnswer:
     """Run ``call`` through the ladder and return the decided answer (never raises for
     provider or contract failures: those are envelopes)."""
@@ -172,56 +249,54 @@ async def run_module(call: Call) -> ModuleAnswer:
             return _finish(ModuleAnswer(module, error, "reject"), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     start = policy.start_rung(thresholds)
-    body: dict[str, Any] = {"messages": build_messages(module, call.input)}
+    messages = build_messages(module, call.input)
     ctx = CallContext(trace_id=call.trace_id, client_key=call.client_key, module=module, input=call.input)
-    deadline = started + policy.timeouts.total_s
-    attempts: list[Attempt] = []
+    deadline = time.monotonic() + policy.timeouts.total_s
+    attempts = _Attempts()
     failures: list[ProviderError] = []
     rung = start
     while rung < len(policy.ladder):
-        target: Target = policy.ladder[rung].targets[0]
         rung_name = policy.ladder[rung].name
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            failures.append(ProviderError("timeout", f"total deadline of {policy.timeouts.total_s:g}s spent"))
-            break
-        t0 = time.perf_counter()
+        body: dict[str, Any] = {"messages": messages}
         try:
-            provider = call.providers[target.provider]
-            reply = await provider.complete(
-                body, target.model, ctx, min(policy.timeouts.per_try_s, remaining)
+            routed = await call.router.call(
+                policy.ladder[rung].targets,
+                call.providers,
+                partial(_complete, body=body, ctx=ctx),
+                policy.failover,
+                deadline,
+                attempts.on_try(rung_name),
             )
-            text = content_of(reply)
-        except ProviderError as exc:
-            failures.append(exc)
-            attempts.append(
-                Attempt(
-                    rung_name,
-                    str(target),
-                    f"provider_error:{exc.kind}",
-                    latency_ms=(time.perf_counter() - t0) * 1000,
-                    error=exc.message[:300],
-                )
-            )
-            rung += 1
+        except RungFailed as exc:
+            failures += exc.failures
+            if exc.deadline_spent:
+                break
+            rung += 1  # no healthy target on this rung: the next one
             continue
+        reply, text = routed.value
         result = run_contract(text, module)
-        meta = as_dict(result.envelope.get("meta"))
-        confidence = meta.get("confidence")
-        confidence = float(confidence) if isinstance(confidence, (int, float)) else 0.0
-        risk = str(meta.get("risk", "high"))
-        decision = decide(thresholds, Meta(confidence, risk), rung, len(policy.ladder))
-        attempts.append(
-            Attempt(
-                rung_name,
-                str(target),
-                decision.action,
-                confidence,
-                risk,
-                (time.perf_counter() - t0) * 1000,
-                result.error_code and f"contract:{result.error_code}",
-            )
-        )
+        for _ in range(thresholds.reask):
+            if result.passed:
+                break
+            attempts.answer(rung_name, routed.target, "reask", _meta_of(result.envelope), result)
+            body = {"messages": reask_messages(messages, text, result)}
+            try:
+                again = await call.router.call(
+                    (routed.target,),
+                    call.providers,
+                    partial(_complete, body=body, ctx=ctx),
+                    policy.failover,
+                    deadline,
+                    attempts.on_try(rung_name),
+                )
+            except RungFailed as exc:
+                failures += exc.failures
+                break
+            routed, (reply, text) = again, again.value
+            result = run_contract(text, module)
+        meta = _meta_of(result.envelope)
+        decision = decide(thresholds, meta, rung, len(policy.ladder))
+        attempts.answer(rung_name, routed.target, decision.action, meta, result)
         if decision.action == "escalate" and decision.next_rung is not None:
             rung = decision.next_rung
             continue
@@ -235,15 +310,15 @@ async def run_module(call: Call) -> ModuleAnswer:
             module,
             envelope,
             label,
-            tuple(attempts),
-            str(target),
+            tuple(attempts.items),
+            str(routed.target),
             result.repairs,
             usage=as_dict(reply.get("usage")),
         )
         return _finish(answer, started, call.trace_id)
     envelope, retry_after = _unavailable(failures)
     return _finish(
-        ModuleAnswer(module, envelope, "reject", tuple(attempts), retry_after=retry_after),
+        ModuleAnswer(module, envelope, "reject", tuple(attempts.items), retry_after=retry_after),
         started,
         call.trace_id,
     )

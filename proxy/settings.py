@@ -9,6 +9,7 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_POOL_SIZE = 100
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
+DEFAULT_RELOAD_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +23,19 @@ class Settings:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
+    """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
+    reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
+    """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
+    still reloads)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, not {self.max_body_bytes}")
         if self.pool_size <= 0:
             raise ValueError(f"pool_size must be positive, not {self.pool_size}")
+        if self.reload_interval_s < 0:
+            raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
 

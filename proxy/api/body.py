@@ -9,6 +9,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, json_response
 from proxy.upstream.base import ProviderError
+from proxy.upstream.router import RungFailed
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
@@ -53,3 +54,37 @@ def upstream_failure(exc: ProviderError, trace_id: str) -> web.Response:
         }
     }
     return json_response(body, status=status, headers=headers)
+
+
+def passthrough_failure(exc: RungFailed, trace_id: str) -> web.Response:
+    """Every target failed. The proxy's own refusal (all breakers open) is 503 with Retry-After;
+    otherwise the client sees the last upstream failure (a client error as the upstream sent it)."""
+    if exc.final is not None:
+        return upstream_failure(exc.final, trace_id)
+    if exc.failures and all("circuit breaker open" in f.message for f in exc.failures):
+        return json_response(
+            {
+                "error": {
+                    "message": "Every provider target is unavailable (circuit breakers open)",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "provider_unavailable",
+                }
+            },
+            status=503,
+            headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
+        )
+    if not exc.failures:
+        return json_response(
+            {
+                "error": {
+                    "message": "No provider target",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "provider_unavailable",
+                }
+            },
+            status=503,
+            headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
+        )
+    return upstream_failure(exc.failures[-1], trace_id)

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import AsyncGenerator
+from functools import partial
+from typing import Any, cast
 
 import orjson
+import structlog
 from aiohttp import web
 
-from proxy.api.body import read_object, upstream_failure
+from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
-from proxy.api.modules import module_error_response, module_not_found
-from proxy.api.state import Runtime, runtime_of
+from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.state import ROUTER, Runtime, runtime_of
 from proxy.jsonshape import as_dict, as_list
-from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy, Target
-from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.router import RungFailed, Try
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
+
+log = structlog.get_logger("proxy.api")
 
 MODULE_PREFIX = "module:"
 
@@ -71,17 +78,7 @@ async def _module_chat(
     if module is None:
         return module_not_found(name, runtime, request[TRACE_KEY])
     value, check = module_input(body)
-    answer = await run_module(
-        Call(
-            module,
-            value,
-            runtime.policy,
-            runtime.providers,
-            request[TRACE_KEY],
-            request.get(CLIENT_KEY),
-            check_input=check,
-        )
-    )
+    answer = await answer_module(request, runtime, module, value, check_input=check)
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])
     reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())
@@ -127,27 +124,61 @@ async def _passthrough(
             code="model_not_found",
             param="model",
         )
-    target = targets[0]
-    provider = runtime.providers[target.provider]
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
-    timeout = runtime.policy.timeouts.per_try_s
-    headers = {"X-Cognitive-Model": str(target), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    router = request.app[ROUTER]
+    deadline = time.monotonic() + runtime.policy.timeouts.total_s
+    trace_id = request[TRACE_KEY]
+
+    def log_try(attempt: Try) -> None:
+        if attempt.error is not None:
+            log.info(
+                "proxy.failover" if not attempt.retry else "proxy.retry",
+                target=str(attempt.target),
+                kind=attempt.error.kind,
+                skipped=attempt.skipped,
+            )
+
     if body.get("stream") is not True:
         try:
-            raw = await provider.relay(body, target.model, ctx, timeout)
-        except ProviderError as exc:
-            return upstream_failure(exc, request[TRACE_KEY])
-        headers["Content-Type"] = "application/json"
-        return web.Response(body=raw, headers=headers)
-    chunks = aiter(provider.stream(body, target.model, ctx, timeout))
+            routed = await router.call(
+                targets,
+                runtime.providers,
+                partial(_relay, body=body, ctx=ctx),
+                runtime.policy.failover,
+                deadline,
+                log_try,
+                stop_on_client_error=True,
+            )
+        except RungFailed as exc:
+            return passthrough_failure(exc, trace_id)
+        return web.Response(
+            body=routed.value,
+            headers={
+                "X-Cognitive-Model": str(routed.target),
+                "X-Cognitive-Trace-Id": trace_id,
+                "Content-Type": "application/json",
+            },
+        )
     try:
-        first = await anext(chunks)
-    except ProviderError as exc:
-        return upstream_failure(exc, request[TRACE_KEY])
-    except StopAsyncIteration:
-        first = b""
+        opened = await router.call(
+            targets,
+            runtime.providers,
+            partial(_open_stream, body=body, ctx=ctx),
+            runtime.policy.failover,
+            deadline,
+            log_try,
+            stop_on_client_error=True,
+        )
+    except RungFailed as exc:
+        return passthrough_failure(exc, trace_id)
+    first, chunks = opened.value
     response = web.StreamResponse(
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={
+            "X-Cognitive-Model": str(opened.target),
+            "X-Cognitive-Trace-Id": trace_id,
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+        }
     )
     await response.prepare(request)
     try:
@@ -168,9 +199,30 @@ async def _passthrough(
             )
         )
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+        await chunks.aclose()
     await response.write_eof()
     return response
+
+
+async def _relay(
+    provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
+) -> bytes:
+    return await provider.relay(body, target.model, ctx, timeout)
+
+
+async def _open_stream(
+    provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
+) -> tuple[bytes, AsyncGenerator[bytes, None]]:
+    """Start a stream and wait for its first bytes: failures up to here may fail over."""
+    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, timeout))
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        first = b""
+    except BaseException:
+        await chunks.aclose()
+        raise
+    return first, chunks
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
 from proxy.api.errors import json_response
-from proxy.api.state import RUNTIME, SETTINGS, runtime_of
-
-METRICS = web.AppKey("metrics", CollectorRegistry)
+from proxy.api.state import METRICS, RUNTIME, SETTINGS, runtime_of
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -73,5 +71,5 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS])
+    body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

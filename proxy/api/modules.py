@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from proxy.api.body import read_object
 from proxy.api.errors import json_response
 from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
-from proxy.api.state import Runtime, runtime_of
+from proxy.api.state import ROUTER, Runtime, runtime_of
 from proxy.contract.errors import Code, error_envelope, http_status
+from proxy.module.model import Module
 from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.review import review_record
 
 
 def module_not_found(name: str, runtime: Runtime, trace_id: str) -> web.Response:
@@ -30,6 +34,30 @@ def module_error_response(answer: ModuleAnswer, trace_id: str) -> web.Response:
     )
 
 
+async def answer_module(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, *, check_input: bool = True
+) -> ModuleAnswer:
+    """Run one module call for ``request`` and record it in the review sink when so decided."""
+    trace_id = request[TRACE_KEY]
+    answer = await run_module(
+        Call(
+            module,
+            value,
+            runtime.policy,
+            runtime.providers,
+            request.app[ROUTER],
+            trace_id,
+            request.get(CLIENT_KEY),
+            check_input,
+        )
+    )
+    if answer.decision == "review":
+        await runtime.review.submit(
+            review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)
+        )
+    return answer
+
+
 async def execute(request: web.Request) -> web.Response:
     """``POST /v1/modules/{name}/execute`` with ``{"input": {...}, "_options": {...}}``."""
     runtime = runtime_of(request)
@@ -46,9 +74,7 @@ async def execute(request: web.Request) -> web.Response:
             suggestion='Send {"input": {...}} with the module input',
         )
         return json_response(envelope, status=400, headers={"X-Cognitive-Trace-Id": trace_id})
-    answer = await run_module(
-        Call(module, body["input"], runtime.policy, runtime.providers, trace_id, request.get(CLIENT_KEY))
-    )
+    answer = await answer_module(request, runtime, module, body["input"])
     return json_response(
         answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
     )

@@ -10,9 +10,12 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError
 from proxy.module.registry import ModuleRegistry
+from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
+from proxy.review import ReviewSink
 from proxy.settings import Settings
 from proxy.upstream.base import Provider
+from proxy.upstream.router import Router
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class Runtime:
     policy: Policy
     registry: ModuleRegistry
     providers: Mapping[str, Provider]
+    review: ReviewSink
 
 
 class RuntimeHolder:
@@ -35,6 +39,8 @@ class RuntimeHolder:
 SETTINGS = web.AppKey("settings", Settings)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
+ROUTER = web.AppKey("router", Router)
+METRICS = web.AppKey("metrics", Metrics)
 
 
 def runtime_of(request: web.Request) -> Runtime:

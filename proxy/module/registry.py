@@ -15,6 +15,8 @@ from proxy.module.model import Module
 class LoadProblem:
     path: Path
     reason: str
+    module_dir: Path | None = None
+    """The module directory that failed (None for a missing modules directory)."""
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
@@ -49,18 +51,29 @@ class ModuleRegistry:
                 try:
                     module = load_module(path)
                 except ModuleLoadError as exc:
-                    problems.append(LoadProblem(exc.path, exc.reason))
+                    problems.append(LoadProblem(exc.path, exc.reason, path))
                     continue
                 if module.name in modules:
                     first = modules[module.name].path
                     problems.append(
-                        LoadProblem(
+                        LoadProblem(  # the duplicate's own directory is not a module to keep
                             path, f"duplicate module name {module.name!r} (first loaded from {first})"
                         )
                     )
                     continue
                 modules[module.name] = module
         return cls(MappingProxyType(modules), tuple(problems))
+
+    def keeping_last_good(self, previous: ModuleRegistry) -> ModuleRegistry:
+        """This registry, plus each module of ``previous`` whose directory now fails to load:
+        a broken edit keeps the last good version serving (its problem is still reported)."""
+        broken = {p.module_dir for p in self.problems if p.module_dir is not None}
+        kept = {
+            name: m for name, m in previous.modules.items() if m.path in broken and name not in self.modules
+        }
+        if not kept:
+            return self
+        return ModuleRegistry(MappingProxyType({**self.modules, **kept}), self.problems)
 
     def get(self, name: str) -> Module | None:
         """The module called ``name``; None for unknown or unsafe names."""

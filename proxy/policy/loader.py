@@ -15,7 +15,19 @@ import yaml
 from proxy import schemas
 from proxy.contract.schema import Validator, check, compile_schema
 from proxy.jsonshape import as_dict
-from proxy.policy.model import Policy, ProviderConfig, Rung, Target, Thresholds, Timeouts
+from proxy.policy.model import (
+    Backoff,
+    BreakerPolicy,
+    Failover,
+    Policy,
+    ProviderConfig,
+    RetryBudget,
+    ReviewPolicy,
+    Rung,
+    Target,
+    Thresholds,
+    Timeouts,
+)
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -51,6 +63,38 @@ def _thresholds(raw: dict[str, Any]) -> Thresholds:
     )
 
 
+def _failover(raw: dict[str, Any]) -> Failover:
+    timeout = as_dict(raw.get("timeout"))
+    backoff = as_dict(raw.get("backoff"))
+    breaker = as_dict(raw.get("circuit_breaker"))
+    budget = as_dict(raw.get("retry_budget"))
+    defaults = Failover()
+    return Failover(
+        retries=int(raw.get("retries", defaults.retries)),
+        retry_on=frozenset(raw.get("retry_on", defaults.retry_on)),
+        backoff=Backoff(float(backoff.get("base_ms", 100)), float(backoff.get("max_ms", 2000))),
+        timeouts=Timeouts(float(timeout.get("per_try_s", 30)), float(timeout.get("total_s", 90))),
+        breaker=BreakerPolicy(
+            int(breaker.get("failures", 5)),
+            float(breaker.get("window_s", 30)),
+            float(breaker.get("open_s", 30)),
+        ),
+        budget=RetryBudget(float(budget.get("percent", 20)), int(budget.get("min_concurrency", 3))),
+    )
+
+
+def _review(raw: dict[str, Any]) -> ReviewPolicy:
+    defaults = ReviewPolicy()
+    return ReviewPolicy(
+        sink=raw.get("sink", defaults.sink),
+        stream=str(raw.get("stream", defaults.stream)),
+        maxlen=int(raw.get("maxlen", defaults.maxlen)),
+        url=raw.get("url"),
+        timeout_s=float(raw.get("timeout_s", defaults.timeout_s)),
+        retries=int(raw.get("retries", defaults.retries)),
+    )
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -70,6 +114,12 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
             start = entry.get("start")
             if start is not None and start not in rung_names:
                 problems.append(f"{section}.{name}.start: no rung named {start!r}")
+    review = as_dict(doc.get("review"))
+    if review.get("sink") == "webhook" and "url" not in review:
+        problems.append("review.url: required when review.sink is webhook")
+    timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
+    if timeout.get("per_try_s", 30) > timeout.get("total_s", 90):
+        problems.append("failover.timeout.per_try_s: larger than total_s (total_s bounds every try)")
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
@@ -103,7 +153,6 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         name: _thresholds({**DEFAULT_TIERS[name], **as_dict(doc.get("tiers")).get(name, {})})
         for name in DEFAULT_TIERS
     }
-    timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
     return Policy(
         providers=MappingProxyType(providers),
         ladder=ladder,
@@ -112,7 +161,8 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
             {k: MappingProxyType(dict(v)) for k, v in as_dict(doc.get("modules")).items()}
         ),
         aliases=MappingProxyType(dict(as_dict(doc.get("aliases")))),
-        timeouts=Timeouts(float(timeout.get("per_try_s", 30)), float(timeout.get("total_s", 90))),
+        failover=_failover(as_dict(doc.get("failover"))),
+        review=_review(as_dict(doc.get("review"))),
         source=source,
     )
 

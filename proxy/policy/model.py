@@ -54,7 +54,63 @@ class Thresholds:
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     per_try_s: float = 30.0
+    """Bounds one provider attempt (connect and each read)."""
     total_s: float = 90.0
+    """Bounds the whole call, retries, backoff, re-asks and escalations included."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    base_ms: float = 100.0
+    max_ms: float = 2000.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    failures: int = 5
+    """Provider failures within ``window_s`` that open a target's breaker."""
+    window_s: float = 30.0
+    open_s: float = 30.0
+    """How long an open breaker skips the target before one half-open trial request."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """Envoy-style: retries in flight may be at most ``percent`` of requests in flight, but
+    ``min_concurrency`` retries are always allowed."""
+
+    percent: float = 20.0
+    min_concurrency: int = 3
+
+
+RetryOn = Literal["connect", "timeout", "429", "5xx", "malformed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    retries: int = 2
+    """Retries per target (first try not counted), for failures listed in ``retry_on``."""
+    retry_on: frozenset[RetryOn] = frozenset({"connect", "timeout", "429", "5xx"})
+    backoff: Backoff = Backoff()
+    timeouts: Timeouts = Timeouts()
+    breaker: BreakerPolicy = BreakerPolicy()
+    budget: RetryBudget = RetryBudget()
+
+
+ReviewSinkKind = Literal["log", "redis-stream", "webhook"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewPolicy:
+    sink: ReviewSinkKind = "log"
+    stream: str = "cognitive:review"
+    """redis-stream: the stream key (the Redis of ``--redis-url``)."""
+    maxlen: int = 10000
+    """redis-stream: approximate MAXLEN of the stream."""
+    url: str | None = None
+    """webhook: where records are POSTed."""
+    timeout_s: float = 5.0
+    retries: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +121,13 @@ class Policy:
     modules: Mapping[str, Mapping[str, Any]]
     """Per-module overrides: the fields they name replace those of the module's tier entry."""
     aliases: Mapping[str, str]
-    timeouts: Timeouts
+    failover: Failover = Failover()
+    review: ReviewPolicy = ReviewPolicy()
     source: str = "<memory>"
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return self.failover.timeouts
 
     def rung_index(self, name: str) -> int | None:
         for i, rung in enumerate(self.ladder):

@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.fake_upstream import DROP, RATE_LIMITED, FakeUpstream, Fault
+from tests.fake_upstream import DROP, FakeUpstream, Fault
 from tests.proxy_server import RunningProxy
 
 
@@ -195,19 +195,20 @@ async def test_unknown_module_is_404_e4006(proxy: RunningProxy) -> None:
 
 @pytest.mark.parametrize(
     ("faults", "status", "code"),
-    [([Fault.http(500), DROP], 503, "E4001"), ([RATE_LIMITED, RATE_LIMITED], 429, "E4002")],
+    [([Fault.http(500), DROP], 503, "E4001"), ([Fault.http(429, retry_after=0.05)] * 2, 429, "E4002")],
 )
 async def test_every_provider_failing_is_e4001_or_e4002_with_retry_after(
     proxy: RunningProxy, fake_upstream: FakeUpstream, faults: list[Fault], status: int, code: str
 ) -> None:
-    fake_upstream.script("cheap", faults[0])
-    fake_upstream.script("strong", faults[1])
+    fake_upstream.script("cheap", *[faults[0]] * 3)  # first try + 2 retries
+    fake_upstream.script("strong", *[faults[1]] * 3)
     async with aiohttp.ClientSession() as session:
         resp = await session.post(proxy.base + "/modules/code-reviewer/execute", json={"input": REVIEW_INPUT})
         env = await resp.json()
     assert resp.status == status and env["error"]["code"] == code
     assert int(resp.headers["Retry-After"]) >= 1
-    assert resp.headers["X-Cognitive-Attempts"] == "2"
+    assert resp.headers["X-Cognitive-Attempts"] == "6"
+    assert fake_upstream.count("/v1/chat/completions") == 6
 
 
 async def test_execute_answers_the_envelope_with_headers(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import openai
@@ -151,11 +152,15 @@ async def test_stream_that_breaks_after_first_byte_ends_with_an_error_event(
 async def test_upstream_rate_limit_reaches_the_client_with_retry_after(
     proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    fake_upstream.script("cheap", RATE_LIMITED)
+    """Each retry waits at least the Retry-After; when retries run out the 429 reaches the client."""
+    fake_upstream.script("cheap", RATE_LIMITED, RATE_LIMITED, RATE_LIMITED)
+    started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as info:
         await proxy.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
+    assert time.monotonic() - started >= 2.0  # two retries, Retry-After: 1 each
+    assert fake_upstream.count("/v1/chat/completions") == 3
     assert info.value.response.headers["retry-after"] == "1"
 
 
@@ -174,7 +179,7 @@ async def test_upstream_4xx_body_passes_through(proxy: RunningProxy, fake_upstre
 async def test_upstream_failures_are_openai_errors(
     proxy: RunningProxy, fake_upstream: FakeUpstream, fault: Fault, status: int
 ) -> None:
-    fake_upstream.script("cheap", fault)
+    fake_upstream.script("cheap", fault, fault, fault)  # the first try and both retries fail
     with pytest.raises(openai.APIStatusError) as info:
         await proxy.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]

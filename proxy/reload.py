@@ -1,0 +1,107 @@
+"""Hot reload: SIGHUP and file polling rebuild the runtime and swap it in atomically.
+
+Kubernetes mounts ConfigMaps as a ``..data`` symlink that is swapped in one rename; the
+fingerprint follows symlinks (real path, inode, mtime, size), so that swap is seen. A policy
+that fails to load is refused with its path and reason and the running proxy keeps its last
+good runtime; a module that fails keeps its last good version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from proxy.api.state import Runtime, RuntimeHolder
+from proxy.observability.metrics import Metrics
+from proxy.policy.loader import PolicyError
+from proxy.settings import Settings
+
+log = structlog.get_logger("proxy.reload")
+
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def _entry(path: Path) -> tuple[str, int, int, int] | None:
+    try:
+        real = path.resolve()
+        st = real.stat()
+    except OSError:
+        return None
+    return (str(real), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def fingerprint(settings: Settings) -> Fingerprint:
+    """What changes when the policy or any module file changes (symlink swaps included)."""
+    entries = [_entry(settings.policy_path)]
+    for directory in settings.module_dirs:
+        for root, dirs, files in os.walk(directory, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".."))
+            entries += [_entry(Path(root) / f) for f in sorted(files) if not f.startswith(".")]
+    return tuple(e for e in entries if e is not None)
+
+
+class Reloader:
+    def __init__(
+        self, settings: Settings, holder: RuntimeHolder, build: Callable[[], Runtime], metrics: Metrics
+    ) -> None:
+        self._settings = settings
+        self._holder = holder
+        self._build = build
+        self._metrics = metrics
+        self._seen = fingerprint(settings)
+        self._lock = asyncio.Lock()
+        self.on_swap: Callable[[Runtime], None] | None = None
+
+    async def reload(self, reason: str) -> bool:
+        """Build a new runtime and swap it in; False (old one kept) when the policy is bad."""
+        async with self._lock:
+            self._seen = fingerprint(self._settings)
+            old = self._holder.current
+            try:
+                new = self._build()
+            except PolicyError as exc:
+                self._metrics.policy_reloads.labels(result="error").inc()
+                log.error(
+                    "proxy.reload_failed",
+                    reason=reason,
+                    error=str(exc),
+                    keeping=old.policy.source if old else None,
+                )
+                return False
+            if old is not None:
+                new = Runtime(
+                    new.policy, new.registry.keeping_last_good(old.registry), new.providers, new.review
+                )
+            for problem in new.registry.problems:
+                log.error("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
+            self._holder.current = new  # one assignment: in-flight requests keep their snapshot
+            self._metrics.policy_reloads.labels(result="ok").inc()
+            log.info("proxy.reloaded", reason=reason, policy=new.policy.source, modules=new.registry.names())
+            if self.on_swap is not None and old is not None:
+                self.on_swap(old)
+            return True
+
+    async def poll(self) -> None:
+        """Check the files every ``reload_interval_s`` and reload when they changed."""
+        while True:
+            await asyncio.sleep(self._settings.reload_interval_s)
+            if fingerprint(self._settings) != self._seen:
+                await self.reload("files changed")
+
+    def install_sighup(self) -> bool:
+        """Reload on SIGHUP (main thread only; False where signals cannot be installed)."""
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload("SIGHUP")))
+        except (NotImplementedError, RuntimeError, ValueError):
+            return False
+        return True
+
+
+RELOADER = web.AppKey("reloader", Reloader)

@@ -1,0 +1,158 @@
+"""Review sinks: where answers decided ``review`` are recorded. A sink never fails or delays
+the request: the log sink writes a line; the Redis stream sink does one bounded XADD; the
+webhook sink POSTs in the background with retries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from proxy.policy.model import ReviewPolicy
+
+log = structlog.get_logger("proxy.review")
+
+
+def review_record(
+    module: str, tier: str, trace_id: str, decision: str, envelope: dict[str, Any]
+) -> dict[str, Any]:
+    """What every sink records for one answer sent to review."""
+    meta = envelope.get("meta") if isinstance(envelope.get("meta"), dict) else {}
+    return {
+        "module": module,
+        "tier": tier,
+        "trace_id": trace_id,
+        "decision": decision,
+        "meta": meta,
+        "envelope": envelope,
+        "recorded_at": time.time(),
+    }
+
+
+class ReviewSink(Protocol):
+    async def submit(self, record: dict[str, Any]) -> None:
+        """Record ``record``; never raises."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LogSink:
+    async def submit(self, record: dict[str, Any]) -> None:
+        log.warning(
+            "proxy.review",
+            module=record["module"],
+            tier=record["tier"],
+            confidence=record["meta"].get("confidence"),
+            risk=record["meta"].get("risk"),
+            explain=record["meta"].get("explain"),
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Background(ABC):
+    """Deliveries run as tasks, so the answer never waits for the sink."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, record: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._deliver(record))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @abstractmethod
+    async def _deliver(self, record: dict[str, Any]) -> None: ...
+
+    async def drain(self, timeout: float = 2.0) -> None:
+        """Wait for pending deliveries up to ``timeout``, then cancel the rest."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+
+
+class RedisStreamSink(_Background):
+    """XADD to a stream (approximate MAXLEN) with fields module, trace_id, decision, meta, envelope."""
+
+    def __init__(self, redis_url: str, stream: str, maxlen: int, timeout_s: float) -> None:
+        super().__init__()
+        self._redis: Any = aioredis.Redis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._stream = stream
+        self._maxlen = maxlen
+
+    async def _deliver(self, record: dict[str, Any]) -> None:
+        fields = {
+            "module": record["module"],
+            "tier": record["tier"],
+            "trace_id": record["trace_id"],
+            "decision": record["decision"],
+            "meta": orjson.dumps(record["meta"]),
+            "envelope": orjson.dumps(record["envelope"]),
+        }
+        try:
+            await self._redis.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
+        except (RedisError, OSError) as exc:
+            log.error(
+                "proxy.review_sink_failed", sink="redis-stream", error=str(exc), trace_id=record["trace_id"]
+            )
+            await LogSink().submit(record)  # the record is not lost: it is in the log
+
+    async def aclose(self) -> None:
+        await self.drain()
+        await self._redis.aclose()
+
+
+class WebhookSink(_Background):
+    """POST the record as JSON; retried in the background with exponential backoff."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float, retries: int) -> None:
+        super().__init__()
+        self._session = session
+        self._url = url
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._retries = retries
+
+    async def _deliver(self, record: dict[str, Any]) -> None:
+        body = orjson.dumps(record)
+        for attempt in range(self._retries + 1):
+            try:
+                async with self._session.post(
+                    self._url, data=body, timeout=self._timeout, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    if resp.status < 400:
+                        return
+                    error = f"status {resp.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                error = str(exc) or type(exc).__name__
+            if attempt < self._retries:
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        log.error("proxy.review_sink_failed", sink="webhook", error=error, trace_id=record["trace_id"])
+        await LogSink().submit(record)
+
+    async def aclose(self) -> None:
+        await self.drain()
+
+
+def build_sink(policy: ReviewPolicy, session: aiohttp.ClientSession, redis_url: str | None) -> ReviewSink:
+    if policy.sink == "redis-stream":
+        if not redis_url:
+            log.error(
+                "proxy.review_sink_unconfigured", sink="redis-stream", reason="no --redis-url; using log"
+            )
+            return LogSink()
+        return RedisStreamSink(redis_url, policy.stream, policy.maxlen, policy.timeout_s)
+    if policy.sink == "webhook" and policy.url:
+        return WebhookSink(session, policy.url, policy.timeout_s, policy.retries)
+    return LogSink()

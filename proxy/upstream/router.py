@@ -1,0 +1,186 @@
+"""The one retry loop: targets of a rung in failover order, retries with backoff, breakers.
+
+For each target (skipped while its breaker is open):
+  try -> success: return | failure: retry on the same target when the failure kind is in
+  ``retry_on``, retries are left, the retry budget allows it and the wait fits the deadline
+  (wait = exponential backoff with full jitter, or the provider's Retry-After if longer, read on
+  every failed attempt) -> otherwise the next target. Targets are visited once, in order: a
+  fallback never restarts anything. Provider clients never retry on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from proxy.policy.model import Failover, RetryBudget, Target
+from proxy.upstream.base import Provider, ProviderError
+from proxy.upstream.breaker import Breakers, counts_against_breaker
+
+T = TypeVar("T")
+Operation = Callable[[Provider, Target, float], Awaitable[T]]
+
+_RETRY_ON_KIND = {
+    "connect": "connect",
+    "timeout": "timeout",
+    "rate_limited": "429",
+    "server_error": "5xx",
+    "malformed": "malformed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One attempt at a target (or a skip of an open breaker), for attempts lists and logs."""
+
+    target: Target
+    latency_ms: float
+    error: ProviderError | None = None
+    retry: bool = False
+    skipped: bool = False
+
+
+class RungFailed(Exception):
+    """Every target of the rung failed (or was skipped). ``failures`` in order of occurrence."""
+
+    def __init__(
+        self,
+        failures: list[ProviderError],
+        *,
+        deadline_spent: bool = False,
+        final: ProviderError | None = None,
+    ) -> None:
+        super().__init__(failures[-1].message if failures else "no target")
+        self.failures = failures
+        self.deadline_spent = deadline_spent
+        self.final = final
+        """Set when a failure must reach the caller as is (a passthrough client error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Generic[T]):
+    value: T
+    target: Target
+
+
+class RetryBudgetTracker:
+    """Envoy's retry budget: retries in flight <= max(min_concurrency, percent of requests)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.retries = 0
+
+    def allows_retry(self, budget: RetryBudget) -> bool:
+        return self.retries < max(budget.min_concurrency, budget.percent / 100 * self.requests)
+
+
+def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float:
+    """Full jitter: uniform in [0, min(max, base * 2**retry)]."""
+    ceiling = min(failover.backoff.max_ms, failover.backoff.base_ms * (2**retry)) / 1000
+    return float(rng() * ceiling)
+
+
+class Router:
+    def __init__(
+        self,
+        breakers: Breakers,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.breakers = breakers
+        self.budget = RetryBudgetTracker()
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng
+
+    async def call(
+        self,
+        targets: Sequence[Target],
+        providers: Mapping[str, Provider],
+        operation: Operation[T],
+        failover: Failover,
+        deadline: float,
+        on_try: Callable[[Try], None],
+        *,
+        stop_on_client_error: bool = False,
+    ) -> Routed[T]:
+        """Run ``operation`` on the first target that answers; raise ``RungFailed``."""
+        failures: list[ProviderError] = []
+        self.budget.requests += 1
+        try:
+            for target in targets:
+                result = await self._target(
+                    target, providers, operation, failover, deadline, on_try, failures, stop_on_client_error
+                )
+                if result is not None:
+                    return result
+                if self._clock() >= deadline:
+                    raise RungFailed(failures, deadline_spent=True)
+            raise RungFailed(failures)
+        finally:
+            self.budget.requests -= 1
+
+    async def _target(
+        self,
+        target: Target,
+        providers: Mapping[str, Provider],
+        operation: Operation[T],
+        failover: Failover,
+        deadline: float,
+        on_try: Callable[[Try], None],
+        failures: list[ProviderError],
+        stop_on_client_error: bool,
+    ) -> Routed[T] | None:
+        key = str(target)
+        per_try = failover.timeouts.per_try_s
+        admission = await self.breakers.admit(key, min(per_try, max(deadline - self._clock(), 0.001)))
+        if admission == "open":
+            skipped = ProviderError("connect", f"{key}: circuit breaker open")
+            failures.append(skipped)
+            on_try(Try(target, 0.0, skipped, skipped=True))
+            return None
+        provider = providers[target.provider]
+        trial = admission == "trial"
+        retries = 0
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                failures.append(ProviderError("timeout", "the call's total deadline is spent"))
+                raise RungFailed(failures, deadline_spent=True)
+            started = self._clock()
+            retrying = retries > 0
+            if retrying:
+                self.budget.retries += 1
+            try:
+                value = await operation(provider, target, min(per_try, remaining))
+            except ProviderError as exc:
+                failures.append(exc)
+                on_try(Try(target, (self._clock() - started) * 1000, exc, retry=retrying))
+                if counts_against_breaker(exc):
+                    await self.breakers.failure(key, failover.breaker, trial=trial)
+                if exc.kind == "client_error" and stop_on_client_error:
+                    raise RungFailed(failures, final=exc) from exc
+                if (
+                    trial
+                    or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on
+                    or retries >= failover.retries
+                ):
+                    return None
+                wait = max(backoff_s(failover, retries, self._rng), exc.retry_after or 0.0)
+                if self._clock() + wait >= deadline or not self.budget.allows_retry(failover.budget):
+                    return None
+                await self._sleep(wait)
+                retries += 1
+                continue
+            finally:
+                if retrying:
+                    self.budget.retries -= 1
+            on_try(Try(target, (self._clock() - started) * 1000, retry=retrying))
+            await self.breakers.success(key, trial=trial)
+            return Routed(value, target)

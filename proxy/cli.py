@@ -30,13 +30,16 @@ from proxy.module.model import Module
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.logging import configure_logging
 from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.policy.decide import Meta
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import Policy
+from proxy.policy.report import explain, summary
 from proxy.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_POOL_SIZE,
+    DEFAULT_RELOAD_INTERVAL_S,
     Settings,
     read_key_file,
 )
@@ -172,6 +175,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
+        redis_url=args.redis_url or None,
+        reload_interval_s=args.reload_interval,
     )
 
 
@@ -204,6 +209,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
         loop=loop,
     )
+    return EXIT_OK
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(Path(args.file))
+    except PolicyError as exc:
+        for problem in exc.problems:
+            print(f"{exc.source}: {problem}")
+        return EXIT_FAILED
+    print("\n".join(summary(policy)))
+    return EXIT_OK
+
+
+def cmd_policy_explain(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(Path(args.policy))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_FAILED
+    if args.module:
+        registry = ModuleRegistry.load(Path(d) for d in args.modules)
+        module = registry.get(args.module)
+        if module is None:
+            print(
+                f"no module {args.module!r} in {', '.join(args.modules)} (known: "
+                f"{', '.join(registry.names()) or 'none'})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        tier, label = module.tier, f"module {module.name} ({module.tier} tier"
+        label += ", with overrides)" if module.name in policy.modules else ")"
+    else:
+        tier, label = args.tier, f"tier {args.tier}"
+    thresholds = policy.thresholds_for(args.module or "", tier)
+    rung = policy.start_rung(thresholds) if args.rung is None else args.rung
+    if not 0 <= rung < len(policy.ladder):
+        print(f"--rung must be 0..{len(policy.ladder) - 1}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(explain(policy, thresholds, Meta(args.confidence, args.risk), rung, label)))
     return EXIT_OK
 
 
@@ -257,6 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="file of client keys, one per line (COGPROXY_API_KEYS_FILE)",
     )
     p.add_argument(
+        "--redis-url",
+        default=_env("REDIS_URL"),
+        help="share breaker state through this Redis, e.g. redis://127.0.0.1:6379/0 (COGPROXY_REDIS_URL)",
+    )
+    p.add_argument(
+        "--reload-interval",
+        type=float,
+        default=float(_env("RELOAD_INTERVAL", str(DEFAULT_RELOAD_INTERVAL_S)) or 0),
+        help="seconds between checks of policy and module files; 0: SIGHUP only (COGPROXY_RELOAD_INTERVAL)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "console"),
         default=_env("LOG_FORMAT", "json"),
@@ -264,6 +320,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="(COGPROXY_LOG_LEVEL)")
     p.set_defaults(func=cmd_serve)
+
+    policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    p = policy_sub.add_parser("check", help="validate a policy and print a summary")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_policy_check)
+    p = policy_sub.add_parser("explain", help="the decision for an answer's confidence and risk")
+    p.add_argument("--policy", required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--module", help="a module name (its tier and per-module overrides apply)")
+    which.add_argument("--tier", choices=("exec", "decision", "exploration"))
+    p.add_argument("--confidence", type=float, required=True)
+    p.add_argument("--risk", choices=("none", "low", "medium", "high"), required=True)
+    p.add_argument("--rung", type=int, help="rung index of the answer (default: the tier's start rung)")
+    p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
+    p.set_defaults(func=cmd_policy_explain)
 
     p = sub.add_parser("validate", help="check a module directory")
     p.add_argument("module_dir")
@@ -299,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "command", None) == "serve" and args.modules is None:
+    if getattr(args, "modules", "unset") is None:
         args.modules = _env_list("MODULES") or ["modules"]
     code: int = args.func(args)
     return code

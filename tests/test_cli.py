@@ -93,3 +93,95 @@ def test_console_script_is_installed() -> None:
     exe = Path(sys.executable).with_name("cogproxy")
     result = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and result.stdout.startswith("cogproxy ")
+
+
+def test_policy_check_prints_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import ROOT
+
+    assert main(["policy", "check", str(ROOT / "policies" / "default.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "1. strong: openai/gpt-4o, anthropic/claude-sonnet-4-20250514" in out
+    assert "exec: min_confidence 0.9, max_risk low, exhausted reject, start fast" in out
+
+
+def test_policy_check_refuses_a_bad_file_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "version: 1\nproviders: {p: {kind: openai, base_url: 'http://x'}}\n"
+        "ladder: [{name: a, targets: [p/m]}]\ntiers: {exec: {min_confidence: 2, max_risk: low}}\n"
+    )
+    assert main(["policy", "check", str(bad)]) == 1
+    assert f"{bad}: tiers.exec.min_confidence: must be smaller than or equal to 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--tier", "exec", "--confidence", "0.95", "--risk", "low"], "decision: accept (meets thresholds)"),
+        (
+            ["--tier", "decision", "--confidence", "0.5", "--risk", "low"],
+            "decision: escalate (confidence 0.5 < min_confidence 0.7)\nnext: rung 1 (strong)",
+        ),
+        (
+            ["--tier", "exec", "--confidence", "0.95", "--risk", "medium", "--rung", "1"],
+            "decision: reject (risk medium > max_risk low on the top rung)",
+        ),
+        (
+            ["--module", "code-reviewer", "--confidence", "0.9", "--risk", "high", "--rung", "1"],
+            "decision: review (risk high > max_risk medium on the top rung)",
+        ),
+    ],
+)
+def test_policy_explain(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import ROOT
+
+    code = main(
+        [
+            "policy",
+            "explain",
+            "--policy",
+            str(ROOT / "policies" / "default.yaml"),
+            "--modules",
+            str(MODULES),
+            *args,
+        ]
+    )
+    assert code == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_policy_explain_applies_module_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import ROOT
+
+    text = (ROOT / "policies" / "examples" / "cost-saving-cascade.yaml").read_text()
+    assert (
+        main(
+            [
+                "policy",
+                "explain",
+                "--policy",
+                str(ROOT / "policies/examples/cost-saving-cascade.yaml"),
+                "--modules",
+                str(MODULES),
+                "--module",
+                "code-reviewer",
+                "--confidence",
+                "0.75",
+                "--risk",
+                "low",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "min_confidence 0.8" in out and "decision: escalate" in out
+    assert "code-reviewer: {min_confidence: 0.8}" in text
+
+
+def test_every_shipped_policy_checks() -> None:
+    from tests.conftest import ROOT
+
+    for path in sorted((ROOT / "policies").rglob("*.yaml")):
+        assert main(["policy", "check", str(path)]) == 0, path

@@ -1,0 +1,65 @@
+"""Human-readable policy summaries and decision explanations for ``cogproxy policy``."""
+
+from __future__ import annotations
+
+from proxy.policy.decide import Meta, decide
+from proxy.policy.model import Policy, Thresholds
+
+
+def _thresholds(t: Thresholds) -> str:
+    start = f", start {t.start}" if t.start else ""
+    return (
+        f"min_confidence {t.min_confidence:g}, max_risk {t.max_risk}, exhausted {t.exhausted}"
+        f"{start}, reask {t.reask}"
+    )
+
+
+def summary(policy: Policy) -> list[str]:
+    """The policy as an operator reads it: providers, rungs and targets, tiers, overrides."""
+    f = policy.failover
+    lines = [f"policy {policy.source}: valid", "providers:"]
+    for p in policy.providers.values():
+        key = f"key from ${p.api_key_env}" if p.api_key_env else "no key"
+        if p.forward_client_key:
+            key = "client's own key"
+        where = f" {p.base_url}" if p.base_url else ""
+        lines.append(f"  {p.name}: {p.kind}{where} ({key})")
+    lines.append("ladder (cheapest first; targets in failover order):")
+    lines += [f"  {i}. {r.name}: {', '.join(str(t) for t in r.targets)}" for i, r in enumerate(policy.ladder)]
+    lines.append("tiers:")
+    lines += [f"  {name}: {_thresholds(t)}" for name, t in policy.tiers.items()]
+    if policy.modules:
+        lines.append("module overrides:")
+        lines += [
+            f"  {name}: {', '.join(f'{k} {v}' for k, v in o.items())}" for name, o in policy.modules.items()
+        ]
+    if policy.aliases:
+        lines.append("aliases: " + ", ".join(f"{a} -> {t}" for a, t in sorted(policy.aliases.items())))
+    lines.append(
+        f"failover: {f.retries} retries per target on {', '.join(sorted(f.retry_on))}; backoff "
+        f"{f.backoff.base_ms:g}-{f.backoff.max_ms:g} ms; per try {f.timeouts.per_try_s:g}s, total "
+        f"{f.timeouts.total_s:g}s; breaker {f.breaker.failures} failures/{f.breaker.window_s:g}s, open "
+        f"{f.breaker.open_s:g}s; retry budget {f.budget.percent:g}% (min {f.budget.min_concurrency})"
+    )
+    lines.append(f"review: {policy.review.sink}")
+    return lines
+
+
+def explain(policy: Policy, thresholds: Thresholds, meta: Meta, rung: int, label: str) -> list[str]:
+    """What the router does with an answer carrying ``meta`` on rung ``rung``, and why."""
+    decision = decide(thresholds, meta, rung, len(policy.ladder))
+    here = policy.ladder[rung].name
+    lines = [
+        f"{label}: {_thresholds(thresholds)}",
+        f"answer on rung {rung} ({here}): confidence {meta.confidence:g}, risk {meta.risk}",
+        f"decision: {decision.action} ({decision.reason})",
+    ]
+    if decision.next_rung is not None:
+        lines.append(f"next: rung {decision.next_rung} ({policy.ladder[decision.next_rung].name})")
+    elif decision.action == "reject":
+        lines.append("answer: ok=false, E2001 LOW_CONFIDENCE, last data in partial_data")
+    elif decision.action == "review":
+        lines.append(
+            f"answer: the envelope as is, decision review, recorded in the {policy.review.sink} sink"
+        )
+    return lines

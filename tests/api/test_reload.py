@@ -1,0 +1,185 @@
+"""Hot reload: file polling (ConfigMap symlink swaps too), SIGHUP, last good policy and modules."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from proxy.app import build_app
+from proxy.settings import Settings
+from tests.api.test_server import free_port, wait_ready
+from tests.conftest import MODULES
+from tests.fake_upstream import FakeUpstream, Fault
+from tests.proxy_server import running_proxy, upstream_policy
+
+
+async def models(url: str) -> list[str]:
+    async with aiohttp.ClientSession() as session:
+        body = await (await session.get(url + "/v1/models")).json()
+    return [m["id"] for m in body["data"]]
+
+
+async def eventually(check: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        if await check():
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.05)
+
+
+async def reload_counts(url: str) -> str:
+    async with aiohttp.ClientSession() as session:
+        return await (await session.get(url + "/metrics")).text()
+
+
+async def test_bad_policy_is_refused_and_the_last_good_one_keeps_serving(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    policy = upstream_policy(fake_upstream)
+    async with running_proxy(tmp_path, policy, reload_interval_s=0.05) as px:
+        path = tmp_path / "policy.yaml"
+        path.write_text("version: 1\nproviders: {p: {kind: openai}}\nladder: []\n")
+        await eventually(
+            lambda: _contains(reload_counts(px.url), 'cognitive_policy_reloads_total{result="error"} 1.0')
+        )
+        reply = await px.client().chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+        assert reply.choices[0].message.content
+        policy["aliases"]["brand-new"] = "strong"
+        path.write_text(yaml.safe_dump(policy))
+        await eventually(lambda: _contains(models(px.url), "brand-new"))
+        assert 'cognitive_policy_reloads_total{result="ok"} 1.0' in await reload_counts(px.url)
+
+
+async def _contains(awaitable: Any, item: str) -> bool:
+    return item in await awaitable
+
+
+async def test_configmap_symlink_swap_is_picked_up(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Kubernetes mounts a ConfigMap as files -> ..data/ -> ..<timestamp>/ and swaps ..data."""
+    config = tmp_path / "config"
+    first = config / "..2026_11_25_00_00_00.1"
+    first.mkdir(parents=True)
+    policy = upstream_policy(fake_upstream)
+    (first / "policy.yaml").write_text(yaml.safe_dump(policy))
+    (config / "..data").symlink_to(first.name)
+    (config / "policy.yaml").symlink_to("..data/policy.yaml")
+    app = build_app(
+        Settings(policy_path=config / "policy.yaml", module_dirs=(MODULES,), port=0, reload_interval_s=0.05)
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert "swapped-in" not in await models(url)
+        second = config / "..2026_11_25_00_01_00.2"
+        second.mkdir()
+        policy["aliases"]["swapped-in"] = "fast"
+        (second / "policy.yaml").write_text(yaml.safe_dump(policy))
+        tmp_link = config / "..data_tmp"
+        tmp_link.symlink_to(second.name)
+        tmp_link.replace(config / "..data")  # the atomic rename kubelet does
+        shutil.rmtree(first)
+        await eventually(lambda: _contains(models(url), "swapped-in"))
+    finally:
+        await runner.cleanup()
+
+
+async def test_broken_module_edit_keeps_the_last_good_version(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    modules = tmp_path / "modules"
+    shutil.copytree(MODULES, modules)
+    async with running_proxy(
+        tmp_path, upstream_policy(fake_upstream), modules=(modules,), reload_interval_s=0.05
+    ) as px:
+        (modules / "code-reviewer" / "schema.json").write_text("{ broken")
+        shutil.copytree(modules / "idea-explorer", modules / "idea-explorer-2")
+        text = (modules / "idea-explorer-2" / "module.yaml").read_text()
+        (modules / "idea-explorer-2" / "module.yaml").write_text(
+            text.replace("name: idea-explorer", "name: idea-explorer-2")
+        )
+        await eventually(lambda: _contains(models(px.url), "module:idea-explorer-2"))
+        assert "module:code-reviewer" in await models(px.url)  # last good version still served
+        async with aiohttp.ClientSession() as session:
+            ready = await (await session.get(px.url + "/readyz")).json()
+        assert any("code-reviewer/schema.json" in p and "invalid JSON" in p for p in ready["module_problems"])
+
+
+async def test_in_flight_requests_finish_on_the_policy_they_started_with(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    policy = upstream_policy(fake_upstream)
+    fake_upstream.script("cheap", Fault.slow(0.8, "old policy answer"))
+    async with running_proxy(tmp_path, policy, reload_interval_s=0.05) as px:
+        pending = asyncio.create_task(
+            px.client().chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+            )
+        )
+        await eventually(lambda: _async(fake_upstream.in_flight == 1))
+        policy["aliases"]["gpt-4o-mini"] = "strong"
+        (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+        await eventually(lambda: _contains(reload_counts(px.url), 'result="ok"} 1.0'))
+        reply = await pending
+        assert reply.choices[0].message.content == "old policy answer"
+        await px.client().chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+    assert fake_upstream.requests[-1].model == "strong"
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_sighup_reloads_the_policy(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    policy = upstream_policy(fake_upstream)
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--policy",
+            str(path),
+            "--modules",
+            str(MODULES),
+            "--port",
+            str(port),
+            "--reload-interval",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, proc)
+        policy["aliases"]["after-sighup"] = "fast"
+        path.write_text(yaml.safe_dump(policy))
+        await asyncio.sleep(0.3)
+        assert "after-sighup" not in await models(url)  # polling is off
+        proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: _contains(models(url), "after-sighup"))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)

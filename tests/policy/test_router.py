@@ -1,0 +1,207 @@
+"""The router and breaker pieces in isolation: real objects, a recorded clock instead of sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy.policy.model import Backoff, BreakerPolicy, Failover, ProviderConfig, RetryBudget, Target, Timeouts
+from proxy.state.memory import MemoryBreakerStore
+from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.breaker import Breakers
+from proxy.upstream.router import RetryBudgetTracker, Router, RungFailed, Try, backoff_s
+
+
+class ScriptedProvider:
+    """A provider whose answers are a list: values are returned, ProviderErrors raised."""
+
+    def __init__(self, *outcomes: Any) -> None:
+        self.config = ProviderConfig("p", "offline")
+        self.outcomes = list(outcomes)
+        self.calls: list[float] = []
+
+    async def complete(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> dict[str, Any]:
+        self.calls.append(timeout)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, ProviderError):
+            raise outcome
+        return {"model": model, "value": outcome}
+
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+        return b"{}"
+
+    async def stream(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> AsyncIterator[bytes]:
+        yield b""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def make_router(clock: Clock) -> Router:
+    return Router(
+        Breakers(MemoryBreakerStore(), clock=clock), clock=clock, sleep=clock.sleep, rng=lambda: 1.0
+    )
+
+
+FAILOVER = Failover(
+    retries=2,
+    backoff=Backoff(100, 1000),
+    timeouts=Timeouts(5, 60),
+    breaker=BreakerPolicy(3, 30, 10),
+    budget=RetryBudget(20, 3),
+)
+
+
+async def run(
+    router: Router,
+    providers: dict[str, Any],
+    targets: list[Target],
+    failover: Failover = FAILOVER,
+    deadline: float = 1060.0,
+) -> tuple[Any, list[Try]]:
+    tries: list[Try] = []
+
+    async def op(provider: Any, target: Target, timeout: float) -> Any:
+        return await provider.complete({}, target.model, CallContext(), timeout)
+
+    routed = await router.call(targets, providers, op, failover, deadline, tries.append)
+    return routed, tries
+
+
+async def test_retries_with_exponential_backoff_then_succeeds() -> None:
+    clock = Clock()
+    p = ScriptedProvider(ProviderError("server_error", "boom"), ProviderError("connect", "down"), "ok")
+    routed, tries = await run(make_router(clock), {"a": p}, [Target("a", "m")])
+    assert routed.value["value"] == "ok"
+    assert clock.slept == [0.1, 0.2]  # full jitter with rng=1.0: the ceilings base*2**n
+    assert [t.retry for t in tries] == [False, True, True]
+
+
+async def test_retry_after_wins_over_backoff_and_is_read_on_every_attempt() -> None:
+    clock = Clock()
+    p = ScriptedProvider(
+        ProviderError("rate_limited", "slow down", retry_after=3),
+        ProviderError("rate_limited", "still", retry_after=7),
+        "ok",
+    )
+    await run(make_router(clock), {"a": p}, [Target("a", "m")])
+    assert clock.slept == [3, 7]
+
+
+async def test_a_wait_past_the_deadline_fails_over_instead() -> None:
+    clock = Clock()
+    a = ScriptedProvider(ProviderError("rate_limited", "later", retry_after=100))
+    b = ScriptedProvider("from b")
+    routed, _ = await run(make_router(clock), {"a": a, "b": b}, [Target("a", "m"), Target("b", "m")])
+    assert routed.target == Target("b", "m") and clock.slept == []
+
+
+async def test_targets_are_visited_once_a_fallback_never_restarts_counts() -> None:
+    clock = Clock()
+    errors = [ProviderError("server_error", f"e{i}") for i in range(3)]
+    a, b = ScriptedProvider(*errors), ScriptedProvider(*errors)
+    with pytest.raises(RungFailed) as info:
+        await run(make_router(clock), {"a": a, "b": b}, [Target("a", "m"), Target("b", "m")])
+    assert len(a.calls) == 3 and len(b.calls) == 3  # 1 + retries each, never back to a
+    assert len(info.value.failures) == 6
+
+
+async def test_non_retryable_failure_fails_over_at_once() -> None:
+    clock = Clock()
+    a = ScriptedProvider(ProviderError("client_error", "bad request", status=400))
+    b = ScriptedProvider("ok")
+    routed, _ = await run(make_router(clock), {"a": a, "b": b}, [Target("a", "m"), Target("b", "m")])
+    assert len(a.calls) == 1 and routed.target.provider == "b"
+
+
+async def test_per_try_timeout_is_capped_by_the_remaining_deadline() -> None:
+    clock = Clock()
+    p = ScriptedProvider("ok")
+    await run(make_router(clock), {"a": p}, [Target("a", "m")], deadline=clock.now + 2)
+    assert p.calls == [2.0]
+
+
+async def test_spent_deadline_stops_everything() -> None:
+    clock = Clock()
+    with pytest.raises(RungFailed) as info:
+        await run(make_router(clock), {"a": ScriptedProvider("ok")}, [Target("a", "m")], deadline=clock.now)
+    assert info.value.deadline_spent
+
+
+def test_retry_budget_is_a_share_of_requests_in_flight() -> None:
+    budget = RetryBudget(percent=20, min_concurrency=3)
+    tracker = RetryBudgetTracker()
+    tracker.requests, tracker.retries = 100, 19
+    assert tracker.allows_retry(budget)
+    tracker.retries = 20
+    assert not tracker.allows_retry(budget)
+    tracker.requests, tracker.retries = 1, 2
+    assert tracker.allows_retry(budget)  # min_concurrency always allowed
+
+
+def test_backoff_never_exceeds_the_cap() -> None:
+    assert backoff_s(FAILOVER, 10, lambda: 1.0) == 1.0
+    assert backoff_s(FAILOVER, 0, lambda: 0.0) == 0.0
+
+
+async def test_breaker_open_period_is_only_ever_extended() -> None:
+    store = MemoryBreakerStore()
+    policy = BreakerPolicy(failures=1, window_s=10, open_s=30)
+    first = await store.record_failure("t", 100.0, policy, force_open=False)
+    assert first == 130.0
+    shorter = BreakerPolicy(failures=1, window_s=10, open_s=5)
+    assert await store.record_failure("t", 101.0, shorter, force_open=False) == 130.0
+    assert await store.record_failure("t", 200.0, policy, force_open=False) == 230.0
+
+
+async def test_breaker_half_open_allows_a_single_trial() -> None:
+    clock = Clock()
+    breakers = Breakers(MemoryBreakerStore(), clock=clock, refresh_s=0)
+    policy = BreakerPolicy(failures=2, window_s=10, open_s=5)
+    await breakers.failure("t", policy, trial=False)
+    assert await breakers.admit("t", 1.0) == "closed"
+    await breakers.failure("t", policy, trial=False)
+    assert await breakers.admit("t", 1.0) == "open"
+    clock.now += 5
+    assert await breakers.admit("t", 1.0) == "trial"
+    assert await breakers.admit("t", 1.0) == "open"  # only one trial at a time
+    await breakers.failure("t", policy, trial=True)  # the trial failed: open again
+    assert await breakers.admit("t", 1.0) == "open"
+    clock.now += 5
+    assert await breakers.admit("t", 1.0) == "trial"
+    await breakers.success("t", trial=True)
+    assert await breakers.admit("t", 1.0) == "closed"
+
+
+async def test_rate_limits_and_client_errors_do_not_count_against_the_breaker() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    failover = Failover(retries=0, breaker=BreakerPolicy(1, 30, 30))
+    for error in (ProviderError("rate_limited", "429"), ProviderError("client_error", "400", status=400)):
+        with pytest.raises(RungFailed):
+            await run(router, {"a": ScriptedProvider(error)}, [Target("a", "m")], failover)
+    assert await router.breakers.admit("a/m", 1.0) == "closed"
+    with pytest.raises(RungFailed):
+        await run(
+            router,
+            {"a": ScriptedProvider(ProviderError("server_error", "500"))},
+            [Target("a", "m")],
+            failover,
+        )
+    assert await router.breakers.admit("a/m", 1.0) == "open"

@@ -59,7 +59,7 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 only once the policy and the modules are loaded."""
     current = request.app[RUNTIME].current
     if current is None:
-        return json_response({"status": "loading"}, status=503)
+        return json_response({"status": "loading"}, status=503, headers={"Retry-After": "1"})
     return json_response(
         {
             "status": "ready",

@@ -9,13 +9,16 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from proxy import __version__
 from proxy.api import chat, meta, modules
 from proxy.api.errors import error_middleware
-from proxy.api.middleware import auth_middleware, trace_middleware
+from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
 from proxy.module.registry import ModuleRegistry
+from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
+from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.settings import Settings
@@ -29,17 +32,18 @@ from proxy.upstream.router import Router
 log = structlog.get_logger("proxy.app")
 
 
-def load_runtime(settings: Settings, session: aiohttp.ClientSession) -> Runtime:
+def load_runtime(settings: Settings, session: aiohttp.ClientSession, metrics: Metrics) -> Runtime:
     """Policy, modules, provider clients and review sink; raises ``PolicyError`` for a bad
     policy. A broken module is reported with its path and reason and the others still load."""
     policy = load_policy(settings.policy_path)
     registry = ModuleRegistry.load(settings.module_dirs)
-    return Runtime(
-        policy,
-        registry,
-        build_providers(policy, session),
-        build_sink(policy.review, session, settings.redis_url),
+    sink = build_sink(
+        policy.review,
+        session,
+        settings.redis_url,
+        on_failure=lambda kind: metrics.review_sink_failures.labels(kind).inc(),
     )
+    return Runtime(policy, registry, build_providers(policy, session), sink)
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -58,19 +62,36 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     store: BreakerStore = (
         RedisBreakerStore(settings.redis_url) if settings.redis_url else MemoryBreakerStore()
     )
-    app[ROUTER] = Router(Breakers(store))
+    holder = app[RUNTIME]
+    metrics = app[METRICS]
+
+    def current_policy() -> Policy | None:
+        return holder.current.policy if holder.current else None
+
+    breakers = Breakers(store)
+    app[ROUTER] = Router(breakers, observer=MetricsObserver(metrics, current_policy))
+
+    def breaker_states() -> list[tuple[str, bool]]:
+        policy = current_policy()
+        seen = breakers.snapshot()
+        targets = sorted(policy.known_targets) if policy else sorted(seen)
+        return [(target, seen.get(target, False)) for target in targets]
+
+    metrics.watch_breakers(breaker_states)
     yield
     await store.aclose()
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    current = load_runtime(settings, app[SESSION])
+    current = load_runtime(settings, app[SESSION], app[METRICS])
     for problem in current.registry.problems:
         log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
     app[RUNTIME].current = current
     log.info("proxy.loaded", policy=current.policy.source, modules=current.registry.names())
-    reloader = Reloader(settings, app[RUNTIME], lambda: load_runtime(settings, app[SESSION]), app[METRICS])
+    reloader = Reloader(
+        settings, app[RUNTIME], lambda: load_runtime(settings, app[SESSION], app[METRICS]), app[METRICS]
+    )
     retired: set[asyncio.Task[None]] = set()
 
     def retire(old: Runtime) -> None:
@@ -101,12 +122,13 @@ def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, trace_middleware, auth_middleware],
+        middlewares=[error_middleware, trace_middleware, observe_middleware, auth_middleware],
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()
-    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx])
+    app[METRICS].info.labels(__version__).set(1)
+    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _metrics_port_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_post("/v1/modules/{name}/execute", modules.execute)
@@ -117,3 +139,19 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", meta.readyz)
     app.router.add_get("/metrics", meta.metrics)
     return app
+
+
+async def _metrics_port_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``--metrics-port``: /metrics also on a separate port (for a scrape-only Service)."""
+    port = app[SETTINGS].metrics_port
+    if port is None:
+        yield
+        return
+    metrics_app = web.Application()
+    metrics_app[METRICS] = app[METRICS]
+    metrics_app.router.add_get("/metrics", meta.metrics)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, app[SETTINGS].host, port).start()
+    yield
+    await runner.cleanup()

@@ -176,6 +176,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
         redis_url=args.redis_url or None,
+        metrics_port=args.metrics_port,
         reload_interval_s=args.reload_interval,
     )
 
@@ -300,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-file",
         default=_env("API_KEYS_FILE"),
         help="file of client keys, one per line (COGPROXY_API_KEYS_FILE)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "0") or 0) or None,
+        help="also serve /metrics on this port (COGPROXY_METRICS_PORT); unset: main port only",
     )
     p.add_argument(
         "--redis-url",

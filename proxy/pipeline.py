@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import orjson
-
 from proxy.contract.engine import ContractResult, run_contract
 from proxy.contract.errors import Code, error_envelope, http_status
 from proxy.contract.inputs import check_input
@@ -27,7 +25,7 @@ from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
-from proxy.upstream.base import CallContext, Provider, ProviderError, content_of
+from proxy.upstream.base import CallContext, Provider, ProviderError, content_of, usage_of
 from proxy.upstream.router import Router, RungFailed, Try
 
 
@@ -42,6 +40,8 @@ class Attempt:
     risk: str | None = None
     latency_ms: float = 0.0
     error: str | None = None
+    repairs: tuple[str, ...] = ()
+    usage: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -54,6 +54,8 @@ class Attempt:
         }
         if self.error:
             out["error"] = self.error
+        if self.repairs:
+            out["repairs"] = list(self.repairs)
         return out
 
 
@@ -70,6 +72,8 @@ class ModuleAnswer:
     repairs: tuple[Repair, ...] = ()
     retry_after: float | None = None
     usage: Mapping[str, int] = field(default_factory=dict)
+    upstream_s: float = 0.0
+    """Time spent waiting on providers (tries and backoff), for the overhead metric."""
 
     @property
     def status(self) -> int:
@@ -206,10 +210,12 @@ class _Attempts:
     def __init__(self) -> None:
         self.items: list[Attempt] = []
         self.last_ms = 0.0
+        self.upstream_s = 0.0
 
     def on_try(self, rung: str) -> Callable[[Try], None]:
         def record(attempt: Try) -> None:
             self.last_ms = attempt.latency_ms
+            self.upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
             if attempt.error is not None:
                 outcome = "circuit_open" if attempt.skipped else f"provider_error:{attempt.error.kind}"
                 self.items.append(
@@ -224,7 +230,15 @@ class _Attempts:
 
         return record
 
-    def answer(self, rung: str, target: Target, outcome: str, meta: Meta, result: ContractResult) -> None:
+    def answer(
+        self,
+        rung: str,
+        target: Target,
+        outcome: str,
+        meta: Meta,
+        result: ContractResult,
+        usage: dict[str, Any],
+    ) -> None:
         self.items.append(
             Attempt(
                 rung,
@@ -234,6 +248,8 @@ class _Attempts:
                 meta.risk,
                 self.last_ms,
                 result.error_code and f"contract:{result.error_code}",
+                tuple(r.kind for r in result.repairs),
+                usage,
             )
         )
 
@@ -278,7 +294,9 @@ async def run_module(call: Call) -> ModuleAnswer:
         for _ in range(thresholds.reask):
             if result.passed:
                 break
-            attempts.answer(rung_name, routed.target, "reask", _meta_of(result.envelope), result)
+            attempts.answer(
+                rung_name, routed.target, "reask", _meta_of(result.envelope), result, usage_of(reply)
+            )
             body = {"messages": reask_messages(messages, text, result)}
             try:
                 again = await call.router.call(
@@ -296,7 +314,7 @@ async def run_module(call: Call) -> ModuleAnswer:
             result = run_contract(text, module)
         meta = _meta_of(result.envelope)
         decision = decide(thresholds, meta, rung, len(policy.ladder))
-        attempts.answer(rung_name, routed.target, decision.action, meta, result)
+        attempts.answer(rung_name, routed.target, decision.action, meta, result, usage_of(reply))
         if decision.action == "escalate" and decision.next_rung is not None:
             rung = decision.next_rung
             continue
@@ -313,16 +331,20 @@ async def run_module(call: Call) -> ModuleAnswer:
             tuple(attempts.items),
             str(routed.target),
             result.repairs,
-            usage=as_dict(reply.get("usage")),
+            usage=usage_of(reply),
+            upstream_s=attempts.upstream_s,
         )
         return _finish(answer, started, call.trace_id)
     envelope, retry_after = _unavailable(failures)
     return _finish(
-        ModuleAnswer(module, envelope, "reject", tuple(attempts.items), retry_after=retry_after),
+        ModuleAnswer(
+            module,
+            envelope,
+            "reject",
+            tuple(attempts.items),
+            retry_after=retry_after,
+            upstream_s=attempts.upstream_s,
+        ),
         started,
         call.trace_id,
     )
-
-
-def envelope_json(answer: ModuleAnswer) -> str:
-    return orjson.dumps(answer.envelope).decode()

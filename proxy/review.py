@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import aiohttp
@@ -62,8 +63,9 @@ class LogSink:
 class _Background(ABC):
     """Deliveries run as tasks, so the answer never waits for the sink."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_failure: Callable[[str], None]) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        self._on_failure = on_failure
 
     async def submit(self, record: dict[str, Any]) -> None:
         task = asyncio.create_task(self._deliver(record))
@@ -84,8 +86,10 @@ class _Background(ABC):
 class RedisStreamSink(_Background):
     """XADD to a stream (approximate MAXLEN) with fields module, trace_id, decision, meta, envelope."""
 
-    def __init__(self, redis_url: str, stream: str, maxlen: int, timeout_s: float) -> None:
-        super().__init__()
+    def __init__(
+        self, redis_url: str, stream: str, maxlen: int, timeout_s: float, on_failure: Callable[[str], None]
+    ) -> None:
+        super().__init__(on_failure)
         self._redis: Any = aioredis.Redis.from_url(
             redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
@@ -107,6 +111,7 @@ class RedisStreamSink(_Background):
             log.error(
                 "proxy.review_sink_failed", sink="redis-stream", error=str(exc), trace_id=record["trace_id"]
             )
+            self._on_failure("redis-stream")
             await LogSink().submit(record)  # the record is not lost: it is in the log
 
     async def aclose(self) -> None:
@@ -117,8 +122,15 @@ class RedisStreamSink(_Background):
 class WebhookSink(_Background):
     """POST the record as JSON; retried in the background with exponential backoff."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float, retries: int) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        timeout_s: float,
+        retries: int,
+        on_failure: Callable[[str], None],
+    ) -> None:
+        super().__init__(on_failure)
         self._session = session
         self._url = url
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -139,20 +151,27 @@ class WebhookSink(_Background):
             if attempt < self._retries:
                 await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
         log.error("proxy.review_sink_failed", sink="webhook", error=error, trace_id=record["trace_id"])
+        self._on_failure("webhook")
         await LogSink().submit(record)
 
     async def aclose(self) -> None:
         await self.drain()
 
 
-def build_sink(policy: ReviewPolicy, session: aiohttp.ClientSession, redis_url: str | None) -> ReviewSink:
+def build_sink(
+    policy: ReviewPolicy,
+    session: aiohttp.ClientSession,
+    redis_url: str | None,
+    on_failure: Callable[[str], None] = lambda sink: None,
+) -> ReviewSink:
+    """The sink the policy names; ``on_failure(sink)`` is called for each record not delivered."""
     if policy.sink == "redis-stream":
         if not redis_url:
             log.error(
                 "proxy.review_sink_unconfigured", sink="redis-stream", reason="no --redis-url; using log"
             )
             return LogSink()
-        return RedisStreamSink(redis_url, policy.stream, policy.maxlen, policy.timeout_s)
+        return RedisStreamSink(redis_url, policy.stream, policy.maxlen, policy.timeout_s, on_failure)
     if policy.sink == "webhook" and policy.url:
-        return WebhookSink(session, policy.url, policy.timeout_s, policy.retries)
+        return WebhookSink(session, policy.url, policy.timeout_s, policy.retries, on_failure)
     return LogSink()

@@ -25,6 +25,8 @@ class Settings:
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
     redis_url: str | None = field(default=None, repr=False)
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
+    metrics_port: int | None = None
+    """Also serve /metrics on this port (None: only on the main port)."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""

@@ -61,3 +61,25 @@ def completion_chunks(completion_obj: dict[str, Any], *, include_usage: bool) ->
 def sse_frame(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``obj``."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class UsageSniffer:
+    """Finds the ``usage`` object in forwarded SSE bytes without parsing every chunk: only a
+    chunk that mentions a non-null usage is split into frames and decoded."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        if b'"usage":' not in chunk and b'"usage": ' not in chunk:
+            return
+        for line in chunk.split(b"\n"):
+            if not line.startswith(b"data: {") or b'"usage"' not in line:
+                continue
+            try:
+                frame = orjson.loads(line[6:])
+            except orjson.JSONDecodeError:
+                continue  # a frame split across chunks: usage is reported in one small frame
+            usage = frame.get("usage") if isinstance(frame, dict) else None
+            if isinstance(usage, dict):
+                self.usage = usage

@@ -13,15 +13,16 @@ from aiohttp import web
 
 from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
-from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
-from proxy.api.state import ROUTER, Runtime, runtime_of
+from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.jsonshape import as_dict, as_list
+from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy, Target
-from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.base import CallContext, Provider, ProviderError, Relayed
 from proxy.upstream.router import RungFailed, Try
-from proxy.wire import DONE, completion, completion_chunks, sse_frame
+from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
 
 log = structlog.get_logger("proxy.api")
 
@@ -76,7 +77,7 @@ async def _module_chat(
 ) -> web.StreamResponse:
     module = runtime.registry.get(name)
     if module is None:
-        return module_not_found(name, runtime, request[TRACE_KEY])
+        return module_not_found(name, runtime, request)
     value, check = module_input(body)
     answer = await answer_module(request, runtime, module, value, check_input=check)
     if answer.status != 200:
@@ -129,13 +130,17 @@ async def _passthrough(
     deadline = time.monotonic() + runtime.policy.timeouts.total_s
     trace_id = request[TRACE_KEY]
 
+    record = request[RECORD_KEY]
+    metrics = request.app[METRICS]
+
     def log_try(attempt: Try) -> None:
-        if attempt.error is not None:
+        record.upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
+        if attempt.error is not None and not attempt.skipped:
             log.info(
-                "proxy.failover" if not attempt.retry else "proxy.retry",
+                "proxy.upstream_failed",
                 target=str(attempt.target),
                 kind=attempt.error.kind,
-                skipped=attempt.skipped,
+                retry=attempt.retry,
             )
 
     if body.get("stream") is not True:
@@ -151,8 +156,10 @@ async def _passthrough(
             )
         except RungFailed as exc:
             return passthrough_failure(exc, trace_id)
+        record_usage(metrics, runtime.policy, routed.target, routed.value.usage)
+        record.fields["target"] = str(routed.target)
         return web.Response(
-            body=routed.value,
+            body=routed.value.body,
             headers={
                 "X-Cognitive-Model": str(routed.target),
                 "X-Cognitive-Trace-Id": trace_id,
@@ -172,6 +179,8 @@ async def _passthrough(
     except RungFailed as exc:
         return passthrough_failure(exc, trace_id)
     first, chunks = opened.value
+    record.fields["target"] = str(opened.target)
+    usage = UsageSniffer()
     response = web.StreamResponse(
         headers={
             "X-Cognitive-Model": str(opened.target),
@@ -181,9 +190,12 @@ async def _passthrough(
         }
     )
     await response.prepare(request)
+    streaming_since = time.perf_counter()
     try:
         await response.write(first)
+        usage.feed(first)
         async for chunk in chunks:
+            usage.feed(chunk)
             await response.write(chunk)
     except ProviderError as exc:
         # Bytes already reached the client: never retried; the stream ends with an error event.
@@ -200,13 +212,16 @@ async def _passthrough(
         )
     finally:
         await chunks.aclose()
+        # Forwarding a stream is waiting on the upstream: not the proxy's own time.
+        record.upstream_s += time.perf_counter() - streaming_since
+        record_usage(metrics, runtime.policy, opened.target, usage.usage)
     await response.write_eof()
     return response
 
 
 async def _relay(
     provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
-) -> bytes:
+) -> Relayed:
     return await provider.relay(body, target.model, ctx, timeout)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
@@ -71,5 +71,6 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """Prometheus text, or OpenMetrics when the scraper's ``Accept`` asks for it."""
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encoder(request.app[METRICS].registry), headers={"Content-Type": content_type})

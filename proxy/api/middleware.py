@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
+import time
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler
-from proxy.api.state import SETTINGS
+from proxy.api.state import METRICS, SETTINGS
+from proxy.observability.metrics import NO_MODULE
+
+log = structlog.get_logger("proxy")
 
 TRACE_KEY = web.RequestKey("trace_id", str)
 CLIENT_KEY = web.RequestKey("client_key", str)
+
+
+@dataclass
+class RequestRecord:
+    """Filled in by handlers, read once by ``observe_middleware`` for metrics and the log line."""
+
+    module: str = NO_MODULE
+    upstream_s: float = 0.0
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+RECORD_KEY = web.RequestKey("record", RequestRecord)
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
@@ -37,7 +57,7 @@ async def trace_middleware(request: web.Request, handler: Handler) -> web.Stream
     trace_id = trace_id_of(request)
     request[TRACE_KEY] = trace_id
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=request.path)
+    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route_of(request))
     try:
         response = await handler(request)
     except ApiError as exc:
@@ -71,3 +91,49 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 "invalid_api_key",
             )
     return await handler(request)
+
+
+def route_of(request: web.Request) -> str:
+    """The path template (``/v1/modules/{name}/execute``), never the raw path: a bounded label."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count the request, measure the proxy's own time (upstream excluded), and write the one
+    canonical log line per request."""
+    started = time.perf_counter()
+    record = RequestRecord()
+    request[RECORD_KEY] = record
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as exc:
+        status = exc.status
+        raise
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client hung up
+        raise
+    finally:
+        total = time.perf_counter() - started
+        route = route_of(request)
+        overhead = max(0.0, total - record.upstream_s)
+        metrics = request.app[METRICS]
+        metrics.requests.labels(route, record.module, str(status)).inc()
+        metrics.overhead.labels(route).observe(overhead)
+        emit = log.debug if route in QUIET_ROUTES else log.info
+        emit(
+            "proxy.request",
+            method=request.method,
+            module=record.module,
+            status=status,
+            upstream_ms=round(record.upstream_s * 1000, 3),
+            overhead_ms=round(overhead * 1000, 3),
+            **record.fields,
+        )

@@ -8,15 +8,20 @@ from aiohttp import web
 
 from proxy.api.body import read_object
 from proxy.api.errors import json_response
-from proxy.api.middleware import CLIENT_KEY, TRACE_KEY
-from proxy.api.state import ROUTER, Runtime, runtime_of
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.contract.errors import Code, error_envelope, http_status
 from proxy.module.model import Module
+from proxy.observability.instrument import record_module_answer
+from proxy.observability.metrics import OTHER
 from proxy.pipeline import Call, ModuleAnswer, run_module
 from proxy.review import review_record
 
 
-def module_not_found(name: str, runtime: Runtime, trace_id: str) -> web.Response:
+def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.Response:
+    """E4006 (404) as an envelope; the module label is ``other`` (names come from the registry)."""
+    request[RECORD_KEY].module = OTHER
+    trace_id = request[TRACE_KEY]
     known = ", ".join(runtime.registry.names()) or "none"
     envelope = error_envelope(Code.MODULE_NOT_FOUND, f"Module {name!r} is not installed (installed: {known})")
     envelope["meta"]["trace_id"] = trace_id
@@ -39,6 +44,8 @@ async def answer_module(
 ) -> ModuleAnswer:
     """Run one module call for ``request`` and record it in the review sink when so decided."""
     trace_id = request[TRACE_KEY]
+    record = request[RECORD_KEY]
+    record.module = module.name
     answer = await run_module(
         Call(
             module,
@@ -51,6 +58,16 @@ async def answer_module(
             check_input,
         )
     )
+    record.upstream_s += answer.upstream_s
+    record.fields.update(
+        tier=module.tier,
+        decision=answer.decision,
+        confidence=answer.meta.get("confidence"),
+        risk=answer.meta.get("risk"),
+        attempts=len(answer.attempts),
+        target=answer.model,
+    )
+    record_module_answer(request.app[METRICS], runtime.policy, answer)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)
@@ -65,7 +82,7 @@ async def execute(request: web.Request) -> web.Response:
     trace_id = request[TRACE_KEY]
     module = runtime.registry.get(name)
     if module is None:
-        return module_not_found(name, runtime, trace_id)
+        return module_not_found(name, runtime, request)
     body = await read_object(request)
     if "input" not in body:
         envelope = error_envelope(
@@ -94,5 +111,5 @@ async def get_module(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     module = runtime.registry.get(name)
     if module is None:
-        return module_not_found(name, runtime, request[TRACE_KEY])
+        return module_not_found(name, runtime, request)
     return json_response({"id": module.name, "object": "module", **module.summary()})

@@ -1,18 +1,145 @@
-"""Prometheus metrics, one registry per application (no module-level collectors)."""
+"""Prometheus metrics (DESIGN §5), one registry per application (no module-level collectors).
+
+Labels are bounded: module names come from the registry, providers and models from the policy,
+routes from the router's path templates; anything else collapses to ``other``.
+
+``cognitive_confidence`` carries ``attempt="final"`` (once per module answer) or
+``attempt="intermediate"`` (answers on rungs that escalated, and re-asked answers).
+
+The server runs one process per sidecar (one event loop; scale with replicas, not workers), so
+the default in-process registry counts correctly; prometheus-client's multiprocess mode is not
+needed.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+OTHER = "other"
+NO_MODULE = "none"
+CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class BreakerCollector(Collector):
+    """``cognitive_circuit_open{target}``, read from the breakers at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "cognitive_circuit_open", "1 while a target's circuit breaker is open.", labels=["target"]
+        )
+        for target, is_open in self._snapshot():
+            family.add_metric([target], 1.0 if is_open else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "cognitive_circuit_open", "1 while a target's circuit breaker is open.", labels=["target"]
+        )
 
 
 class Metrics:
-    """Every metric the proxy exports (DESIGN §5), on its own registry."""
+    """Every metric the proxy exports, on its own registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.policy_reloads = Counter(
-            "cognitive_policy_reloads_total",
-            "Policy and module reloads by result (ok, error).",
-            ["result"],
-            registry=self.registry,
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "cognitive_requests_total",
+            "HTTP requests by route template, module and status.",
+            ["route", "module", "status"],
+            registry=r,
         )
+        self.confidence = Histogram(
+            "cognitive_confidence",
+            "meta.confidence of module answers.",
+            ["module", "tier", "attempt"],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=r,
+        )
+        self.risk = Counter(
+            "cognitive_risk_total",
+            "meta.risk of final module answers.",
+            ["module", "tier", "risk"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "cognitive_decisions_total",
+            "Routing decisions on module answers.",
+            ["module", "tier", "decision"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "cognitive_escalations_total",
+            "Escalations from one rung to the next.",
+            ["module", "from_rung", "to_rung"],
+            registry=r,
+        )
+        self.repairs = Counter(
+            "cognitive_repairs_total",
+            "Repairs the contract engine made, by kind.",
+            ["module", "kind"],
+            registry=r,
+        )
+        self.contract_errors = Counter(
+            "cognitive_contract_errors_total",
+            "Contract failures (model output and input), by error code.",
+            ["module", "code"],
+            registry=r,
+        )
+        self.upstream_requests = Counter(
+            "cognitive_upstream_requests_total",
+            "Provider attempts by outcome.",
+            ["provider", "model", "outcome"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "cognitive_upstream_latency_seconds",
+            "Provider attempt latency.",
+            ["provider", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.failovers = Counter(
+            "cognitive_failovers_total",
+            "Moves from a failed target to the next one.",
+            ["from_target", "to_target", "reason"],
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "cognitive_proxy_overhead_seconds",
+            "Time spent in the proxy itself per request, upstream time excluded.",
+            ["route"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "cognitive_tokens_total",
+            "Tokens reported by providers.",
+            ["provider", "model", "kind"],
+            registry=r,
+        )
+        self.policy_reloads = Counter(
+            "cognitive_policy_reloads_total", "Policy and module reloads by result.", ["result"], registry=r
+        )
+        self.review_sink_failures = Counter(
+            "cognitive_review_sink_failures_total",
+            "Review records a sink could not deliver (they go to the log).",
+            ["sink"],
+            registry=r,
+        )
+        self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
+
+    def watch_breakers(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self.registry.register(BreakerCollector(snapshot))

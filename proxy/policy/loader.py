@@ -161,6 +161,10 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
             {k: MappingProxyType(dict(v)) for k, v in as_dict(doc.get("modules")).items()}
         ),
         aliases=MappingProxyType(dict(as_dict(doc.get("aliases")))),
+        known_targets=frozenset(
+            [str(t) for rung in ladder for t in rung.targets]
+            + [a for a in as_dict(doc.get("aliases")).values() if "/" in a]
+        ),
         failover=_failover(as_dict(doc.get("failover"))),
         review=_review(as_dict(doc.get("review"))),
         source=source,

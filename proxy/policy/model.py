@@ -124,6 +124,8 @@ class Policy:
     failover: Failover = Failover()
     review: ReviewPolicy = ReviewPolicy()
     source: str = "<memory>"
+    known_targets: frozenset[str] = frozenset()
+    """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""
 
     @property
     def timeouts(self) -> Timeouts:

@@ -44,6 +44,17 @@ class CallContext:
     input: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    body: bytes
+    usage: dict[str, Any]
+
+
+def usage_of(reply: dict[str, Any]) -> dict[str, Any]:
+    usage = reply.get("usage")
+    return usage if isinstance(usage, dict) else {}
+
+
 class Provider(Protocol):
     config: ProviderConfig
 
@@ -53,9 +64,9 @@ class Provider(Protocol):
         """One non-streamed chat completion, answered as an OpenAI ``chat.completion`` object."""
         ...
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         """A non-streamed passthrough answer as OpenAI ``chat.completion`` JSON bytes (an
-        OpenAI-wire provider hands the upstream's bytes over untouched)."""
+        OpenAI-wire provider hands the upstream's bytes over untouched), with its usage."""
         ...
 
     def stream(

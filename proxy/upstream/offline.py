@@ -24,7 +24,7 @@ from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, example_for, load_cases
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallContext
+from proxy.upstream.base import CallContext, Relayed, usage_of
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
 DEFAULT_REPLY = "Hello from the cognitive-proxy offline demo provider."
@@ -81,8 +81,9 @@ class OfflineProvider:
         content = self._module_answer(model, ctx) if ctx.module is not None else self._reply
         return completion(model, content, prompt_tokens=len(orjson.dumps(body.get("messages", []))) // 4)
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
-        return orjson.dumps(await self.complete(body, model, ctx, timeout))
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+        reply = await self.complete(body, model, ctx, timeout)
+        return Relayed(orjson.dumps(reply), usage_of(reply))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

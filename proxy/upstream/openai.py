@@ -9,7 +9,7 @@ import aiohttp
 from yarl import URL
 
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.base import CallContext, ProviderError, Relayed, usage_of
 from proxy.upstream.http import api_key, check_json_object, post, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
@@ -85,13 +85,12 @@ class OpenAIProvider:
                     continue
                 raise
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
         payload = {**body, "model": model, "stream": False}
         async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
             raw = await resp.read()
-        check_json_object(raw)
-        return raw
+        return Relayed(raw, usage_of(check_json_object(raw)))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from proxy.policy.model import Failover, RetryBudget, Target
 from proxy.upstream.base import Provider, ProviderError
@@ -42,6 +42,8 @@ class Try:
     error: ProviderError | None = None
     retry: bool = False
     skipped: bool = False
+    waited_s: float = 0.0
+    """Backoff or Retry-After waited before this try (not proxy overhead, not upstream time)."""
 
 
 class RungFailed(Exception):
@@ -78,10 +80,25 @@ class RetryBudgetTracker:
         return self.retries < max(budget.min_concurrency, budget.percent / 100 * self.requests)
 
 
+def _reason(failures: list[ProviderError]) -> str:
+    if not failures:
+        return "unknown"
+    last = failures[-1]
+    return "circuit_open" if last.message.endswith("circuit breaker open") else last.kind
+
+
 def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float:
     """Full jitter: uniform in [0, min(max, base * 2**retry)]."""
     ceiling = min(failover.backoff.max_ms, failover.backoff.base_ms * (2**retry)) / 1000
     return float(rng() * ceiling)
+
+
+class RouterObserver(Protocol):
+    """Where the router reports what happened (metrics): every try and every failover."""
+
+    def attempt(self, target: Target, latency_s: float, error: ProviderError | None) -> None: ...
+
+    def failover(self, from_target: Target, to_target: Target, reason: str) -> None: ...
 
 
 class Router:
@@ -92,8 +109,10 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        observer: RouterObserver | None = None,
     ) -> None:
         self.breakers = breakers
+        self.observer = observer
         self.budget = RetryBudgetTracker()
         self._clock = clock
         self._sleep = sleep
@@ -114,7 +133,7 @@ class Router:
         failures: list[ProviderError] = []
         self.budget.requests += 1
         try:
-            for target in targets:
+            for index, target in enumerate(targets):
                 result = await self._target(
                     target, providers, operation, failover, deadline, on_try, failures, stop_on_client_error
                 )
@@ -122,6 +141,8 @@ class Router:
                     return result
                 if self._clock() >= deadline:
                     raise RungFailed(failures, deadline_spent=True)
+                if self.observer is not None and index + 1 < len(targets):
+                    self.observer.failover(target, targets[index + 1], _reason(failures))
             raise RungFailed(failures)
         finally:
             self.budget.requests -= 1
@@ -148,6 +169,7 @@ class Router:
         provider = providers[target.provider]
         trial = admission == "trial"
         retries = 0
+        waited = 0.0
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -161,7 +183,10 @@ class Router:
                 value = await operation(provider, target, min(per_try, remaining))
             except ProviderError as exc:
                 failures.append(exc)
-                on_try(Try(target, (self._clock() - started) * 1000, exc, retry=retrying))
+                elapsed = self._clock() - started
+                on_try(Try(target, elapsed * 1000, exc, retry=retrying, waited_s=waited))
+                if self.observer is not None:
+                    self.observer.attempt(target, elapsed, exc)
                 if counts_against_breaker(exc):
                     await self.breakers.failure(key, failover.breaker, trial=trial)
                 if exc.kind == "client_error" and stop_on_client_error:
@@ -176,11 +201,15 @@ class Router:
                 if self._clock() + wait >= deadline or not self.budget.allows_retry(failover.budget):
                     return None
                 await self._sleep(wait)
+                waited = wait
                 retries += 1
                 continue
             finally:
                 if retrying:
                     self.budget.retries -= 1
-            on_try(Try(target, (self._clock() - started) * 1000, retry=retrying))
+            elapsed = self._clock() - started
+            on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
+            if self.observer is not None:
+                self.observer.attempt(target, elapsed, None)
             await self.breakers.success(key, trial=trial)
             return Routed(value, target)

@@ -1,0 +1,95 @@
+"""Turning what happened into metrics and dotted log events, with bounded labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from proxy.contract.risk import RISK_RANK
+from proxy.jsonshape import as_dict
+from proxy.observability.metrics import OTHER, Metrics
+from proxy.pipeline import ModuleAnswer
+from proxy.policy.model import Policy, Target
+from proxy.upstream.base import ProviderError
+
+log = structlog.get_logger("proxy")
+
+
+def target_labels(policy: Policy | None, target: Target) -> tuple[str, str]:
+    """(provider, model) for a target the policy names; ``other`` for anything a request made up."""
+    if policy is None:
+        return OTHER, OTHER
+    if str(target) in policy.known_targets:
+        return target.provider, target.model
+    return (target.provider if target.provider in policy.providers else OTHER), OTHER
+
+
+def record_usage(metrics: Metrics, policy: Policy | None, target: Target, usage: Mapping[str, Any]) -> None:
+    provider, model = target_labels(policy, target)
+    for kind in ("prompt", "completion"):
+        count = usage.get(f"{kind}_tokens")
+        if isinstance(count, int) and count > 0:
+            metrics.tokens.labels(provider, model, kind).inc(count)
+
+
+class MetricsObserver:
+    """The router's observer: upstream attempts, latency and failovers."""
+
+    def __init__(self, metrics: Metrics, policy: Callable[[], Policy | None]) -> None:
+        self._metrics = metrics
+        self._policy = policy
+
+    def attempt(self, target: Target, latency_s: float, error: ProviderError | None) -> None:
+        provider, model = target_labels(self._policy(), target)
+        outcome = "ok" if error is None else error.kind
+        self._metrics.upstream_requests.labels(provider, model, outcome).inc()
+        self._metrics.upstream_latency.labels(provider, model).observe(latency_s)
+
+    def failover(self, from_target: Target, to_target: Target, reason: str) -> None:
+        policy = self._policy()
+        names = ["/".join(target_labels(policy, t)) for t in (from_target, to_target)]
+        self._metrics.failovers.labels(names[0], names[1], reason).inc()
+        log.info("proxy.failover", from_target=names[0], to_target=names[1], reason=reason)
+
+
+def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer) -> None:
+    """Confidence, risk, decisions, escalations, repairs, contract errors and tokens of one answer."""
+    module, tier = answer.module.name, answer.module.tier
+    rungs = [r.name for r in policy.ladder]
+    answered = [a for a in answer.attempts if a.confidence is not None]
+    for index, attempt in enumerate(answered):
+        final = index == len(answered) - 1
+        assert attempt.confidence is not None
+        metrics.confidence.labels(module, tier, "final" if final else "intermediate").observe(
+            attempt.confidence
+        )
+        for kind in attempt.repairs:
+            metrics.repairs.labels(module, kind).inc()
+        if attempt.repairs:
+            log.info("proxy.repaired", module=module, target=attempt.target, kinds=list(attempt.repairs))
+        if attempt.error and attempt.error.startswith("contract:"):
+            metrics.contract_errors.labels(module, attempt.error.removeprefix("contract:")).inc()
+        provider, _, model = attempt.target.partition("/")
+        record_usage(metrics, policy, Target(provider, model), attempt.usage)
+        if attempt.outcome == "escalate" and attempt.rung in rungs:
+            position = rungs.index(attempt.rung)
+            to_rung = rungs[position + 1] if position + 1 < len(rungs) else OTHER
+            metrics.escalations.labels(module, attempt.rung, to_rung).inc()
+            log.info(
+                "proxy.escalated",
+                module=module,
+                from_rung=attempt.rung,
+                to_rung=to_rung,
+                confidence=attempt.confidence,
+                risk=attempt.risk,
+            )
+    if not answered:
+        code = str(as_dict(answer.envelope.get("error")).get("code", ""))
+        if code.startswith("E1"):  # the input broke the module's input contract
+            metrics.contract_errors.labels(module, code).inc()
+    metrics.decisions.labels(module, tier, answer.decision).inc()
+    risk = str(answer.meta.get("risk", ""))
+    if answered:
+        metrics.risk.labels(module, tier, risk if risk in RISK_RANK else OTHER).inc()

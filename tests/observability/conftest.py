@@ -1,0 +1,1 @@
+from tests.fake_upstream import fake_upstream as fake_upstream

@@ -1,0 +1,118 @@
+"""Structured logs: one JSON line per request with the canonical fields; secrets never logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from proxy.observability.logging import REDACTED, redact_secrets
+from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
+from tests.api.test_server import free_port, wait_ready
+from tests.conftest import MODULES
+from tests.fake_upstream import FakeUpstream
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV
+
+CLIENT_KEY = "sk-client-very-secret-123"
+
+
+async def test_one_json_line_per_request_and_no_secret_in_any_line(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    fake_upstream.script("cheap", answer(0.3))
+    fake_upstream.script("strong", answer(0.93))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(routing_policy(fake_upstream)))
+    port = free_port()
+    env = {**os.environ, UPSTREAM_KEY_ENV: UPSTREAM_KEY, "COGPROXY_API_KEYS": CLIENT_KEY}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--policy",
+            str(policy),
+            "--modules",
+            str(MODULES),
+            "--port",
+            str(port),
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        await wait_ready(f"http://127.0.0.1:{port}", proc)
+        headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Request-Id": "req-log-1"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            resp = await session.post(
+                f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute",
+                json={"input": {**REVIEW_INPUT, "api_key": "sk-in-the-input-9999"}},
+            )
+            assert resp.status == 200
+            resp = await session.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=15)
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert lines, stderr
+    requests = [entry for entry in lines if entry["event"] == "proxy.request"]
+    module_line = next(e for e in requests if e.get("module") == "code-reviewer")
+    for field in (
+        "trace_id",
+        "route",
+        "module",
+        "tier",
+        "decision",
+        "confidence",
+        "risk",
+        "attempts",
+        "target",
+        "status",
+        "upstream_ms",
+        "overhead_ms",
+    ):
+        assert field in module_line, field
+    assert module_line["trace_id"] == "req-log-1"
+    assert module_line["route"] == "/v1/modules/{name}/execute"
+    assert (module_line["decision"], module_line["attempts"], module_line["target"]) == (
+        "escalated",
+        2,
+        "up/strong",
+    )
+    assert any(e["event"] == "proxy.escalated" and e["from_rung"] == "fast" for e in lines)
+    passthrough = next(e for e in requests if e.get("module") == "none")
+    assert passthrough["status"] == 200 and passthrough["target"] == "up/cheap"
+    for secret in (CLIENT_KEY, UPSTREAM_KEY, "sk-in-the-input-9999"):
+        assert secret not in stderr
+
+
+def test_redaction_processor() -> None:
+    event: dict[str, Any] = {
+        "event": "x",
+        "password": "hunter2",
+        "api_key": "k",
+        "headers": {"Authorization": "Bearer abcdefgh"},
+        "note": "called with Bearer abcdefghijk and sk-proj-ABCDEFGH1234",
+        "max_tokens": 10,
+        "nested": [{"client_secret": "s", "ok": "fine"}],
+    }
+    out = redact_secrets(None, "info", event)
+    assert out["password"] == out["api_key"] == out["headers"]["Authorization"] == REDACTED
+    assert out["nested"][0] == {"client_secret": REDACTED, "ok": "fine"}
+    assert "abcdefghijk" not in out["note"] and "ABCDEFGH1234" not in out["note"]
+    assert out["max_tokens"] == 10

@@ -1,0 +1,212 @@
+"""Each metric moves by the right amount on the right path (read back from /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
+from tests.api.test_server import free_port
+from tests.fake_upstream import FakeUpstream, Fault
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy
+
+
+class Scrape:
+    def __init__(self, text: str) -> None:
+        self.samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def value(self, name: str, **labels: str) -> float:
+        return sum(
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+
+async def scrape(px: RunningProxy) -> Scrape:
+    async with aiohttp.ClientSession() as session:
+        return Scrape(await (await session.get(px.url + "/metrics")).text())
+
+
+@pytest.fixture
+async def px(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[RunningProxy]:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    async with running_proxy(tmp_path, routing_policy(fake_upstream)) as running:
+        yield running
+
+
+async def module_call(px: RunningProxy, module: str = "code-reviewer", value: Any = REVIEW_INPUT) -> int:
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(px.base + f"/modules/{module}/execute", json={"input": value})
+        await resp.read()
+        return resp.status
+
+
+async def test_passthrough_counts_request_upstream_tokens_and_overhead(
+    px: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    before = await scrape(px)
+    await px.client().chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+    )
+    after = await scrape(px)
+    route = {"route": "/v1/chat/completions"}
+    assert (
+        after.value("cognitive_requests_total", module="none", status="200", **route)
+        - before.value("cognitive_requests_total", module="none", status="200", **route)
+        == 1
+    )
+    assert after.value("cognitive_upstream_requests_total", provider="up", model="cheap", outcome="ok") == 1
+    assert after.value("cognitive_upstream_latency_seconds_count", provider="up", model="cheap") == 1
+    assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="prompt") > 0
+    assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="completion") > 0
+    assert after.value("cognitive_proxy_overhead_seconds_count", **route) == 1
+
+
+async def test_streamed_passthrough_counts_tokens_from_the_usage_chunk(px: RunningProxy) -> None:
+    stream = await px.client().chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for _ in stream:
+        pass
+    after = await scrape(px)
+    assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="completion") > 0
+    assert after.value("cognitive_requests_total", route="/v1/chat/completions", status="200") == 1
+
+
+async def test_accepted_module_answer(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("cheap", answer(0.92))
+    await module_call(px)
+    m = await scrape(px)
+    labels = {"module": "code-reviewer", "tier": "decision"}
+    assert m.value("cognitive_decisions_total", decision="accept", **labels) == 1
+    assert m.value("cognitive_confidence_count", attempt="final", **labels) == 1
+    assert m.value("cognitive_confidence_bucket", attempt="final", le="0.9", **labels) == 0
+    assert m.value("cognitive_confidence_bucket", attempt="final", le="1.0", **labels) == 1
+    assert m.value("cognitive_risk_total", risk="low", **labels) == 1
+    assert (
+        m.value(
+            "cognitive_requests_total",
+            route="/v1/modules/{name}/execute",
+            module="code-reviewer",
+            status="200",
+        )
+        == 1
+    )
+
+
+async def test_escalation_counts_from_and_to_rung(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("cheap", answer(0.3))
+    fake_upstream.script("strong", answer(0.95))
+    await module_call(px)
+    m = await scrape(px)
+    assert (
+        m.value("cognitive_escalations_total", module="code-reviewer", from_rung="fast", to_rung="strong")
+        == 1
+    )
+    assert m.value("cognitive_confidence_count", module="code-reviewer", attempt="intermediate") == 1
+    assert m.value(
+        "cognitive_confidence_sum", module="code-reviewer", attempt="intermediate"
+    ) == pytest.approx(0.3)
+    assert m.value("cognitive_decisions_total", module="code-reviewer", decision="escalated") == 1
+
+
+async def test_repairs_and_contract_errors(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    repaired = json.loads(answer(0.9))
+    repaired["meta"]["risk"] = "LOW"
+    fake_upstream.script("cheap", json.dumps(repaired))
+    await module_call(px)
+    fake_upstream.script("cheap", "no json here")
+    fake_upstream.script("strong", answer(0.9))
+    await module_call(px)
+    assert await module_call(px, value={"language": "python"}) == 400
+    m = await scrape(px)
+    assert m.value("cognitive_repairs_total", module="code-reviewer", kind="enum_normalized") == 1
+    assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1000") == 1
+    assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1002") == 1
+    assert m.value("cognitive_decisions_total", module="code-reviewer", decision="reject") == 1
+
+
+async def test_failover_upstream_outcome_and_breaker_gauge(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    policy = routing_policy(fake_upstream, circuit_breaker={"failures": 1, "window_s": 30, "open_s": 30})
+    fake_upstream.script("cheap", Fault.http(500))
+    fake_upstream.script("backup", answer())
+    async with running_proxy(tmp_path, policy) as px:
+        before = await scrape(px)
+        assert before.value("cognitive_circuit_open", target="up/cheap") == 0
+        await module_call(px)
+        m = await scrape(px)
+    assert (
+        m.value(
+            "cognitive_failovers_total", from_target="up/cheap", to_target="up/backup", reason="server_error"
+        )
+        == 1
+    )
+    assert (
+        m.value("cognitive_upstream_requests_total", provider="up", model="cheap", outcome="server_error")
+        == 1
+    )
+    assert m.value("cognitive_circuit_open", target="up/cheap") == 1
+    assert m.value("cognitive_circuit_open", target="up/backup") == 0
+
+
+async def test_labels_stay_bounded(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    await px.client().chat.completions.create(
+        model="up/made-up-model-123", messages=[{"role": "user", "content": "x"}]
+    )
+    assert await module_call(px, module="no-such-module") == 404
+    async with aiohttp.ClientSession() as session:
+        await session.get(px.base + "/some/random/path/42")
+    m = await scrape(px)
+    assert m.value("cognitive_upstream_requests_total", provider="up", model="other", outcome="ok") == 1
+    assert m.value("cognitive_requests_total", module="other", status="404") == 1
+    assert m.value("cognitive_requests_total", route="unmatched", status="404") == 1
+    names = {s.labels.get("model") for s in m.samples if "model" in s.labels}
+    assert "made-up-model-123" not in names
+
+
+async def test_review_and_sink_failures_are_counted(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    policy = routing_policy(fake_upstream)
+    policy["review"] = {"sink": "redis-stream", "timeout_s": 0.2}
+    fake_upstream.script("cheap", answer(0.95, "high"))
+    fake_upstream.script("strong", answer(0.95, "high"))
+    async with running_proxy(tmp_path, policy, redis_url=f"redis://127.0.0.1:{free_port()}/0") as px:
+        await module_call(px)
+        for _ in range(40):
+            m = await scrape(px)
+            if m.value("cognitive_review_sink_failures_total", sink="redis-stream"):
+                break
+            await asyncio.sleep(0.05)
+    assert m.value("cognitive_decisions_total", module="code-reviewer", decision="review") == 1
+    assert m.value("cognitive_review_sink_failures_total", sink="redis-stream") == 1
+
+
+async def test_openmetrics_by_accept_and_a_separate_metrics_port(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    port = free_port()
+    async with (
+        running_proxy(tmp_path, routing_policy(fake_upstream), metrics_port=port) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        om = await session.get(px.url + "/metrics", headers={"Accept": "application/openmetrics-text"})
+        om_text = await om.text()
+        separate = await session.get(f"http://127.0.0.1:{port}/metrics")
+        separate_text = await separate.text()
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert om_text.rstrip().endswith("# EOF")
+    assert separate.status == 200 and "cognitive_proxy_info" in separate_text

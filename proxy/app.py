@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, meta, modules
+from proxy.api import chat, meta, modules, passthrough, responses
 from proxy.api.errors import error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
@@ -138,6 +138,9 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", meta.healthz)
     app.router.add_get("/readyz", meta.readyz)
     app.router.add_get("/metrics", meta.metrics)
+    app.router.add_post("/v1/responses", responses.create_response)
+    # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
+    app.router.add_route("*", "/v1/{tail:.*}", passthrough.catch_all)
     return app
 
 

@@ -38,6 +38,7 @@ from proxy.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_POOL_SIZE,
     DEFAULT_RELOAD_INTERVAL_S,
     Settings,
@@ -171,6 +172,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         host=args.host,
         port=args.port,
         max_body_bytes=args.max_body_bytes,
+        max_upload_bytes=args.max_upload_bytes,
         pool_size=args.pool_size,
         idle_timeout_s=args.idle_timeout,
         drain_timeout_s=args.drain_timeout,
@@ -273,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=int(_env("MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)) or 0),
         help="largest request body; larger ones get 413 (COGPROXY_MAX_BODY_BYTES)",
+    )
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=int(_env("MAX_UPLOAD_BYTES", str(DEFAULT_MAX_UPLOAD_BYTES)) or 0),
+        help="largest body streamed through to a provider (uploads); 413 beyond (COGPROXY_MAX_UPLOAD_BYTES)",
     )
     p.add_argument(
         "--pool-size",

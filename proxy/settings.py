@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 DEFAULT_POOL_SIZE = 100
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
@@ -19,6 +20,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Bodies the proxy reads itself (chat, modules, resendable passthrough requests)."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """Bodies streamed through to a provider (file and audio uploads); never held in memory."""
     pool_size: int = DEFAULT_POOL_SIZE
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -32,6 +36,8 @@ class Settings:
     still reloads)."""
 
     def __post_init__(self) -> None:
+        if self.max_upload_bytes <= 0:
+            raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, not {self.max_body_bytes}")
         if self.pool_size <= 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -83,3 +84,104 @@ class UsageSniffer:
             usage = frame.get("usage") if isinstance(frame, dict) else None
             if isinstance(usage, dict):
                 self.usage = usage
+
+
+def response_object(model: str, text: str, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Responses-API ``response`` object whose output is one assistant message of ``text``."""
+    usage = usage or {}
+    prompt = int(usage.get("prompt_tokens", 0) or 0)
+    completion_tokens = int(usage.get("completion_tokens", 0) or 0)
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": model,
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": False,
+        "tool_choice": "none",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "text": {"format": {"type": "text"}},
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion_tokens,
+        },
+    }
+
+
+def response_events(final: dict[str, Any], pieces: int = 4) -> list[dict[str, Any]]:
+    """The Responses-API SSE events that stream ``final`` (created ... completed)."""
+    item = final["output"][0]
+    text: str = item["content"][0]["text"]
+    pending = {**final, "status": "in_progress", "output": [], "usage": None}
+    size = max(1, -(-len(text) // pieces))
+    part_empty = {"type": "output_text", "text": "", "annotations": []}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**item, "status": "in_progress", "content": []},
+        },
+        {
+            "type": "response.content_part.added",
+            "item_id": item["id"],
+            "output_index": 0,
+            "content_index": 0,
+            "part": part_empty,
+        },
+    ]
+    events += [
+        {
+            "type": "response.output_text.delta",
+            "item_id": item["id"],
+            "output_index": 0,
+            "content_index": 0,
+            "delta": text[i : i + size],
+            "logprobs": [],
+        }
+        for i in range(0, len(text), size)
+    ]
+    events += [
+        {
+            "type": "response.output_text.done",
+            "item_id": item["id"],
+            "output_index": 0,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        },
+        {
+            "type": "response.content_part.done",
+            "item_id": item["id"],
+            "output_index": 0,
+            "content_index": 0,
+            "part": item["content"][0],
+        },
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": final},
+    ]
+    for number, event in enumerate(events):
+        event["sequence_number"] = number
+    return events
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One named server-sent event (``event: <type>``), as the Responses API streams them."""
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"

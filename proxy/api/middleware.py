@@ -29,6 +29,8 @@ class RequestRecord:
 
     module: str = NO_MODULE
     upstream_s: float = 0.0
+    route: str | None = None
+    """A finer path template than the router's (the passthrough's ``/v1/files/{id}``)."""
     fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,7 +124,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         raise
     finally:
         total = time.perf_counter() - started
-        route = route_of(request)
+        route = record.route or route_of(request)
         overhead = max(0.0, total - record.upstream_s)
         metrics = request.app[METRICS]
         metrics.requests.labels(route, record.module, str(status)).inc()

@@ -19,6 +19,8 @@ from proxy.policy.model import (
     Backoff,
     BreakerPolicy,
     Failover,
+    PassthroughPolicy,
+    PassthroughRoute,
     Policy,
     ProviderConfig,
     RetryBudget,
@@ -83,6 +85,12 @@ def _failover(raw: dict[str, Any]) -> Failover:
     )
 
 
+def _passthrough(raw: dict[str, Any], providers: dict[str, Any]) -> PassthroughPolicy:
+    default = raw.get("provider") or next((n for n, p in providers.items() if p["kind"] == "openai"), None)
+    routes = tuple(PassthroughRoute(r["prefix"], tuple(r["providers"])) for r in raw.get("routes", ()))
+    return PassthroughPolicy(default, routes)
+
+
 def _review(raw: dict[str, Any]) -> ReviewPolicy:
     defaults = ReviewPolicy()
     return ReviewPolicy(
@@ -114,6 +122,17 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
             start = entry.get("start")
             if start is not None and start not in rung_names:
                 problems.append(f"{section}.{name}.start: no rung named {start!r}")
+    passthrough = as_dict(doc.get("passthrough"))
+    named = [("passthrough.provider", passthrough["provider"])] if "provider" in passthrough else []
+    for i, route in enumerate(passthrough.get("routes", ())):
+        named += [(f"passthrough.routes[{i}].providers[{j}]", n) for j, n in enumerate(route["providers"])]
+    for where, name in named:
+        if name not in providers:
+            problems.append(f"{where}: unknown provider {name!r}")
+        elif providers[name]["kind"] != "openai":
+            problems.append(
+                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai"
+            )
     review = as_dict(doc.get("review"))
     if review.get("sink") == "webhook" and "url" not in review:
         problems.append("review.url: required when review.sink is webhook")
@@ -167,6 +186,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         ),
         failover=_failover(as_dict(doc.get("failover"))),
         review=_review(as_dict(doc.get("review"))),
+        passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
         source=source,
     )
 

@@ -114,6 +114,20 @@ class ReviewPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class PassthroughRoute:
+    prefix: str
+    providers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PassthroughPolicy:
+    """Where ``/v1/*`` paths the proxy does not handle itself go (embeddings, files, audio...)."""
+
+    provider: str | None = None
+    routes: tuple[PassthroughRoute, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     providers: Mapping[str, ProviderConfig]
     ladder: tuple[Rung, ...]
@@ -123,6 +137,7 @@ class Policy:
     aliases: Mapping[str, str]
     failover: Failover = Failover()
     review: ReviewPolicy = ReviewPolicy()
+    passthrough: PassthroughPolicy = PassthroughPolicy()
     source: str = "<memory>"
     known_targets: frozenset[str] = frozenset()
     """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""

@@ -170,7 +170,7 @@ async def test_labels_stay_bounded(px: RunningProxy, fake_upstream: FakeUpstream
     )
     assert await module_call(px, module="no-such-module") == 404
     async with aiohttp.ClientSession() as session:
-        await session.get(px.base + "/some/random/path/42")
+        await session.get(px.url + "/some/random/path/42")
     m = await scrape(px)
     assert m.value("cognitive_upstream_requests_total", provider="up", model="other", outcome="ok") == 1
     assert m.value("cognitive_requests_total", module="other", status="404") == 1

@@ -1,0 +1,327 @@
+"""Every other ``/v1/*`` path: a transparent reverse proxy to the provider the policy chooses.
+
+Bodies stream both ways (a 100 MB upload goes through with flat memory; SSE answers are
+forwarded as they arrive). The provider's key is injected and the client's ``Authorization``
+dropped; hop-by-hop headers are removed; everything else (``OpenAI-Organization``,
+``OpenAI-Project``, ``OpenAI-Beta``, ``Idempotency-Key``, query strings) goes through, and the
+upstream's headers (``x-ratelimit-*``, ``retry-after``, request ids) and error bodies come back
+unchanged. Requests that are safe to resend (GET/HEAD/DELETE, JSON bodies of idempotent-in-effect
+endpoints, anything carrying an ``Idempotency-Key``) fail over between the route's providers;
+uploads are never replayed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.api.errors import ApiError
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
+from proxy.policy.model import Failover, Policy, ProviderConfig, Target
+from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.http import api_key, status_error
+from proxy.upstream.router import RungFailed, Try
+
+log = structlog.get_logger("proxy.passthrough")
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus what the proxy sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+IDEMPOTENT_IN_EFFECT = frozenset({"/v1/embeddings", "/v1/moderations"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+PASSTHROUGH_MODEL = "passthrough"
+CHUNK = 64 * 1024
+_RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+# Static path segments of the OpenAI API: anything else in a path is an id, so the metric label
+# is a template (/v1/files/{id}/content), never the raw path.
+_STATIC_SEGMENTS = frozenset(
+    {
+        "assistants",
+        "audio",
+        "batches",
+        "cancel",
+        "chat",
+        "checkpoints",
+        "complete",
+        "completions",
+        "containers",
+        "content",
+        "conversations",
+        "embeddings",
+        "evals",
+        "events",
+        "files",
+        "fine_tuning",
+        "generations",
+        "images",
+        "input_items",
+        "items",
+        "jobs",
+        "messages",
+        "models",
+        "moderations",
+        "parts",
+        "realtime",
+        "responses",
+        "results",
+        "runs",
+        "sessions",
+        "speech",
+        "steps",
+        "threads",
+        "transcriptions",
+        "translations",
+        "uploads",
+        "variations",
+        "vector_stores",
+        "edits",
+        "file_batches",
+        "input_tokens",
+    }
+)
+
+
+def path_template(path: str) -> str:
+    """``/v1/files/file-abc/content`` -> ``/v1/files/{id}/content``; unknown shapes -> ``/v1/other``."""
+    segments = [s for s in path.split("/")[2:] if s]
+    if not segments or segments[0] not in _STATIC_SEGMENTS or len(segments) > 5:
+        return "/v1/other"
+    return "/v1/" + "/".join(s if s in _STATIC_SEGMENTS else "{id}" for s in segments)
+
+
+def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
+    """The providers a path goes to, in failover order: the longest matching route prefix, else
+    the default provider."""
+    best: tuple[str, ...] = ()
+    best_len = -1
+    for route in policy.passthrough.routes:
+        if (path == route.prefix or path.startswith(route.prefix.rstrip("/") + "/")) and len(
+            route.prefix
+        ) > best_len:
+            best, best_len = route.providers, len(route.prefix)
+    if best:
+        return best
+    return (policy.passthrough.provider,) if policy.passthrough.provider else ()
+
+
+def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallContext) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    connection_tokens = {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
+    for name, value in request.headers.items():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in connection_tokens or lower == "authorization":
+            continue
+        headers.add(name, value)
+    key = api_key(config, ctx)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    for name, value in config.headers.items():
+        headers[name] = value
+    headers["X-Request-Id"] = ctx.trace_id
+    return headers
+
+
+def returned_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
+            out.add(name, value)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    method: str
+    path_qs: str
+    body: bytes | None
+    """The buffered body of a resendable request; None when the body streams from the client."""
+
+
+async def _limited(request: web.Request, limit: int) -> AsyncIterator[bytes]:
+    """The client's body as it arrives, refused past ``limit`` bytes."""
+    sent = 0
+    async for chunk in request.content.iter_chunked(CHUNK):
+        sent += len(chunk)
+        if sent > limit:
+            raise ApiError(
+                413,
+                f"Request body too large: the passthrough limit is {limit} bytes",
+                code="request_too_large",
+            )
+        yield chunk
+
+
+def resendable(request: web.Request, template: str) -> bool:
+    if request.method in SAFE_METHODS:
+        return True
+    if "Idempotency-Key" in request.headers:
+        return request.content_type != "multipart/form-data"
+    return template in IDEMPOTENT_IN_EFFECT and request.content_type == "application/json"
+
+
+async def _open(
+    provider: Provider,
+    target: Target,
+    timeout: float,
+    *,
+    request: web.Request,
+    outgoing: Outgoing,
+    session: aiohttp.ClientSession,
+    ctx: CallContext,
+) -> aiohttp.ClientResponse:
+    """Send the request to ``target``'s provider. A retryable status (429, 5xx) raises, with the
+    upstream's body and headers, so the router can retry or fail over; when nothing is left that
+    answer goes back to the client as the upstream sent it."""
+    config = provider.config
+    url = URL(config.base_url.removesuffix("/v1") + outgoing.path_qs, encoded=True)
+    data: Any = None
+    if outgoing.body is not None:
+        data = outgoing.body
+    elif request.can_read_body:
+        data = _limited(request, request.app[SETTINGS].max_upload_bytes)
+    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    try:
+        resp = await session.request(
+            outgoing.method,
+            url,
+            data=data,
+            headers=outgoing_headers(request, config, ctx),
+            timeout=client_timeout,
+            allow_redirects=False,
+        )
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise ProviderError("timeout", f"no answer from {config.name} within {timeout:g}s") from exc
+    except aiohttp.ClientError as exc:
+        raise ProviderError("connect", f"cannot reach {config.name}: {exc}") from exc
+    if resp.status in _RETRYABLE_STATUS:
+        body = await resp.read()
+        resp.release()
+        raise status_error(resp.status, body, dict(resp.headers))
+    return resp
+
+
+async def forward(request: web.Request, body: bytes | None = None) -> web.StreamResponse:
+    """Proxy ``request`` (whose body may already have been read into ``body``) upstream."""
+    runtime: Runtime = runtime_of(request)
+    template = path_template(request.path)
+    record = request[RECORD_KEY]
+    record.route = template
+    names = providers_for(runtime.policy, request.path)
+    if not names:
+        raise ApiError(
+            404,
+            f"{request.method} {request.path} is not handled by this proxy and the policy "
+            "names no passthrough provider (passthrough.provider)",
+            code="not_found",
+        )
+    replay = body is not None or resendable(request, template)
+    if replay and body is None and request.method not in SAFE_METHODS:
+        body = await request.read()  # bounded by --max-body-bytes
+    targets = (
+        tuple(Target(n, PASSTHROUGH_MODEL) for n in names)
+        if replay
+        else (Target(names[0], PASSTHROUGH_MODEL),)
+    )
+    outgoing = Outgoing(request.method, request.raw_path, body if replay else None)
+    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
+    started = time.perf_counter()
+
+    def on_try(attempt: Try) -> None:
+        if attempt.error is not None:
+            log.info(
+                "proxy.upstream_failed",
+                target=attempt.target.provider,
+                kind=attempt.error.kind,
+                status=attempt.error.status,
+                retry=attempt.retry,
+            )
+
+    async def operation(provider: Provider, target: Target, timeout: float) -> aiohttp.ClientResponse:
+        return await _open(
+            provider,
+            target,
+            timeout,
+            request=request,
+            outgoing=outgoing,
+            session=request.app[SESSION],
+            ctx=ctx,
+        )
+
+    deadline = time.monotonic() + runtime.policy.timeouts.total_s
+    failover = runtime.policy.failover if replay else _no_retries(runtime)
+    try:
+        routed = await request.app[ROUTER].call(
+            targets, runtime.providers, operation, failover, deadline, on_try
+        )
+    except RungFailed as exc:
+        record.upstream_s += time.perf_counter() - started
+        return _failure(exc, request[TRACE_KEY])
+    upstream = routed.value
+    record.fields["target"] = routed.target.provider
+    try:
+        response = web.StreamResponse(
+            status=upstream.status, reason=upstream.reason, headers=returned_headers(upstream.headers)
+        )
+        response.headers["X-Cognitive-Trace-Id"] = request[TRACE_KEY]
+        if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+    finally:
+        upstream.release()
+        record.upstream_s += time.perf_counter() - started
+
+
+def _no_retries(runtime: Runtime) -> Failover:
+    return replace(runtime.policy.failover, retries=0)
+
+
+def _failure(exc: RungFailed, trace_id: str) -> web.Response:
+    last = exc.failures[-1] if exc.failures else None
+    if last is not None and last.status is not None and last.body:
+        headers = {
+            k: v
+            for k, v in last.headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
+        }
+        headers["X-Cognitive-Trace-Id"] = trace_id
+        return web.Response(body=last.body, status=last.status, headers=headers)
+    message = last.message if last else "no provider answered"
+    status = 504 if last is not None and last.kind == "timeout" else 502
+    raise ApiError(
+        status,
+        f"Upstream provider failed: {message}",
+        "server_error",
+        "upstream_error",
+        headers={"X-Cognitive-Trace-Id": trace_id},
+    )
+
+
+async def catch_all(request: web.Request) -> web.StreamResponse:
+    """Route handler for every ``/v1/*`` path the proxy does not handle itself."""
+    return await forward(request)

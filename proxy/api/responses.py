@@ -1,0 +1,73 @@
+"""``POST /v1/responses``: modules over the Responses API; everything else passes through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.api.chat import MODULE_PREFIX, module_input
+from proxy.api.errors import ApiError, json_response
+from proxy.api.middleware import TRACE_KEY
+from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.passthrough import forward
+from proxy.api.state import runtime_of
+from proxy.jsonshape import as_dict, as_list
+from proxy.wire import response_events, response_object, sse_event
+
+
+def chat_messages(body: dict[str, Any]) -> dict[str, Any]:
+    """The Responses ``input`` (a string or a list of input items) as chat-style messages."""
+    value = body.get("input")
+    if isinstance(value, str):
+        return {"messages": [{"role": "user", "content": value}]}
+    messages = []
+    for item in as_list(value):
+        entry = as_dict(item)
+        content = entry.get("content")
+        if isinstance(content, list):
+            content = [
+                {"type": "text", "text": as_dict(p).get("text", "")}
+                for p in content
+                if as_dict(p).get("type") in ("input_text", "text", "output_text")
+            ]
+        messages.append({"role": entry.get("role", "user"), "content": content})
+    return {"messages": messages}
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """A module named by ``model: "module:<name>"`` (or ``X-Cognitive-Module``) runs like it does
+    over chat completions and answers a Responses object whose output text is the envelope."""
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    model = body.get("model") if isinstance(body, dict) else None
+    name = request.headers.get("X-Cognitive-Module", "").strip() or (
+        model[len(MODULE_PREFIX) :] if isinstance(model, str) and model.startswith(MODULE_PREFIX) else ""
+    )
+    if not name:
+        return await forward(request, body=raw)
+    runtime = runtime_of(request)
+    module = runtime.registry.get(name)
+    if module is None:
+        return module_not_found(name, runtime, request)
+    value, check = module_input(chat_messages(body))
+    answer = await answer_module(request, runtime, module, value, check_input=check)
+    if answer.status != 200:
+        return module_error_response(answer, request[TRACE_KEY])
+    final = response_object(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode(), answer.usage)
+    final["cognitive"] = answer.cognitive()
+    headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    if body.get("stream") is not True:
+        return json_response(final, headers=headers)
+    response = web.StreamResponse(
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for event in response_events(final):
+        await response.write(sse_event(event))
+    await response.write_eof()
+    return response

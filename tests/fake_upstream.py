@@ -8,13 +8,26 @@ Usage::
         assert fake.count("/v1/chat/completions", model="gpt-4o") == 1
 
 or take the ``fake_upstream`` pytest fixture, which yields a started instance.
+
+OpenAI routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/embeddings``,
+``POST /v1/moderations``, ``POST /v1/responses`` (plain or ``stream: true``),
+``POST /v1/audio/transcriptions`` and ``POST /v1/files`` (multipart, streamed: only byte counts are kept),
+``GET /v1/files/{file_id}``; any other ``/v1/...`` path answers the OpenAI 404 error. Every OpenAI answer
+carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``. Anthropic: ``POST /v1/messages``.
+
+Every route with a ``model`` consumes one scripted reply per request (faults apply as for chat); a content
+string is the answer text for chat, ``/v1/responses`` and ``/v1/messages`` and is ignored elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import hashlib
 import json
 import re
+import struct
 import time
 import uuid
 from collections import defaultdict, deque
@@ -24,12 +37,33 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pytest_asyncio
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 FaultKind = Literal["status", "slow", "drop", "malformed", "stream_break"]
 DEFAULT_CONTENT = "Hello from the fake upstream."
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ErrorFactory = Callable[[int, str, Mapping[str, str]], web.Response]
+EMBEDDING_DIMENSIONS = 8
+OPENAI_RATE_LIMIT_HEADERS: Mapping[str, str] = {
+    "x-ratelimit-limit-requests": "500",
+    "x-ratelimit-remaining-requests": "499",
+    "x-ratelimit-reset-requests": "120ms",
+}
+MODERATION_CATEGORIES = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/instructions",
+    "self-harm/intent",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +114,12 @@ Reply = str | Fault
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request as the fake received it; ``headers`` has lower-case keys, ``json`` is None if not JSON."""
+    """One request as the fake received it; ``headers`` has lower-case keys, ``json`` is None if not JSON.
+
+    Multipart uploads are never buffered: their ``json`` is filled in by the route once the upload has been
+    read, with the form fields plus ``<part>_bytes`` for each file part and ``filename`` for the ``file``
+    part, e.g. ``{"model": "whisper-1", "file_bytes": 3145728, "filename": "a.wav"}``.
+    """
 
     method: str
     path: str
@@ -121,6 +160,16 @@ def anthropic_error(status: int, message: str, headers: Mapping[str, str] | None
     return web.json_response(body, status=status, headers=headers)
 
 
+def _upload_id() -> str:
+    return f"file-{uuid.uuid4().hex[:24]}"
+
+
+def embedding_vector(item: Any, dimensions: int = EMBEDDING_DIMENSIONS) -> list[float]:
+    """The deterministic vector the fake answers for one embeddings input (exact in float32)."""
+    digest = hashlib.shake_256(json.dumps(item).encode()).digest(dimensions)
+    return [(b - 128) / 128 for b in digest]
+
+
 def _parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None
@@ -143,9 +192,33 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _responses_prompt_text(body: dict[str, Any]) -> str:
+    parts: list[str] = [body["instructions"]] if isinstance(body.get("instructions"), str) else []
+    items = body.get("input")
+    if isinstance(items, str):
+        return " ".join([*parts, items])
+    return " ".join([*parts, _prompt_text({"messages": items if isinstance(items, list) else []})])
+
+
+def _embedding_inputs(raw: Any) -> list[Any] | None:
+    """Split an embeddings ``input`` into its items (str or token list); None if it is invalid."""
+    if isinstance(raw, str) and raw:
+        return [raw]
+    if not isinstance(raw, list) or not raw:
+        return None
+    if all(isinstance(t, int) for t in raw):
+        return [raw]
+    if all((isinstance(i, str) and i) or (isinstance(i, list) and i) for i in raw):
+        return raw
+    return None
+
+
 def _pieces(content: str) -> list[str]:
     """Split content into several deltas on word boundaries (leading whitespace kept)."""
     return re.findall(r"\s*\S+\s*$|\s*\S+", content) or ([content] if content else [])
+
+
+_RECORD = web.RequestKey("fake_upstream_record", RecordedRequest)
 
 
 class FakeUpstream:
@@ -158,6 +231,7 @@ class FakeUpstream:
         self.requests: list[RecordedRequest] = []
         self.cancelled = 0
         self.in_flight = 0
+        self.files: dict[str, dict[str, Any]] = {}
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
 
@@ -192,8 +266,9 @@ class FakeUpstream:
         )
 
     def reset(self) -> None:
-        """Forget recorded requests, counters, scripts and default replies (keeps api_key/chunk_delay)."""
+        """Forget requests, counters, scripts, default replies and files (keeps api_key/chunk_delay)."""
         self.requests.clear()
+        self.files.clear()
         self._scripts.clear()
         self._defaults.clear()
         self.cancelled = 0
@@ -201,8 +276,15 @@ class FakeUpstream:
     def app(self) -> web.Application:
         """The aiohttp application serving the fake routes."""
         app = web.Application(middlewares=[self._record])
+        app.on_response_prepare.append(self._openai_headers)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/moderations", self._moderations)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/audio/transcriptions", self._transcriptions)
+        app.router.add_post("/v1/files", self._upload_file)
+        app.router.add_get("/v1/files/{file_id}", self._retrieve_file)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_route("*", "/v1/{tail:.*}", self._not_found)
         return app
@@ -229,14 +311,30 @@ class FakeUpstream:
     async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.in_flight += 1
         try:
-            body = _parse_json(await request.read())
+            # multipart bodies are left unread for the route to stream (see ``_read_upload``)
+            multipart = request.content_type.startswith("multipart/")
+            body = None if multipart else _parse_json(await request.read())
             headers = {k.lower(): v for k, v in request.headers.items()}
-            self.requests.append(
-                RecordedRequest(request.method, request.path, headers, body, request.query_string)
-            )
+            record = RecordedRequest(request.method, request.path, headers, body, request.query_string)
+            self.requests.append(record)
+            request[_RECORD] = record
             return await handler(request)
         finally:
             self.in_flight -= 1
+
+    @staticmethod
+    async def _openai_headers(request: web.Request, response: web.StreamResponse) -> None:
+        if request.path.startswith("/v1/") and request.path != "/v1/messages":
+            response.headers.update(OPENAI_RATE_LIMIT_HEADERS)
+            response.headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
+
+    def _update_record(self, request: web.Request, body: dict[str, Any]) -> None:
+        """Replace the recorded ``json`` of this request (kept in place in ``requests``)."""
+        record = request[_RECORD]
+        for i, r in enumerate(self.requests):
+            if r is record:
+                self.requests[i] = request[_RECORD] = dataclasses.replace(record, json=body)
+                return
 
     def _openai_auth(self, request: web.Request) -> web.Response | None:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -257,17 +355,68 @@ class FakeUpstream:
         """Check auth, take the next reply: (early answer or None, JSON body, content, break the stream?)."""
         if denied := auth(request):
             return denied, {}, "", False
+        body = await self._json_body(request)
+        early, content, brk = await self._take_reply(request, body, error)
+        return early, body, content, brk
+
+    @staticmethod
+    async def _json_body(request: web.Request) -> dict[str, Any]:
         body = _parse_json(await request.read())
-        body = body if isinstance(body, dict) else {}
-        reply = self.next_reply(str(body.get("model", "")))
+        return body if isinstance(body, dict) else {}
+
+    async def _take_reply(
+        self, request: web.Request, body: Mapping[str, Any], error: ErrorFactory = openai_error
+    ) -> tuple[web.StreamResponse | None, str, bool]:
+        """Take ``body["model"]``'s next reply: (early answer or None, content, break the stream?)."""
+        model = str(body.get("model", ""))
+        reply = self.next_reply(model)
         if isinstance(reply, str):
-            return None, body, reply, False
+            return None, reply, False
         brk = reply.kind == "stream_break" and bool(body.get("stream"))
         if not brk and (answer := await self._fault(request, reply, error)) is not None:
-            return answer, body, "", False
-        default = self.default_reply(str(body.get("model", "")))
+            return answer, "", False
+        default = self.default_reply(model)
         fallback = default if isinstance(default, str) else DEFAULT_CONTENT
-        return None, body, fallback if reply.body is None else reply.body, brk
+        return None, fallback if reply.body is None else reply.body, brk
+
+    async def _read_upload(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """Stream a multipart body chunk by chunk, keeping only form fields and file sizes; record them.
+
+        A client that goes away mid-upload is counted in ``cancelled`` and recorded with ``"aborted": True``.
+        """
+        try:
+            reader = await request.multipart()
+        except (AssertionError, ValueError, KeyError):
+            await self._drain(request)
+            return openai_error(400, "Expected a multipart/form-data body.")
+        fields: dict[str, Any] = {}
+        try:
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader):
+                    continue  # nested multipart: not something OpenAI accepts; skipped unread
+                name = part.name or ""
+                if part.filename is None:
+                    fields[name] = await part.text()
+                    continue
+                if name == "file":
+                    fields["filename"] = part.filename
+                fields[f"{name}_bytes"] = 0
+                while chunk := await part.read_chunk():
+                    fields[f"{name}_bytes"] += len(chunk)
+        except ConnectionResetError:
+            self.cancelled += 1
+            self._update_record(request, {**fields, "aborted": True})
+            return web.Response()  # nobody is left to read it
+        self._update_record(request, fields)
+        return fields
+
+    async def _drain(self, request: web.Request) -> None:
+        """Discard an unread body without buffering it (so the client can finish its upload)."""
+        try:
+            async for _ in request.content.iter_chunked(1 << 16):
+                pass
+        except ConnectionResetError:
+            self.cancelled += 1
 
     async def _fault(
         self, request: web.Request, fault: Fault, error: ErrorFactory
@@ -322,6 +471,189 @@ class FakeUpstream:
 
     async def _not_found(self, request: web.Request) -> web.StreamResponse:
         return openai_error(404, f"Unknown path {request.method} {request.path}")
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            return denied
+        body = await self._json_body(request)
+        items = _embedding_inputs(body.get("input"))
+        if items is None:
+            return openai_error(400, "'$.input' is invalid. Please check the API reference.")
+        dimensions = body.get("dimensions")
+        if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions <= 0:
+            dimensions = EMBEDDING_DIMENSIONS
+        early, _, _ = await self._take_reply(request, body)
+        if early is not None:
+            return early
+        as_base64 = body.get("encoding_format") == "base64"
+        data: list[dict[str, Any]] = []
+        for index, item in enumerate(items):
+            vector = embedding_vector(item, dimensions)
+            encoded: Any = vector
+            if as_base64:
+                encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(_tokens(i) if isinstance(i, str) else len(i) for i in items)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", ""),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _moderations(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            return denied
+        body = await self._json_body(request)
+        raw = body.get("input")
+        if not isinstance(raw, str | list) or not raw:
+            return openai_error(400, "'$.input' is invalid. Please check the API reference.")
+        early, _, _ = await self._take_reply(request, body)
+        if early is not None:
+            return early
+        items = [raw] if isinstance(raw, str) or any(isinstance(i, dict) for i in raw) else raw
+        result = {
+            "flagged": False,
+            "categories": dict.fromkeys(MODERATION_CATEGORIES, False),
+            "category_scores": dict.fromkeys(MODERATION_CATEGORIES, 1e-06),
+            "category_applied_input_types": {c: ["text"] for c in MODERATION_CATEGORIES},
+        }
+        return web.json_response(
+            {
+                "id": f"modr-{uuid.uuid4().hex[:24]}",
+                "model": body.get("model") or "omni-moderation-latest",
+                "results": [result for _ in items],
+            }
+        )
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        early, body, content, brk = await self._consume(request, self._openai_auth, openai_error)
+        if early is not None:
+            return early
+        input_tokens, output_tokens = _tokens(_responses_prompt_text(body)), _tokens(content)
+        created = int(time.time())
+        message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        part = {"type": "output_text", "text": content, "annotations": [], "logprobs": []}
+        item = {
+            "type": "message",
+            "id": message_id,
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        usage = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        response: dict[str, Any] = {
+            "id": f"resp_{uuid.uuid4().hex}",
+            "object": "response",
+            "created_at": created,
+            "status": "completed",
+            "completed_at": created,
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "max_tool_calls": body.get("max_tool_calls"),
+            "model": body.get("model", ""),
+            "output": [item],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "store": body.get("store", True),
+            "temperature": body.get("temperature", 1.0),
+            "text": body.get("text") or {"format": {"type": "text"}, "verbosity": "medium"},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "top_p": body.get("top_p", 1.0),
+            "truncation": body.get("truncation", "disabled"),
+            "usage": usage,
+            "user": body.get("user"),
+            "metadata": body.get("metadata") or {},
+        }
+        if not body.get("stream"):
+            return web.json_response(response)
+        pending = {**response, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
+        where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": pending},
+            {"type": "response.in_progress", "response": pending},
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {**item, "status": "in_progress", "content": []},
+            },
+            {"type": "response.content_part.added", **where, "part": {**part, "text": ""}},
+            *[
+                {"type": "response.output_text.delta", **where, "delta": piece, "logprobs": []}
+                for piece in _pieces(content)
+            ],
+            {"type": "response.output_text.done", **where, "text": content, "logprobs": []},
+            {"type": "response.content_part.done", **where, "part": part},
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+            {"type": "response.completed", "response": response},
+        ]
+        frames = [
+            f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
+            for n, e in enumerate(events)
+        ]
+        return await self._stream(request, frames, brk)
+
+    async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            await self._drain(request)
+            return denied
+        fields = await self._read_upload(request)
+        if isinstance(fields, web.Response):
+            return fields
+        if "file_bytes" not in fields or not fields.get("model"):
+            return openai_error(400, "A 'file' part and a 'model' field are required.")
+        early, _, _ = await self._take_reply(request, fields)
+        if early is not None:
+            return early
+        text = f"transcribed {fields['file_bytes']} bytes"
+        if fields.get("response_format") in ("text", "srt", "vtt"):
+            return web.Response(text=text)
+        return web.json_response({"text": text})
+
+    async def _upload_file(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            await self._drain(request)
+            return denied
+        fields = await self._read_upload(request)
+        if isinstance(fields, web.Response):
+            return fields
+        if "file_bytes" not in fields or not fields.get("purpose"):
+            return openai_error(400, "A 'file' part and a 'purpose' field are required.")
+        file = {
+            "id": _upload_id(),
+            "object": "file",
+            "bytes": fields["file_bytes"],
+            "created_at": int(time.time()),
+            "filename": fields.get("filename") or "upload",
+            "purpose": fields["purpose"],
+            "status": "processed",
+            "status_details": None,
+            "expires_at": None,
+        }
+        self.files[file["id"]] = file
+        return web.json_response(file)
+
+    async def _retrieve_file(self, request: web.Request) -> web.StreamResponse:
+        if denied := self._openai_auth(request):
+            return denied
+        file_id = request.match_info["file_id"]
+        if (file := self.files.get(file_id)) is None:
+            return openai_error(404, f"No such File object: {file_id}")
+        return web.json_response(file)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         early, body, content, brk = await self._consume(request, self._openai_auth, openai_error)

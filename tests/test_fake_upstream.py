@@ -17,10 +17,12 @@ from tests.fake_upstream import (
     DEFAULT_CONTENT,
     DROP,
     MALFORMED,
+    OPENAI_RATE_LIMIT_HEADERS,
     RATE_LIMITED,
     STREAM_BREAK,
     FakeUpstream,
     Fault,
+    embedding_vector,
 )
 from tests.fake_upstream import fake_upstream as fake_upstream  # the fixture, re-exported
 
@@ -219,13 +221,26 @@ async def test_models_endpoint_answers_an_openai_list(fake_upstream: FakeUpstrea
 async def test_unknown_v1_path_answers_openai_404(fake_upstream: FakeUpstream) -> None:
     async with client(fake_upstream) as sdk:
         with pytest.raises(openai.NotFoundError) as caught:
-            await sdk.embeddings.create(model="m", input="x")
+            await sdk.post("/batches/nope", cast_to=object, body={"model": "m"})
     assert caught.value.body == {
-        "message": "Unknown path POST /v1/embeddings",
+        "message": "Unknown path POST /v1/batches/nope",
         "type": "invalid_request_error",
         "param": None,
         "code": "not_found",
     }
+    url = f"{fake_upstream.openai_base}/vector_stores/vs_1/files?limit=3"
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        assert resp.status == 404
+        assert resp.headers["x-ratelimit-limit-requests"] == "500"
+        assert await resp.json() == {
+            "error": {
+                "message": "Unknown path GET /v1/vector_stores/vs_1/files",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "not_found",
+            }
+        }
+    assert fake_upstream.requests[-1].query == "limit=3"
 
 
 async def test_anthropic_non_streaming_message(fake_upstream: FakeUpstream) -> None:
@@ -309,7 +324,7 @@ async def test_api_key_is_enforced_on_openai_and_anthropic_routes() -> None:
                 assert resp.status == 200
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
 async def test_stream_break_sends_two_chunks_then_drops(fake_upstream: FakeUpstream, path: str) -> None:
     fake_upstream.script("m", STREAM_BREAK)
     received: list[tuple[str, Any]] = []
@@ -337,3 +352,280 @@ async def test_client_disconnect_mid_stream_counts_as_cancelled() -> None:
             await asyncio.sleep(0.02)
         assert fake.cancelled == 1
         assert fake.in_flight == 0
+
+
+# -- embeddings, moderations, responses, uploads ---------------------------------------------------------
+
+
+async def test_embeddings_float_one_vector_per_input(fake_upstream: FakeUpstream) -> None:
+    async with client(fake_upstream) as sdk:
+        result = await sdk.embeddings.create(
+            model="text-embedding-3-small", input=["alpha", "beta gamma"], encoding_format="float"
+        )
+    assert result.object == "list"
+    assert result.model == "text-embedding-3-small"
+    assert [(e.object, e.index) for e in result.data] == [("embedding", 0), ("embedding", 1)]
+    assert result.data[0].embedding == embedding_vector("alpha")
+    assert result.data[1].embedding == embedding_vector("beta gamma")
+    assert len(result.data[0].embedding) == 8
+    assert result.data[0].embedding != result.data[1].embedding
+    assert (result.usage.prompt_tokens, result.usage.total_tokens) == (3, 3)
+    assert fake_upstream.requests[0].json["encoding_format"] == "float"
+
+
+async def test_embeddings_default_base64_is_decoded_by_the_sdk(fake_upstream: FakeUpstream) -> None:
+    async with client(fake_upstream) as sdk:
+        result = await sdk.embeddings.create(model="emb", input="hello")
+    assert fake_upstream.requests[0].json["encoding_format"] == "base64"  # the SDK default
+    assert result.data[0].embedding == embedding_vector("hello")
+    body = {"model": "emb", "input": [[1, 2, 3], [4, 5]], "encoding_format": "base64"}
+    url = f"{fake_upstream.openai_base}/embeddings"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as resp:
+        raw = await resp.json()
+    assert all(isinstance(e["embedding"], str) for e in raw["data"])
+    assert len(raw["data"]) == 2
+    assert raw["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+
+
+async def test_embeddings_consume_faults_and_ignore_scripted_text(fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("emb", RATE_LIMITED, "not used by embeddings")
+    async with client(fake_upstream) as sdk:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await sdk.embeddings.create(model="emb", input="x")
+        assert caught.value.response.headers["retry-after"] == "1"
+        result = await sdk.embeddings.create(model="emb", input="x", encoding_format="float")
+        with pytest.raises(openai.BadRequestError):
+            await sdk.embeddings.create(model="emb", input=[])
+    assert result.data[0].embedding == embedding_vector("x")
+    assert fake_upstream.next_reply("emb") == DEFAULT_CONTENT
+
+
+async def test_moderations_answer_one_unflagged_result_per_input(fake_upstream: FakeUpstream) -> None:
+    async with client(fake_upstream) as sdk:
+        single = await sdk.moderations.create(model="omni-moderation-latest", input="be nice")
+        double = await sdk.moderations.create(input=["one", "two"])
+    assert single.id.startswith("modr-")
+    assert single.model == "omni-moderation-latest"
+    (result,) = single.results
+    assert result.flagged is False
+    assert result.categories.hate is False
+    assert result.categories.self_harm is False
+    assert result.category_scores.violence < 0.01
+    assert len(double.results) == 2
+    assert fake_upstream.count("/v1/moderations") == 2
+
+
+async def test_responses_non_streamed_answer_parses_with_the_sdk(fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("gpt-4.1", "one two three")
+    async with client(fake_upstream) as sdk:
+        response = await sdk.responses.create(model="gpt-4.1", input="hi", instructions="be brief")
+        default = await sdk.responses.create(model="gpt-4.1", input=[{"role": "user", "content": "hi"}])
+    assert response.object == "response"
+    assert response.id.startswith("resp_")
+    assert response.status == "completed"
+    assert response.model == "gpt-4.1"
+    assert response.output_text == "one two three"
+    assert response.instructions == "be brief"
+    assert (response.error, response.incomplete_details, response.tools) == (None, None, [])
+    message = response.output[0]
+    assert message.type == "message"
+    assert message.role == "assistant"
+    assert message.id.startswith("msg_")
+    usage = response.usage
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (3, 3, 6)
+    assert usage.input_tokens_details.cached_tokens == 0
+    assert usage.output_tokens_details.reasoning_tokens == 0
+    assert default.output_text == DEFAULT_CONTENT
+
+
+async def test_responses_stream_follows_the_real_event_sequence() -> None:
+    async with FakeUpstream.start(chunk_delay=0.01) as fake, client(fake) as sdk:
+        fake.script("gpt-4.1", "streamed in four words")
+        stream = await sdk.responses.create(model="gpt-4.1", input="hi", stream=True)
+        events = [event async for event in stream]
+    types = [e.type for e in events]
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * 4,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == "streamed in four words"
+    first, last = events[0], events[-1]
+    assert first.type == "response.created"
+    assert first.response.status == "in_progress"
+    assert last.type == "response.completed"
+    assert last.response.status == "completed"
+    assert last.response.output_text == "streamed in four words"
+    assert last.response.id == first.response.id
+
+
+async def test_responses_stream_frames_are_sse_events_written_one_by_one() -> None:
+    async with FakeUpstream.start(chunk_delay=0.05) as fake, aiohttp.ClientSession() as http:
+        fake.script("m", "a b")
+        body = {"model": "m", "input": "hi", "stream": True}
+        async with http.post(f"{fake.openai_base}/responses", json=body) as resp:
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            reads = [data async for data in resp.content.iter_any()]
+    frames = [f for f in b"".join(reads).split(b"\n\n") if f]
+    assert len(reads) == len(frames) == 10
+    for frame in frames:
+        event_line, data_line = frame.decode().split("\n")
+        data = json.loads(data_line.removeprefix("data: "))
+        assert event_line == f"event: {data['type']}"
+
+
+async def test_transcription_streams_a_3mb_upload_and_counts_its_bytes(fake_upstream: FakeUpstream) -> None:
+    audio = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # above aiohttp's 1 MiB client_max_size
+    async with client(fake_upstream) as sdk:
+        transcription = await sdk.audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", audio, "audio/wav")
+        )
+    assert transcription.text == f"transcribed {len(audio)} bytes"
+    (recorded,) = fake_upstream.requests
+    assert recorded.path == "/v1/audio/transcriptions"
+    assert recorded.headers["content-type"].startswith("multipart/form-data")
+    assert recorded.headers["authorization"] == "Bearer sk-test"
+    assert recorded.json["file_bytes"] == len(audio) == 3 * 1024 * 1024
+    assert recorded.json["filename"] == "a.wav"
+    assert recorded.model == "whisper-1"
+    assert fake_upstream.count(model="whisper-1") == 1
+
+
+async def test_upload_aborted_by_the_client_counts_as_cancelled(fake_upstream: FakeUpstream) -> None:
+    port = int(fake_upstream.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n"
+        "Content-Type: multipart/form-data; boundary=b0\r\n\r\n"
+        '--b0\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+        '--b0\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+    )
+    writer.write(head.encode() + b"x" * 5000)
+    await writer.drain()
+    for _ in range(100):
+        if fake_upstream.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    await writer.wait_closed()
+    for _ in range(100):
+        if not fake_upstream.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    assert (fake_upstream.in_flight, fake_upstream.cancelled) == (0, 1)
+    (recorded,) = fake_upstream.requests
+    assert recorded.json["aborted"] is True  # with whatever had been read when the connection was lost
+    assert recorded.json.get("file_bytes", 0) <= 5000
+    assert await reader.read() == b""
+
+
+async def test_transcription_consumes_faults_for_its_model(fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("whisper-1", Fault.http(503))
+    async with client(fake_upstream) as sdk:
+        with pytest.raises(openai.InternalServerError):
+            await sdk.audio.transcriptions.create(model="whisper-1", file=("b.mp3", b"x" * 10, "audio/mpeg"))
+        text = await sdk.audio.transcriptions.create(
+            model="whisper-1", file=("b.mp3", b"x" * 10, "audio/mpeg"), response_format="text"
+        )
+    assert text == "transcribed 10 bytes"
+
+
+async def test_files_create_then_retrieve(fake_upstream: FakeUpstream) -> None:
+    data = b'{"prompt": "p"}\n' * 100_000
+    async with client(fake_upstream) as sdk:
+        created = await sdk.files.create(file=("batch.jsonl", data, "application/jsonl"), purpose="batch")
+        fetched = await sdk.files.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError) as caught:
+            await sdk.files.retrieve("file-unknown")
+    assert created.id.startswith("file-")
+    assert (created.object, created.bytes, created.filename) == ("file", len(data), "batch.jsonl")
+    assert (created.purpose, created.status) == ("batch", "processed")
+    assert fetched == created
+    assert fake_upstream.files[created.id]["bytes"] == len(data)
+    assert caught.value.code == "not_found"
+    upload = fake_upstream.requests[0]
+    assert upload.json == {"purpose": "batch", "file_bytes": len(data), "filename": "batch.jsonl"}
+    assert fake_upstream.requests[1].path == f"/v1/files/{created.id}"
+
+
+async def test_every_openai_answer_has_rate_limit_headers_and_a_request_id(
+    fake_upstream: FakeUpstream,
+) -> None:
+    fake_upstream.script("m", RATE_LIMITED)
+    request_ids: list[str] = []
+    async with client(fake_upstream) as sdk:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await sdk.chat.completions.create(model="m", messages=MESSAGES)
+        answers = [
+            caught.value.response,
+            (await sdk.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)).http_response,
+            (await sdk.embeddings.with_raw_response.create(model="m", input="x")).http_response,
+            (await sdk.moderations.with_raw_response.create(input="x")).http_response,
+            (await sdk.responses.with_raw_response.create(model="m", input="x")).http_response,
+            (await sdk.models.with_raw_response.list()).http_response,
+        ]
+        stream = await sdk.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, stream=True
+        )
+        answers.append(stream.http_response)
+        await stream.parse().close()
+    assert caught.value.response.headers["retry-after"] == "1"
+    for answer in answers:
+        for name, value in OPENAI_RATE_LIMIT_HEADERS.items():
+            assert answer.headers[name] == value
+        assert answer.headers["x-request-id"].startswith("req_")
+        request_ids.append(answer.headers["x-request-id"])
+    assert len(set(request_ids)) == len(request_ids)
+    assert answers[1].headers["x-ratelimit-reset-requests"] == "120ms"
+
+
+async def test_openai_headers_and_query_are_recorded(fake_upstream: FakeUpstream) -> None:
+    async with client(
+        fake_upstream,
+        organization="org-1",
+        project="proj-1",
+        default_headers={"OpenAI-Beta": "assistants=v2"},
+    ) as sdk:
+        await sdk.embeddings.create(
+            model="emb",
+            input="x",
+            extra_headers={"Idempotency-Key": "idem-1"},
+            extra_query={"api-version": "2024-10-21"},
+        )
+    (recorded,) = fake_upstream.requests
+    assert recorded.headers["openai-organization"] == "org-1"
+    assert recorded.headers["openai-project"] == "proj-1"
+    assert recorded.headers["openai-beta"] == "assistants=v2"
+    assert recorded.headers["idempotency-key"] == "idem-1"
+    assert recorded.query == "api-version=2024-10-21"
+
+
+async def test_api_key_is_enforced_on_the_new_openai_routes() -> None:
+    async with FakeUpstream.start(api_key="sk-upstream") as fake:
+        fake.script("m", "kept for later")
+        async with client(fake, api_key="sk-wrong") as sdk:
+            with pytest.raises(openai.AuthenticationError):
+                await sdk.embeddings.create(model="m", input="x")
+            with pytest.raises(openai.AuthenticationError):
+                await sdk.moderations.create(model="m", input="x")
+            with pytest.raises(openai.AuthenticationError):
+                await sdk.responses.create(model="m", input="x")
+            with pytest.raises(openai.AuthenticationError):
+                await sdk.audio.transcriptions.create(
+                    model="m", file=("a.wav", b"0" * 2_000_000, "audio/wav")
+                )
+            with pytest.raises(openai.AuthenticationError):
+                await sdk.files.create(file=("f.jsonl", b"{}", "application/jsonl"), purpose="batch")
+        assert fake.next_reply("m") == "kept for later"
+        assert fake.files == {}
+        async with client(fake, api_key="sk-upstream") as sdk:
+            assert (await sdk.responses.create(model="m", input="x")).output_text == DEFAULT_CONTENT

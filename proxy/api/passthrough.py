@@ -173,6 +173,17 @@ async def _limited(request: web.Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def _own_refusal(exc: BaseException) -> ApiError | None:
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, ApiError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def resendable(request: web.Request, template: str) -> bool:
     if request.method in SAFE_METHODS:
         return True
@@ -214,6 +225,9 @@ async def _open(
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise ProviderError("timeout", f"no answer from {config.name} within {timeout:g}s") from exc
     except aiohttp.ClientError as exc:
+        refusal = _own_refusal(exc)
+        if refusal is not None:
+            raise refusal from None  # the client's body broke our limit: 413, not a provider failure
         raise ProviderError("connect", f"cannot reach {config.name}: {exc}") from exc
     if resp.status in _RETRYABLE_STATUS:
         body = await resp.read()
@@ -235,6 +249,11 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
             f"{request.method} {request.path} is not handled by this proxy and the policy "
             "names no passthrough provider (passthrough.provider)",
             code="not_found",
+        )
+    limit = request.app[SETTINGS].max_upload_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(
+            413, f"Request body too large: the passthrough limit is {limit} bytes", code="request_too_large"
         )
     replay = body is not None or resendable(request, template)
     if replay and body is None and request.method not in SAFE_METHODS:

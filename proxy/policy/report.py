@@ -42,6 +42,8 @@ def summary(policy: Policy) -> list[str]:
         f"{f.breaker.open_s:g}s; retry budget {f.budget.percent:g}% (min {f.budget.min_concurrency})"
     )
     lines.append(f"review: {policy.review.sink}")
+    routes = "".join(f"; {r.prefix} -> {', '.join(r.providers)}" for r in policy.passthrough.routes)
+    lines.append(f"passthrough (/v1/* not handled here): {policy.passthrough.provider or 'none'}{routes}")
     return lines
 
 

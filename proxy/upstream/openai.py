@@ -50,14 +50,20 @@ class OpenAIProvider:
     def __init__(self, config: ProviderConfig, session: aiohttp.ClientSession) -> None:
         self.config = config
         self._session = session
-        self._url = URL(f"{config.base_url}/chat/completions")  # parsed once, not per request
+        # Parsed once, not per request. ``options.query`` serves Azure-style deployments
+        # (base_url .../openai/deployments/<name>, query {api-version: ...}).
+        query = {str(k): str(v) for k, v in dict(config.options.get("query", {})).items()}
+        self._url = URL(f"{config.base_url}/chat/completions").update_query(query)
         # Which structured-output form each model accepted last (learned from 400s, per process).
         self._format_level: dict[str, int] = {}
 
     def _headers(self, ctx: CallContext) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **self.config.headers}
         key = api_key(self.config, ctx)
-        if key:
+        auth_header = str(self.config.options.get("auth_header", "Authorization"))
+        if key and auth_header.lower() != "authorization":
+            headers[auth_header] = key  # e.g. Azure's `api-key: <key>`
+        elif key:
             headers["Authorization"] = f"Bearer {key}"
         if ctx.trace_id:
             headers["X-Request-Id"] = ctx.trace_id

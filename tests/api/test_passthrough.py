@@ -204,3 +204,22 @@ async def test_anthropic_provider_both_ways(proxy: RunningProxy, fake_upstream: 
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == "Salut tout le monde"
+
+
+async def test_azure_style_provider_gets_query_and_api_key_header(
+    fake_upstream: FakeUpstream,
+    tmp_path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from tests.proxy_server import UPSTREAM_KEY_ENV, running_proxy, upstream_policy
+
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, "azure-key-1")
+    policy = upstream_policy(fake_upstream)
+    policy["providers"]["up"]["options"] = {"auth_header": "api-key", "query": {"api-version": "2024-10-21"}}
+    async with running_proxy(tmp_path, policy) as px:
+        await px.client().chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
+        )
+    sent = fake_upstream.requests[0]
+    assert sent.query == "api-version=2024-10-21"
+    assert sent.headers["api-key"] == "azure-key-1" and "authorization" not in sent.headers

@@ -11,7 +11,7 @@ every failure was a rate limit).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,7 +26,7 @@ from proxy.module.prompt import render_prompt
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
 from proxy.upstream.base import CallContext, Provider, ProviderError, content_of, usage_of
-from proxy.upstream.router import Router, RungFailed, Try
+from proxy.upstream.router import Routed, Router, RungFailed, Try
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,16 +273,17 @@ async def run_module(call: Call) -> ModuleAnswer:
     rung = start
     while rung < len(policy.ladder):
         rung_name = policy.ladder[rung].name
-        body: dict[str, Any] = {"messages": messages}
-        try:
-            routed = await call.router.call(
-                policy.ladder[rung].targets,
-                call.providers,
-                partial(_complete, body=body, ctx=ctx),
-                policy.failover,
-                deadline,
-                attempts.on_try(rung_name),
+
+        def ask(
+            targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str = rung_name
+        ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
+            operation = partial(_complete, body={"messages": conversation}, ctx=ctx)
+            return call.router.call(
+                targets, call.providers, operation, policy.failover, deadline, attempts.on_try(rung_name)
             )
+
+        try:
+            routed = await ask(policy.ladder[rung].targets, messages)
         except RungFailed as exc:
             failures += exc.failures
             if exc.deadline_spent:
@@ -297,16 +298,8 @@ async def run_module(call: Call) -> ModuleAnswer:
             attempts.answer(
                 rung_name, routed.target, "reask", _meta_of(result.envelope), result, usage_of(reply)
             )
-            body = {"messages": reask_messages(messages, text, result)}
             try:
-                again = await call.router.call(
-                    (routed.target,),
-                    call.providers,
-                    partial(_complete, body=body, ctx=ctx),
-                    policy.failover,
-                    deadline,
-                    attempts.on_try(rung_name),
-                )
+                again = await ask((routed.target,), reask_messages(messages, text, result))
             except RungFailed as exc:
                 failures += exc.failures
                 break

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import yaml
 from aiohttp import web
@@ -83,3 +89,59 @@ async def running_proxy(
         for client in running.clients:
             await client.close()
         await runner.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
+    """Poll /readyz until the process serves; fail with its output if it exits first."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited: {proc.communicate()}")
+            try:
+                if (await session.get(url + "/readyz")).status == 200:
+                    return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("proxy never became ready")
+
+
+@dataclass
+class ServedProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    output: tuple[str, str] = ("", "")
+    """(stdout, stderr), filled once the process has stopped."""
+
+
+@asynccontextmanager
+async def proxy_process(
+    *args: str, env: dict[str, str] | None = None, modules: Path = MODULES
+) -> AsyncIterator[ServedProcess]:
+    """`python -m proxy serve ARGS` on a free port, as users run it; stopped with SIGTERM after."""
+    port = free_port()
+    command = [sys.executable, "-m", "proxy", "serve", "--port", str(port), *args]
+    if "--modules" not in args and not (env or {}).get("COGPROXY_MODULES"):
+        command += ["--modules", str(modules)]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
+    served = ServedProcess(proc, f"http://127.0.0.1:{port}")
+    try:
+        await wait_ready(served.url, proc)
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            served.output = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            served.output = proc.communicate()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from functools import partial
 from typing import Any, cast
 
@@ -21,7 +21,7 @@ from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError, Relayed
-from proxy.upstream.router import RungFailed, Try
+from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
 
 log = structlog.get_logger("proxy.api")
@@ -143,17 +143,20 @@ async def _passthrough(
                 retry=attempt.retry,
             )
 
+    def route(operation: Operation[T]) -> Awaitable[Routed[T]]:
+        return router.call(
+            targets,
+            runtime.providers,
+            operation,
+            runtime.policy.failover,
+            deadline,
+            log_try,
+            stop_on_client_error=True,
+        )
+
     if body.get("stream") is not True:
         try:
-            routed = await router.call(
-                targets,
-                runtime.providers,
-                partial(_relay, body=body, ctx=ctx),
-                runtime.policy.failover,
-                deadline,
-                log_try,
-                stop_on_client_error=True,
-            )
+            routed = await route(partial(_relay, body=body, ctx=ctx))
         except RungFailed as exc:
             return passthrough_failure(exc, trace_id)
         record_usage(metrics, runtime.policy, routed.target, routed.value.usage)
@@ -167,15 +170,7 @@ async def _passthrough(
             },
         )
     try:
-        opened = await router.call(
-            targets,
-            runtime.providers,
-            partial(_open_stream, body=body, ctx=ctx),
-            runtime.policy.failover,
-            deadline,
-            log_try,
-            stop_on_client_error=True,
-        )
+        opened = await route(partial(_open_stream, body=body, ctx=ctx))
     except RungFailed as exc:
         return passthrough_failure(exc, trace_id)
     first, chunks = opened.value

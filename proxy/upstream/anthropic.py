@@ -18,7 +18,7 @@ from proxy.upstream.anthropic_wire import (
     parse_sse,
     to_messages_request,
 )
-from proxy.upstream.base import CallContext, ProviderError, Relayed, usage_of
+from proxy.upstream.base import CallContext, ProviderError, Relayed, relay_from_complete
 from proxy.upstream.http import api_key, post, read_json
 from proxy.wire import DONE, sse_frame
 
@@ -63,8 +63,7 @@ class AnthropicProvider:
             return from_messages_response(await read_json(resp), model)
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
-        reply = await self.complete(body, model, ctx, timeout)
-        return Relayed(orjson.dumps(reply), usage_of(reply))
+        return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import orjson
+
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
 
@@ -94,3 +96,11 @@ def content_of(completion: dict[str, Any]) -> str:
     except (KeyError, IndexError, TypeError) as exc:
         raise ProviderError("malformed", "the provider answer has no choices[0].message") from exc
     return content if isinstance(content, str) else ""
+
+
+async def relay_from_complete(
+    provider: Provider, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+) -> Relayed:
+    """``relay`` for providers that do not speak the OpenAI wire format natively."""
+    reply = await provider.complete(body, model, ctx, timeout)
+    return Relayed(orjson.dumps(reply), usage_of(reply))

@@ -24,7 +24,7 @@ from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, example_for, load_cases
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallContext, Relayed, usage_of
+from proxy.upstream.base import CallContext, Relayed, relay_from_complete
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
 DEFAULT_REPLY = "Hello from the cognitive-proxy offline demo provider."
@@ -82,8 +82,7 @@ class OfflineProvider:
         return completion(model, content, prompt_tokens=len(orjson.dumps(body.get("messages", []))) // 4)
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
-        reply = await self.complete(body, model, ctx, timeout)
-        return Relayed(orjson.dumps(reply), usage_of(reply))
+        return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float

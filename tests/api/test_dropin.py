@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +12,15 @@ import openai
 import pytest
 import yaml
 
-from tests.api.test_server import free_port, wait_ready
-from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    RunningProxy,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+)
 
 SECOND_KEY_ENV = "COGPROXY_TEST_SECOND_KEY"
 
@@ -219,41 +221,18 @@ async def test_big_audio_upload_streams_through_with_flat_memory(
 ) -> None:
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(dropin_policy(fake_upstream)))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(policy_path),
-            "--modules",
-            str(MODULES),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, UPSTREAM_KEY_ENV: UPSTREAM_KEY},
-    )
-    try:
-        await wait_ready(f"http://127.0.0.1:{port}", proc)
-        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    async with proxy_process("--policy", str(policy_path), env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as served:
+        client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="k", max_retries=0)
         async with client:
             small = await client.audio.transcriptions.create(
                 model="whisper-1", file=("s.wav", b"1" * 1024, "audio/wav")
             )
             assert small.text == "transcribed 1024 bytes"
-            before = peak_rss_kb(proc.pid)
+            before = peak_rss_kb(served.proc.pid)
             size = 40 * 1024 * 1024
             result = await client.audio.transcriptions.create(
                 model="whisper-1", file=("big.wav", b"2" * size, "audio/wav")
             )
-            after = peak_rss_kb(proc.pid)
-        assert result.text == f"transcribed {size} bytes"
-        assert after - before < 12 * 1024, f"peak RSS grew {after - before} kB for a {size // 1024} kB upload"
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=15)
+            after = peak_rss_kb(served.proc.pid)
+    assert result.text == f"transcribed {size} bytes"
+    assert after - before < 12 * 1024, f"peak RSS grew {after - before} kB for a {size // 1024} kB upload"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +14,9 @@ from aiohttp import web
 
 from proxy.app import build_app
 from proxy.settings import Settings
-from tests.api.test_server import free_port, wait_ready
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import running_proxy, upstream_policy
+from tests.proxy_server import free_port, proxy_process, running_proxy, upstream_policy
 
 
 async def models(url: str) -> list[str]:
@@ -151,35 +148,10 @@ async def test_sighup_reloads_the_policy(fake_upstream: FakeUpstream, tmp_path: 
     policy = upstream_policy(fake_upstream)
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(policy))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(path),
-            "--modules",
-            str(MODULES),
-            "--port",
-            str(port),
-            "--reload-interval",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await wait_ready(url, proc)
+    async with proxy_process("--policy", str(path), "--reload-interval", "0") as served:
         policy["aliases"]["after-sighup"] = "fast"
         path.write_text(yaml.safe_dump(policy))
         await asyncio.sleep(0.3)
-        assert "after-sighup" not in await models(url)  # polling is off
-        proc.send_signal(signal.SIGHUP)
-        await eventually(lambda: _contains(models(url), "after-sighup"))
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=15)
+        assert "after-sighup" not in await models(served.url)  # polling is off
+        served.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: _contains(models(served.url), "after-sighup"))

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,16 @@ import yaml
 
 from tests.conftest import MODULES, ROOT
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    RunningProxy,
+    free_port,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+    wait_ready,
+)
 
 
 async def test_auth_is_off_by_default(proxy: RunningProxy) -> None:
@@ -128,77 +136,27 @@ async def test_metrics_and_health_routes(proxy: RunningProxy) -> None:
     assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def serve(policy: Path, port: int, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(policy),
-            "--modules",
-            str(MODULES),
-            "--port",
-            str(port),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-
-
-async def wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(100):
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.communicate()}")
-            try:
-                if (await session.get(url + "/readyz")).status == 200:
-                    return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("proxy never became ready")
-
-
 async def test_sigterm_drains_in_flight_requests_then_exits_zero(tmp_path: Path) -> None:
     async with FakeUpstream.start() as fake:
         fake.script("cheap", Fault.slow(1.0, "finished despite SIGTERM"))
         policy = tmp_path / "policy.yaml"
         policy.write_text(yaml.safe_dump(upstream_policy(fake)))
-        port = free_port()
-        proc = serve(policy, port, "--drain-timeout", "10")
-        try:
-            await wait_ready(f"http://127.0.0.1:{port}", proc)
+        async with proxy_process("--policy", str(policy), "--drain-timeout", "10") as served:
             async with aiohttp.ClientSession() as session:
                 pending = asyncio.create_task(
                     session.post(
-                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        served.url + "/v1/chat/completions",
                         json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
                     )
                 )
                 while fake.in_flight == 0:
                     await asyncio.sleep(0.02)
-                proc.send_signal(signal.SIGTERM)
+                served.proc.send_signal(signal.SIGTERM)
                 resp = await pending
                 body = await resp.json()
             assert resp.status == 200
             assert body["choices"][0]["message"]["content"] == "finished despite SIGTERM"
-            assert await asyncio.to_thread(proc.wait, 15) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
+            assert await asyncio.to_thread(served.proc.wait, 15) == 0
 
 
 async def test_serve_reads_its_settings_from_the_environment(tmp_path: Path) -> None:

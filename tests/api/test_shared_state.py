@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +15,8 @@ import yaml
 from aiohttp import web
 
 from tests.api.test_routing import REVIEW_INPUT, answer, attempts_of, routing_policy
-from tests.api.test_server import free_port, wait_ready
-from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import running_proxy
+from tests.proxy_server import free_port, proxy_process, running_proxy
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
@@ -133,29 +128,7 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
     policy = routing_policy(fake_upstream, circuit_breaker={"failures": 2, "window_s": 30, "open_s": 30})
     path = tmp_path / "shared.yaml"
     path.write_text(yaml.safe_dump(policy))
-    port = free_port()
-    other = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(path),
-            "--modules",
-            str(MODULES),
-            "--port",
-            str(port),
-            "--redis-url",
-            REDIS_URL,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
-    try:
-        await wait_ready(f"http://127.0.0.1:{port}", other)
+    async with proxy_process("--policy", str(path), "--redis-url", REDIS_URL) as other:
         async with running_proxy(tmp_path, policy, redis_url=REDIS_URL) as px:
             fake_upstream.script("cheap", Fault.http(500), Fault.http(500))
             for _ in range(2):
@@ -164,19 +137,16 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
         await asyncio.sleep(0.6)  # the other process's local cache refreshes within 0.5 s
         async with aiohttp.ClientSession() as session:
             resp = await session.post(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
+                other.url + "/v1/chat/completions",
                 json={
                     "model": "module:code-reviewer",
                     "messages": [{"role": "user", "content": json.dumps(REVIEW_INPUT)}],
                 },
             )
             body = await resp.json()
-        attempts = [(a["target"], a["outcome"]) for a in body["cognitive"]["attempts"]]
-        assert attempts == [("up/cheap", "circuit_open"), ("up/backup", "accept")]
-        assert fake_upstream.count(model="cheap") == 2
-    finally:
-        other.terminate()
-        other.communicate(timeout=15)
+    attempts = [(a["target"], a["outcome"]) for a in body["cognitive"]["attempts"]]
+    assert attempts == [("up/cheap", "circuit_open"), ("up/backup", "accept")]
+    assert fake_upstream.count(model="cheap") == 2
 
 
 async def test_redis_down_falls_back_to_local_state_and_keeps_serving(

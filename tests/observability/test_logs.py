@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +11,8 @@ import yaml
 
 from proxy.observability.logging import REDACTED, redact_secrets
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
-from tests.api.test_server import free_port, wait_ready
-from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 
 CLIENT_KEY = "sk-client-very-secret-123"
 
@@ -29,45 +24,21 @@ async def test_one_json_line_per_request_and_no_secret_in_any_line(
     fake_upstream.script("strong", answer(0.93))
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(routing_policy(fake_upstream)))
-    port = free_port()
-    env = {**os.environ, UPSTREAM_KEY_ENV: UPSTREAM_KEY, "COGPROXY_API_KEYS": CLIENT_KEY}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(policy),
-            "--modules",
-            str(MODULES),
-            "--port",
-            str(port),
-            "--log-format",
-            "json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        await wait_ready(f"http://127.0.0.1:{port}", proc)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY, "COGPROXY_API_KEYS": CLIENT_KEY}
+    async with proxy_process("--policy", str(policy), "--log-format", "json", env=env) as served:
         headers = {"Authorization": f"Bearer {CLIENT_KEY}", "X-Request-Id": "req-log-1"}
         async with aiohttp.ClientSession(headers=headers) as session:
             resp = await session.post(
-                f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute",
+                served.url + "/v1/modules/code-reviewer/execute",
                 json={"input": {**REVIEW_INPUT, "api_key": "sk-in-the-input-9999"}},
             )
             assert resp.status == 200
             resp = await session.post(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
+                served.url + "/v1/chat/completions",
                 json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
             )
             assert resp.status == 200
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=15)
+    stderr = served.output[1]
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert lines, stderr
     requests = [entry for entry in lines if entry["event"] == "proxy.request"]

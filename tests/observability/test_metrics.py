@@ -13,9 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
-from tests.api.test_server import free_port
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, free_port, running_proxy
 
 
 class Scrape:

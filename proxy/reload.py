@@ -99,7 +99,7 @@ class Reloader:
         try:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload("SIGHUP")))
-        except (NotImplementedError, RuntimeError, ValueError):
+        except (RuntimeError, ValueError):  # no signals here (not the main thread, or no support)
             return False
         return True
 

@@ -43,9 +43,7 @@ class MetricsObserver:
 
     def attempt(self, target: Target, latency_s: float, error: ProviderError | None) -> None:
         provider, model = target_labels(self._policy(), target)
-        outcome = "ok" if error is None else error.kind
-        self._metrics.upstream_requests.labels(provider, model, outcome).inc()
-        self._metrics.upstream_latency.labels(provider, model).observe(latency_s)
+        self._metrics.observe_upstream(provider, model, "ok" if error is None else error.kind, latency_s)
 
     def failover(self, from_target: Target, to_target: Target, reason: str) -> None:
         policy = self._policy()

@@ -14,7 +14,7 @@ needed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -140,6 +140,35 @@ class Metrics:
             registry=r,
         )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
+
+        # labels() takes a lock and validates on every call; the hot path keeps its children.
+        self._request_children: dict[tuple[str, str, int], Any] = {}
+        self._overhead_children: dict[str, Any] = {}
+        self._upstream_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def count_request(self, route: str, module: str, status: int) -> None:
+        key = (route, module, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(route, module, str(status))
+        child.inc()
+
+    def observe_overhead(self, route: str, seconds: float) -> None:
+        child = self._overhead_children.get(route)
+        if child is None:
+            child = self._overhead_children[route] = self.overhead.labels(route)
+        child.observe(seconds)
+
+    def observe_upstream(self, provider: str, model: str, outcome: str, seconds: float) -> None:
+        key = (provider, model, outcome)
+        children = self._upstream_children.get(key)
+        if children is None:
+            children = self._upstream_children[key] = (
+                self.upstream_requests.labels(provider, model, outcome),
+                self.upstream_latency.labels(provider, model),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def watch_breakers(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
         self.registry.register(BreakerCollector(snapshot))

@@ -23,7 +23,7 @@ from proxy.app import build_app
 from proxy.conformance import run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
-from proxy.module.golden import GoldenCase, run_golden
+from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
 from proxy.module.lint import lint_module
 from proxy.module.loader import ModuleLoadError, is_module_dir, load_module
 from proxy.module.model import Module
@@ -93,7 +93,15 @@ def cmd_test(args: argparse.Namespace) -> int:
     except ModuleLoadError as exc:
         print(exc, file=sys.stderr)
         return EXIT_FAILED
-    outcomes = run_golden(module, offline_envelope)
+    if args.policy:
+        try:
+            policy = load_policy(Path(args.policy))
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_USAGE
+        outcomes = asyncio.run(_golden_with_policy(module, policy))
+    else:
+        outcomes = run_golden(module, offline_envelope)
     for outcome in outcomes:
         mark = "PASS" if outcome.passed else "FAIL"
         print(f"{mark} {module.name}/{outcome.name}")
@@ -363,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("test", help="run a module's golden tests")
     p.add_argument("module_dir")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="answer the cases with this policy's providers (default: the module's own examples, offline)",
+    )
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("run", help="execute one module call and print the envelope")
@@ -390,3 +403,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.modules = _env_list("MODULES") or ["modules"]
     code: int = args.func(args)
     return code
+
+
+async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcome]:
+    """Golden cases answered by the policy's providers, through the server's pipeline."""
+    cases, outcomes = load_cases(module)
+    async with aiohttp.ClientSession() as session:
+        providers = build_providers(policy, session)
+        router = Router(Breakers(MemoryBreakerStore()))
+        for case in cases:
+            answer = await run_module(Call(module, case.input, policy, providers, router))
+            outcomes.append(CaseOutcome(case.name, tuple(evaluate(case, answer.envelope)), answer.envelope))
+    return outcomes

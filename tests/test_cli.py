@@ -185,3 +185,43 @@ def test_every_shipped_policy_checks() -> None:
 
     for path in sorted((ROOT / "policies").rglob("*.yaml")):
         assert main(["policy", "check", str(path)]) == 0, path
+
+
+def test_golden_tests_through_a_policy_use_the_pipeline() -> None:
+    from tests.conftest import ROOT
+
+    result = run_cli("test", str(MODULES / "code-reviewer"), "--policy", str(ROOT / "policies" / "demo.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "4 passed, 0 failed"
+
+
+async def test_golden_tests_fail_when_the_provider_answers_garbage(tmp_path: Path) -> None:
+    import asyncio
+
+    import yaml
+
+    from tests.fake_upstream import FakeUpstream
+    from tests.proxy_server import upstream_policy
+
+    async with FakeUpstream.start() as fake:
+        fake.set_default_reply("cheap", "not an envelope")
+        fake.set_default_reply("strong", "still not an envelope")
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(yaml.safe_dump(upstream_policy(fake)))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy",
+            "test",
+            str(MODULES / "code-simplifier"),
+            "--policy",
+            str(policy),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+    assert proc.returncode == 1
+    assert (
+        out.decode().strip().splitlines()[-1].endswith("failed")
+        and "FAIL code-simplifier/case1" in out.decode()
+    )

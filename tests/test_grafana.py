@@ -30,9 +30,10 @@ import pytest
 import yaml
 from yarl import URL
 
+from tests.api.test_routing import routing_policy
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.prometheus_e2e import PrometheusError, PrometheusServer, run_prometheus
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -445,18 +446,7 @@ def patch_answer(confidence: float) -> str:
 
 def e2e_policy(fake: FakeUpstream) -> dict[str, Any]:
     """Two targets on the first rung; one failure opens a breaker, which stays open for the test."""
-    policy = upstream_policy(fake)
-    policy["ladder"] = [
-        {"name": "fast", "targets": ["up/cheap", "up/backup"]},
-        {"name": "strong", "targets": ["up/strong"]},
-    ]
-    policy["failover"] = {
-        "retries": 0,
-        "backoff": {"base_ms": 1, "max_ms": 5},
-        "timeout": {"per_try_s": 2, "total_s": 10},
-        "circuit_breaker": {"failures": 1, "window_s": 60, "open_s": 300},
-    }
-    return policy
+    return routing_policy(fake, circuit_breaker={"failures": 1, "window_s": 60, "open_s": 300})
 
 
 async def proxy_metrics(session: aiohttp.ClientSession, px: RunningProxy) -> str:

@@ -57,34 +57,23 @@ def upstream_failure(exc: ProviderError, trace_id: str) -> web.Response:
 
 
 def passthrough_failure(exc: RungFailed, trace_id: str) -> web.Response:
-    """Every target failed. The proxy's own refusal (all breakers open) is 503 with Retry-After;
-    otherwise the client sees the last upstream failure (a client error as the upstream sent it)."""
+    """Every target failed. The proxy's own refusal (all breakers open, or no target) is 503 with
+    Retry-After; otherwise the client sees the last upstream failure (a client error as the
+    upstream sent it)."""
     if exc.final is not None:
         return upstream_failure(exc.final, trace_id)
-    if exc.failures and all("circuit breaker open" in f.message for f in exc.failures):
-        return json_response(
-            {
-                "error": {
-                    "message": "Every provider target is unavailable (circuit breakers open)",
-                    "type": "server_error",
-                    "param": None,
-                    "code": "provider_unavailable",
-                }
-            },
-            status=503,
-            headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
-        )
-    if not exc.failures:
-        return json_response(
-            {
-                "error": {
-                    "message": "No provider target",
-                    "type": "server_error",
-                    "param": None,
-                    "code": "provider_unavailable",
-                }
-            },
-            status=503,
-            headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
-        )
-    return upstream_failure(exc.failures[-1], trace_id)
+    if exc.failures and not all("circuit breaker open" in f.message for f in exc.failures):
+        return upstream_failure(exc.failures[-1], trace_id)
+    reason = "circuit breakers open" if exc.failures else "no provider target"
+    return json_response(
+        {
+            "error": {
+                "message": f"Every provider target is unavailable ({reason})",
+                "type": "server_error",
+                "param": None,
+                "code": "provider_unavailable",
+            }
+        },
+        status=503,
+        headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
+    )

@@ -10,7 +10,8 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,100 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"COGPROXY_{name}", default)
 
 
+@dataclass(frozen=True, slots=True)
+class ServeOption:
+    """A ``serve`` flag and its environment variable; the flag wins over the variable."""
+
+    flag: str
+    env: str
+    cast: Callable[[str], Any]
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def _port_or_none(text: str) -> int | None:
+    return int(text) or None
+
+
+SERVE_OPTIONS = (
+    ServeOption("--policy", "POLICY", str, None, "policy YAML"),
+    ServeOption("--host", "HOST", str, "127.0.0.1", "bind address"),
+    ServeOption("--port", "PORT", int, 8080, "port"),
+    ServeOption(
+        "--max-body-bytes",
+        "MAX_BODY_BYTES",
+        int,
+        DEFAULT_MAX_BODY_BYTES,
+        "largest request body the proxy reads; 413 beyond",
+    ),
+    ServeOption(
+        "--max-upload-bytes",
+        "MAX_UPLOAD_BYTES",
+        int,
+        DEFAULT_MAX_UPLOAD_BYTES,
+        "largest body streamed through to a provider (uploads); 413 beyond",
+    ),
+    ServeOption("--pool-size", "POOL_SIZE", int, DEFAULT_POOL_SIZE, "upstream connections kept in the pool"),
+    ServeOption(
+        "--idle-timeout",
+        "IDLE_TIMEOUT",
+        float,
+        DEFAULT_IDLE_TIMEOUT_S,
+        "seconds an idle client keep-alive connection stays open",
+    ),
+    ServeOption(
+        "--drain-timeout",
+        "DRAIN_TIMEOUT",
+        float,
+        DEFAULT_DRAIN_TIMEOUT_S,
+        "seconds in-flight requests get to finish after SIGTERM",
+    ),
+    ServeOption("--api-keys", "API_KEYS", str, None, "comma-separated client keys; unset: no client auth"),
+    ServeOption("--api-keys-file", "API_KEYS_FILE", str, None, "file of client keys, one per line"),
+    ServeOption("--metrics-port", "METRICS_PORT", _port_or_none, None, "also serve /metrics on this port"),
+    ServeOption(
+        "--redis-url",
+        "REDIS_URL",
+        str,
+        None,
+        "share breaker state through this Redis, e.g. redis://127.0.0.1:6379/0",
+    ),
+    ServeOption(
+        "--reload-interval",
+        "RELOAD_INTERVAL",
+        float,
+        DEFAULT_RELOAD_INTERVAL_S,
+        "seconds between checks of policy and module files; 0: SIGHUP only",
+    ),
+    ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
+    ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
+)
+
+
+def resolve_serve_options(args: argparse.Namespace) -> None:
+    """Fill every flag left unset from its COGPROXY_* variable, else its default; a malformed
+    variable is an error that names it and its value."""
+    for option in SERVE_OPTIONS:
+        if getattr(args, option.dest) is not None:
+            continue
+        raw = os.environ.get(f"COGPROXY_{option.env}")
+        value = option.default
+        if raw not in (None, ""):
+            try:
+                value = option.cast(raw)
+            except ValueError as exc:
+                kind = getattr(option.cast, "__name__", "value").removeprefix("_")
+                raise ValueError(f"COGPROXY_{option.env}={raw!r} is not a valid {kind}") from exc
+            if option.choices and value not in option.choices:
+                raise ValueError(f"COGPROXY_{option.env}={raw!r} must be one of {', '.join(option.choices)}")
+        setattr(args, option.dest, value)
+
+
 def _env_list(name: str) -> list[str]:
     return [part for part in (_env(name) or "").split(os.pathsep) if part]
 
@@ -192,6 +287,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        resolve_serve_options(args)
+    except ValueError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if not args.policy:
         print("serve: a policy is required (--policy FILE or COGPROXY_POLICY)", file=sys.stderr)
         return EXIT_USAGE
@@ -269,79 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the proxy (flags also read from COGPROXY_* variables)")
-    p.add_argument("--policy", default=_env("POLICY"), help="policy YAML (COGPROXY_POLICY)")
     p.add_argument(
         "--modules",
         action="append",
         default=None,
-        help="module directory, repeatable (COGPROXY_MODULES, os.pathsep-separated)",
+        help="module directory, repeatable (COGPROXY_MODULES, os.pathsep-separated; default: modules)",
     )
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (COGPROXY_HOST)")
-    p.add_argument("--port", type=int, default=int(_env("PORT", "8080") or 8080), help="(COGPROXY_PORT)")
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(_env("MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)) or 0),
-        help="largest request body; larger ones get 413 (COGPROXY_MAX_BODY_BYTES)",
-    )
-    p.add_argument(
-        "--max-upload-bytes",
-        type=int,
-        default=int(_env("MAX_UPLOAD_BYTES", str(DEFAULT_MAX_UPLOAD_BYTES)) or 0),
-        help="largest body streamed through to a provider (uploads); 413 beyond (COGPROXY_MAX_UPLOAD_BYTES)",
-    )
-    p.add_argument(
-        "--pool-size",
-        type=int,
-        default=int(_env("POOL_SIZE", str(DEFAULT_POOL_SIZE)) or 0),
-        help="upstream connections kept in the pool (COGPROXY_POOL_SIZE)",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=float(_env("IDLE_TIMEOUT", str(DEFAULT_IDLE_TIMEOUT_S)) or 0),
-        help="seconds an idle client keep-alive connection stays open (COGPROXY_IDLE_TIMEOUT)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=float(_env("DRAIN_TIMEOUT", str(DEFAULT_DRAIN_TIMEOUT_S)) or 0),
-        help="seconds in-flight requests get to finish after SIGTERM (COGPROXY_DRAIN_TIMEOUT)",
-    )
-    p.add_argument(
-        "--api-keys",
-        default=_env("API_KEYS"),
-        help="comma-separated client keys; unset: no client auth (COGPROXY_API_KEYS)",
-    )
-    p.add_argument(
-        "--api-keys-file",
-        default=_env("API_KEYS_FILE"),
-        help="file of client keys, one per line (COGPROXY_API_KEYS_FILE)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(_env("METRICS_PORT", "0") or 0) or None,
-        help="also serve /metrics on this port (COGPROXY_METRICS_PORT); unset: main port only",
-    )
-    p.add_argument(
-        "--redis-url",
-        default=_env("REDIS_URL"),
-        help="share breaker state through this Redis, e.g. redis://127.0.0.1:6379/0 (COGPROXY_REDIS_URL)",
-    )
-    p.add_argument(
-        "--reload-interval",
-        type=float,
-        default=float(_env("RELOAD_INTERVAL", str(DEFAULT_RELOAD_INTERVAL_S)) or 0),
-        help="seconds between checks of policy and module files; 0: SIGHUP only (COGPROXY_RELOAD_INTERVAL)",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=("json", "console"),
-        default=_env("LOG_FORMAT", "json"),
-        help="(COGPROXY_LOG_FORMAT)",
-    )
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="(COGPROXY_LOG_LEVEL)")
+    for option in SERVE_OPTIONS:
+        default = "unset" if option.default is None else option.default
+        p.add_argument(
+            option.flag,
+            type=option.cast,
+            choices=option.choices,
+            default=None,
+            help=f"{option.help} (COGPROXY_{option.env}; default: {default})",
+        )
     p.set_defaults(func=cmd_serve)
 
     policy = sub.add_parser("policy", help="check a policy file, or explain a decision")

@@ -235,3 +235,16 @@ def test_run_with_a_policy_uses_the_same_pipeline(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["meta"]["model"] == "demo/large"
     assert "decision: escalated" in result.stderr
+
+
+def test_serve_names_a_malformed_environment_variable(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--policy", str(ROOT / "policies/demo.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "COGPROXY_DRAIN_TIMEOUT": "soon"},
+    )
+    assert result.returncode == 2
+    assert "COGPROXY_DRAIN_TIMEOUT='soon' is not a valid float" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -36,6 +37,11 @@ def load_runtime(settings: Settings, session: aiohttp.ClientSession, metrics: Me
     """Policy, modules, provider clients and review sink; raises ``PolicyError`` for a bad
     policy. A broken module is reported with its path and reason and the others still load."""
     policy = load_policy(settings.policy_path)
+    for provider in policy.providers.values():
+        missing = provider.api_key_env and not os.environ.get(provider.api_key_env)
+        if missing and not provider.forward_client_key:
+            # Not fatal (a local model may need no key), but the first call would fail with a 401.
+            log.warning("proxy.provider_key_missing", provider=provider.name, env=provider.api_key_env)
     registry = ModuleRegistry.load(settings.module_dirs)
     sink = build_sink(
         policy.review,

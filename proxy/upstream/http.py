@@ -70,14 +70,33 @@ async def post(
                 body = await resp.content.read(_ERROR_BODY_LIMIT)
                 raise status_error(resp.status, body, dict(resp.headers))
             yield resp
-    except ProviderError:
-        raise
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise ProviderError("timeout", f"no answer from {url} within {timeout:g}s") from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise ProviderError("connect", f"connection to {url} broke mid-answer: {exc}") from exc
-    except aiohttp.ClientError as exc:
-        raise ProviderError("connect", f"cannot reach {url}: {exc}") from exc
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise transport_error(exc, url, timeout) from exc
+
+
+async def post_for_bytes(
+    session: aiohttp.ClientSession, url: URL, payload: dict[str, Any], headers: dict[str, str], timeout: float
+) -> bytes:
+    """``post`` for a whole answer, without the context-manager machinery (the passthrough's hot path)."""
+    try:
+        async with session.post(
+            url, data=orjson.dumps(payload), headers=headers, timeout=_timeout(timeout)
+        ) as resp:
+            if resp.status >= 400:
+                body = await resp.content.read(_ERROR_BODY_LIMIT)
+                raise status_error(resp.status, body, dict(resp.headers))
+            return await resp.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise transport_error(exc, url, timeout) from exc
+
+
+def transport_error(exc: BaseException, url: URL, timeout: float) -> ProviderError:
+    """A failure below HTTP (no answer in time, connection refused or broken) as a typed error."""
+    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
+        return ProviderError("timeout", f"no answer from {url} within {timeout:g}s")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return ProviderError("connect", f"connection to {url} broke mid-answer: {exc}")
+    return ProviderError("connect", f"cannot reach {url}: {exc}")
 
 
 async def read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from yarl import URL
 
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, ProviderError, Relayed, usage_of
-from proxy.upstream.http import api_key, check_json_object, post, read_json
+from proxy.upstream.http import api_key, check_json_object, post, post_for_bytes, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
 _FORMATS = ("json_schema", "json_object", None)
@@ -54,11 +54,12 @@ class OpenAIProvider:
         # (base_url .../openai/deployments/<name>, query {api-version: ...}).
         query = {str(k): str(v) for k, v in dict(config.options.get("query", {})).items()}
         self._url = URL(f"{config.base_url}/chat/completions").update_query(query)
+        self._static_headers = {"Content-Type": "application/json", **config.headers}
         # Which structured-output form each model accepted last (learned from 400s, per process).
         self._format_level: dict[str, int] = {}
 
     def _headers(self, ctx: CallContext) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", **self.config.headers}
+        headers = self._static_headers.copy()
         key = api_key(self.config, ctx)
         auth_header = str(self.config.options.get("auth_header", "Authorization"))
         if key and auth_header.lower() != "authorization":
@@ -94,8 +95,7 @@ class OpenAIProvider:
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
         payload = {**body, "model": model, "stream": False}
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
-            raw = await resp.read()
+        raw = await post_for_bytes(self._session, self._url, payload, self._headers(ctx), timeout)
         return Relayed(raw, usage_of(check_json_object(raw)))
 
     async def stream(

@@ -270,20 +270,20 @@ async def run_module(call: Call) -> ModuleAnswer:
     deadline = time.monotonic() + policy.timeouts.total_s
     attempts = _Attempts()
     failures: list[ProviderError] = []
+
+    def ask(
+        targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str
+    ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
+        operation = partial(_complete, body={"messages": conversation}, ctx=ctx)
+        return call.router.call(
+            targets, call.providers, operation, policy.failover, deadline, attempts.on_try(rung_name)
+        )
+
     rung = start
     while rung < len(policy.ladder):
         rung_name = policy.ladder[rung].name
-
-        def ask(
-            targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str = rung_name
-        ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
-            operation = partial(_complete, body={"messages": conversation}, ctx=ctx)
-            return call.router.call(
-                targets, call.providers, operation, policy.failover, deadline, attempts.on_try(rung_name)
-            )
-
         try:
-            routed = await ask(policy.ladder[rung].targets, messages)
+            routed = await ask(policy.ladder[rung].targets, messages, rung_name)
         except RungFailed as exc:
             failures += exc.failures
             if exc.deadline_spent:
@@ -299,7 +299,7 @@ async def run_module(call: Call) -> ModuleAnswer:
                 rung_name, routed.target, "reask", _meta_of(result.envelope), result, usage_of(reply)
             )
             try:
-                again = await ask((routed.target,), reask_messages(messages, text, result))
+                again = await ask((routed.target,), reask_messages(messages, text, result), rung_name)
             except RungFailed as exc:
                 failures += exc.failures
                 break

@@ -23,6 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from proxy.api.body import passthrough_failure
 from proxy.api.errors import ApiError
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
@@ -321,20 +322,20 @@ def _no_retries(runtime: Runtime) -> Failover:
 
 
 def _failure(exc: RungFailed, trace_id: str) -> web.Response:
+    """The upstream's own answer when there was one (status, headers, body as sent); otherwise
+    the proxy's: 503 with Retry-After when every target was skipped by its breaker, 504 for a
+    timeout, 502 for the rest."""
     last = exc.failures[-1] if exc.failures else None
     if last is not None and last.status is not None and last.body:
-        headers = {
-            k: v
-            for k, v in last.headers.items()
-            if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
-        }
+        headers = dict(returned_headers(last.headers))
         headers["X-Cognitive-Trace-Id"] = trace_id
         return web.Response(body=last.body, status=last.status, headers=headers)
-    message = last.message if last else "no provider answered"
-    status = 504 if last is not None and last.kind == "timeout" else 502
+    if last is None or last.message.endswith("circuit breaker open"):
+        return passthrough_failure(exc, trace_id)
+    status = 504 if last.kind == "timeout" else 502
     raise ApiError(
         status,
-        f"Upstream provider failed: {message}",
+        f"Upstream provider failed: {last.message}",
         "server_error",
         "upstream_error",
         headers={"X-Cognitive-Trace-Id": trace_id},

@@ -88,6 +88,15 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or not outcomes else EXIT_OK
 
 
+def _policy_or_report(path: str) -> Policy | None:
+    """The policy at ``path``, or None after printing why it was refused (path and key)."""
+    try:
+        return load_policy(Path(path))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     try:
         module = load_module(Path(args.module_dir))
@@ -95,10 +104,8 @@ def cmd_test(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_FAILED
     if args.policy:
-        try:
-            policy = load_policy(Path(args.policy))
-        except PolicyError as exc:
-            print(exc, file=sys.stderr)
+        policy = _policy_or_report(args.policy)
+        if policy is None:
             return EXIT_USAGE
         outcomes = asyncio.run(_golden_with_policy(module, policy))
     else:
@@ -138,10 +145,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{args.input}: cannot read the input JSON: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.policy:
-        try:
-            policy = load_policy(Path(args.policy))
-        except PolicyError as exc:
-            print(exc, file=sys.stderr)
+        policy = _policy_or_report(args.policy)
+        if policy is None:
             return EXIT_USAGE
         answer = asyncio.run(_run_with_policy(module, value, policy))
         envelope = answer.envelope
@@ -335,10 +340,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(Path(args.policy))
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
+    policy = _policy_or_report(args.policy)
+    if policy is None:
         return EXIT_FAILED
     if args.module:
         registry = ModuleRegistry.load(Path(d) for d in args.modules)

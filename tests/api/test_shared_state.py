@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tests.api.test_routing import REVIEW_INPUT, answer, attempts_of, routing_po
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import free_port, proxy_process, running_proxy
 
-REDIS_URL = "redis://127.0.0.1:6379/15"
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 @pytest.fixture

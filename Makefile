@@ -49,7 +49,7 @@ bench: install
 	$(BIN)/python tests/perf/bench.py
 
 conformance: install
-	$(BIN)/cogproxy conformance ../shared/spec/test-vectors
+	$(BIN)/cogproxy conformance
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.app import build_app
-from proxy.conformance import run_vectors
+from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
 from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
@@ -76,7 +76,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    directory = Path(args.directory)
+    directory = Path(args.directory) if args.directory is not None else OFFICIAL_VECTORS
     if not directory.is_dir():
         print(f"{directory}: not a directory", file=sys.stderr)
         return EXIT_USAGE
@@ -411,7 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("conformance", help="run envelope test vectors (spec/test-vectors format)")
-    p.add_argument("directory")
+    p.add_argument(
+        "directory",
+        nargs="?",
+        default=None,
+        help="a directory of vectors (default: the official v2.2 vectors shipped with the package)",
+    )
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("test", help="run a module's golden tests")

@@ -11,6 +11,9 @@ import orjson
 from proxy.contract.errors import Code
 from proxy.contract.validate import validate_envelope
 
+OFFICIAL_VECTORS = Path(__file__).resolve().parent / "vectors"
+"""The official v2.2 envelope vectors, vendored as package data (see ``vectors/SOURCE.md``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class VectorOutcome:

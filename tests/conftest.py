@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.conformance import OFFICIAL_VECTORS
 from proxy.module.loader import load_module
 from proxy.module.model import Module
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = ROOT.parent / "shared" / "spec"
 MODULES = ROOT / "modules"
+VECTORS = OFFICIAL_VECTORS
 
 META_SCHEMA: dict[str, Any] = {
     "type": "object",

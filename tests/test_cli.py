@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
-from tests.conftest import MODULES, SPEC, write_module
+from tests.conftest import MODULES, VECTORS, write_module
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -18,7 +18,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_conformance_on_the_official_vectors() -> None:
-    result = run_cli("conformance", str(SPEC / "test-vectors"))
+    result = run_cli("conformance", str(VECTORS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "16 passed, 0 failed"
+
+
+def test_conformance_without_an_argument_runs_the_vectors_shipped_in_the_package(tmp_path: Path) -> None:
+    """A user's clone (or an installed wheel) has no spec checkout: the vectors ship as package data."""
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "conformance"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "16 passed, 0 failed"
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from proxy.contract.validate import validate_answer, validate_envelope
-from tests.conftest import SPEC, ModuleFactory, success
+from tests.conftest import VECTORS, ModuleFactory, success
 
-VECTORS = sorted((SPEC / "test-vectors").rglob("*.json"))
+VECTOR_FILES = sorted(VECTORS.rglob("*.json"))
 
 
-@pytest.mark.parametrize("path", VECTORS, ids=[p.stem for p in VECTORS])
+@pytest.mark.parametrize("path", VECTOR_FILES, ids=[p.stem for p in VECTOR_FILES])
 def test_official_vectors(path: Any) -> None:
     vector = json.loads(path.read_text())
     violations = validate_envelope(vector["envelope"])
@@ -25,7 +25,7 @@ def test_official_vectors(path: Any) -> None:
 
 
 def test_there_are_sixteen_official_vectors() -> None:
-    assert len(VECTORS) == 16
+    assert len(VECTOR_FILES) == 16
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import pytest_asyncio
 from aiohttp import BodyPartReader, web
 
-FaultKind = Literal["status", "slow", "drop", "malformed", "stream_break"]
+FaultKind = Literal["status", "slow", "drop", "malformed", "stream_break", "cut"]
 DEFAULT_CONTENT = "Hello from the fake upstream."
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ErrorFactory = Callable[[int, str, Mapping[str, str]], web.Response]
@@ -95,6 +95,12 @@ class Fault:
     def malformed(cls, body: str = "{this is not json") -> Fault:
         """Answer 200 with a body that is not JSON."""
         return cls("malformed", status=200, body=body)
+
+    @classmethod
+    def cut(cls, content: str) -> Fault:
+        """Answer ``content`` as output stopped at the token limit: chat ``finish_reason: "length"``,
+        Anthropic ``stop_reason: "max_tokens"``."""
+        return cls("cut", status=200, body=content)
 
     @classmethod
     def stream_break(cls) -> Fault:
@@ -219,6 +225,7 @@ def _pieces(content: str) -> list[str]:
 
 
 _RECORD = web.RequestKey("fake_upstream_record", RecordedRequest)
+_CUT = web.RequestKey("fake_upstream_cut", bool)
 
 
 class FakeUpstream:
@@ -424,6 +431,9 @@ class FakeUpstream:
         """Apply a non-streaming fault; None means "answer normally" (after any delay)."""
         if fault.kind == "slow":
             await asyncio.sleep(fault.delay)
+            return None
+        if fault.kind == "cut":
+            request[_CUT] = True
             return None
         if fault.kind not in ("status", "malformed"):
             return self._drop(request)
@@ -669,13 +679,14 @@ class FakeUpstream:
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not stream:
             message = {"role": "assistant", "content": content, "refusal": None}
+            finish = "length" if request.get(_CUT) else "stop"
             return web.json_response(
                 {
                     "id": ident,
                     "object": "chat.completion",
                     "created": created,
                     "model": model,
-                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
                     "usage": usage,
                     "system_fingerprint": None,
                 }
@@ -718,7 +729,7 @@ class FakeUpstream:
             "role": "assistant",
             "model": model,
             "content": [{"type": "text", "text": content}],
-            "stop_reason": "end_turn",
+            "stop_reason": "max_tokens" if request.get(_CUT) else "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
         }

@@ -4,10 +4,14 @@
                                                   |  fail
                                                repair --validate--> ok (repairs recorded)
                                                   |  still fails
-                                               E3001 + partial_data (the model's original data)
+                                               E3001 + partial_data (the model's original data,
+                                               only where failure.partial_allowed)
 
-A parse failure is E1000. A model's own failure envelope (``ok: false``) is a valid answer and
-keeps its code. Every error envelope has confidence 0.0, so routing treats it like any other
+Output the provider reports as cut (``finish_reason: "length"``) is E2003 whatever it holds: it is
+not the model's whole answer. Otherwise unparseable output is E1000 (``parse_failure``, the one
+builder for every parse reason). Both are outcomes of the model's output, sent with HTTP 200 and
+a suggestion for the operator. A model's own failure envelope (``ok: false``) is a valid answer
+and keeps its code. Every error envelope has confidence 0.0, so routing treats it like any other
 low-confidence answer.
 """
 
@@ -28,6 +32,12 @@ if TYPE_CHECKING:
     from proxy.module.model import Module
 
 _MAX_LISTED_VIOLATIONS = 20
+CUT_FINISH_REASON = "length"
+"""OpenAI's finish_reason for output stopped at the token limit (Anthropic max_tokens maps to it)."""
+PARSE_SUGGESTION = (
+    "Operator: raise the output token limit (max_tokens), enable reask in the policy, "
+    "or check that the module prompt asks for one JSON envelope"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +48,7 @@ class ContractResult:
     repairs: tuple[Repair, ...] = ()
     violations: tuple[Violation, ...] = ()
     error_code: str | None = None
-    """The code of a contract failure (E1000, E3001); None when the answer passed the contract."""
+    """The code of a contract failure (E1000, E2003, E3001); None when the answer passed."""
 
     @property
     def passed(self) -> bool:
@@ -53,8 +63,16 @@ def _original_data(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def allowed_partial(module: Module, data: Any) -> dict[str, Any] | None:
+    """``data`` as the ``partial_data`` of a failure the proxy builds, or None when the module
+    forbids it (``failure.partial_allowed: false``, spec v2.2 §0.1 failure rule 5)."""
+    if not module.failure.partial_allowed or not isinstance(data, dict):
+        return None
+    return copy.deepcopy(data)
+
+
 def _schema_failure(
-    answer: dict[str, Any], violations: list[Violation], repairs: tuple[Repair, ...]
+    answer: dict[str, Any], violations: list[Violation], repairs: tuple[Repair, ...], module: Module
 ) -> ContractResult:
     first = violations[0]
     listed = violations[:_MAX_LISTED_VIOLATIONS]
@@ -64,24 +82,41 @@ def _schema_failure(
         + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""),
         explain=f"Output schema validation failed after repair pass: {first}",
         details={"violations": [{"path": v.path, "message": v.message, "code": v.code} for v in listed]},
-        partial_data=copy.deepcopy(_original_data(answer)),
+        partial_data=allowed_partial(module, _original_data(answer)),
     )
     return ContractResult(envelope, repairs, tuple(violations), Code.SCHEMA_VALIDATION_FAILED)
 
 
-def run_contract(raw_text: str, module: Module) -> ContractResult:
+def parse_failure(reason: str) -> ContractResult:
+    """E1000 for model output that holds no usable JSON object; ``reason`` says why."""
+    envelope = error_envelope(
+        Code.PARSE_ERROR,
+        f"The model output is not valid JSON: {reason}",
+        explain=f"The model's answer could not be parsed ({reason}); not the caller's fault.",
+        suggestion=PARSE_SUGGESTION,
+    )
+    return ContractResult(envelope, (), (Violation("", reason, "parse", Code.PARSE_ERROR),), Code.PARSE_ERROR)
+
+
+def cut_output() -> ContractResult:
+    """E2003: the provider stopped the output at its token limit."""
+    reason = "the provider stopped the output at its token limit (finish_reason length)"
+    envelope = error_envelope(
+        Code.TOKEN_LIMIT,
+        f"The model output is incomplete: {reason}",
+        explain="The model's answer was cut at the token limit; not the caller's fault.",
+    )
+    return ContractResult(envelope, (), (Violation("", reason, "length", Code.TOKEN_LIMIT),), Code.TOKEN_LIMIT)
+
+
+def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = None) -> ContractResult:
     """Turn one model answer into the envelope the caller receives."""
+    if finish_reason == CUT_FINISH_REASON:
+        return cut_output()
     try:
         parsed = parse_json_object(raw_text)
     except ParseFailure as exc:
-        envelope = error_envelope(
-            Code.PARSE_ERROR,
-            f"The model output is not valid JSON: {exc.reason}",
-            explain="Model output could not be parsed as JSON (model failure, not the caller's).",
-        )
-        return ContractResult(
-            envelope, (), (Violation("", exc.reason, "parse", Code.PARSE_ERROR),), Code.PARSE_ERROR
-        )
+        return parse_failure(exc.reason)
     return check_answer(parsed.value, module, extracted=parsed.method)
 
 
@@ -108,4 +143,4 @@ def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "st
         if not after:
             return ContractResult(repaired, tuple(repairs + fixes))
         violations = after
-    return _schema_failure(candidate, violations, tuple(repairs + fixes))
+    return _schema_failure(candidate, violations, tuple(repairs + fixes), module)

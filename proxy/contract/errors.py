@@ -3,6 +3,10 @@
 Every error the proxy answers with is built here: ``error_envelope`` gives the v2.2 failure
 envelope with the recommended confidence/risk for the code's category, ``recoverable`` and a
 ``suggestion`` from the taxonomy, and ``http_status`` is the only place a code becomes a status.
+
+A status says what the proxy and the caller did, never what a model wrote: an envelope's
+``Origin`` decides whether its code is looked up at all (a model's own failure envelope, or the
+contract's verdict on the model's output, is an outcome of a module that ran: 200).
 """
 
 from __future__ import annotations
@@ -12,6 +16,24 @@ from enum import StrEnum
 from typing import Any
 
 EXPLAIN_MAX = 280
+
+
+class Origin(StrEnum):
+    """Who produced a module answer's final envelope."""
+
+    CALLER = "caller"
+    """The request broke the module's input contract (E1xxx) or was not a JSON object."""
+    MODEL = "model"
+    """The model's own answer, success or failure envelope, as it passed the contract."""
+    CONTRACT = "contract"
+    """The contract's verdict on the model's output (E1000 unparseable, E2003 cut, E3001)."""
+    POLICY = "policy"
+    """The routing policy refused the answer (E2001)."""
+    RUNTIME = "runtime"
+    """The proxy or its providers (E2002 deadline, E4000 internal, E4001/E4002 providers)."""
+
+
+_MODULE_RAN = frozenset({Origin.MODEL, Origin.CONTRACT})
 
 
 class Category(StrEnum):
@@ -90,8 +112,22 @@ _SPECS = (
         200,
         "Provide more context, or route the call to a stronger model",
     ),
-    ErrorSpec("E2002", "TIMEOUT", "Execution timeout exceeded", None, 200),
-    ErrorSpec("E2003", "TOKEN_LIMIT", "Token limit reached during generation", True, 200),
+    ErrorSpec(
+        "E2002",
+        "TIMEOUT",
+        "Execution timeout exceeded",
+        None,
+        200,
+        "Retry with a longer deadline (failover.timeout.total_s) or a faster rung",
+    ),
+    ErrorSpec(
+        "E2003",
+        "TOKEN_LIMIT",
+        "Token limit reached during generation",
+        True,
+        200,
+        "Raise the output token limit (max_tokens) or shorten the input",
+    ),
     ErrorSpec("E2004", "NO_ACTION_POSSIBLE", "Cannot perform requested action", False, 200),
     ErrorSpec("E2005", "SEMANTIC_CONFLICT", "Action would violate constraints", None, 200),
     ErrorSpec("E2006", "AMBIGUOUS_INPUT", "Input is ambiguous", True, 200),
@@ -102,7 +138,14 @@ _SPECS = (
     ErrorSpec("E3004", "OVERFLOW_LIMIT", "Too many insights in extensions", False, 200),
     ErrorSpec("E3005", "INVALID_ENUM", "Enum value not in allowed set", False, 200),
     ErrorSpec("E3006", "CONSTRAINT_VIOLATION", "Output violates declared constraints", False, 200),
-    ErrorSpec("E4000", "INTERNAL_ERROR", "Unexpected internal error", False, 500),
+    ErrorSpec(
+        "E4000",
+        "INTERNAL_ERROR",
+        "Unexpected internal error",
+        False,
+        500,
+        "Report the trace id to the proxy's operator; the proxy log has the cause",
+    ),
     ErrorSpec(
         "E4001",
         "PROVIDER_UNAVAILABLE",
@@ -154,6 +197,8 @@ class Code(StrEnum):
     TYPE_MISMATCH = "E1003"
     INPUT_TOO_LARGE = "E1005"
     LOW_CONFIDENCE = "E2001"
+    TIMEOUT = "E2002"
+    TOKEN_LIMIT = "E2003"
     SCHEMA_VALIDATION_FAILED = "E3001"
     MISSING_RATIONALE = "E3003"
     OVERFLOW_LIMIT = "E3004"
@@ -184,11 +229,15 @@ def spec_for(code: str) -> ErrorSpec | None:
     return BY_CODE[numeric] if numeric else None
 
 
-def http_status(code: str) -> int:
+def http_status(code: str, origin: Origin = Origin.RUNTIME) -> int:
     """The HTTP status a module answer carrying ``code`` is sent with (DESIGN §3).
 
-    Unknown codes (module-specific ones such as E5001) are outcomes of a module that ran: 200.
+    Answers from a module that ran (``Origin.MODEL``, ``Origin.CONTRACT``) are 200 whatever code
+    they carry: a model that writes E4002 or E1001 must not pick a 429 or a 400. Unknown codes
+    (module-specific ones such as E5001) are 200 too.
     """
+    if origin in _MODULE_RAN:
+        return 200
     spec = spec_for(code)
     return spec.http_status if spec else 200
 

@@ -98,6 +98,15 @@ def content_of(completion: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
+def finish_reason_of(completion: dict[str, Any]) -> str | None:
+    """``choices[0].finish_reason`` of a ``chat.completion`` ("length": cut at the token limit)."""
+    try:
+        reason = completion["choices"][0]["finish_reason"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return reason if isinstance(reason, str) else None
+
+
 async def relay_from_complete(
     provider: Provider, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
 ) -> Relayed:

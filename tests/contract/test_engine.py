@@ -40,6 +40,28 @@ def test_unparseable_answer_is_e1000(make_module: ModuleFactory) -> None:
     assert validate_envelope(env) == []
 
 
+def test_prose_is_e1000_blaming_the_model_with_an_operator_suggestion(make_module: ModuleFactory) -> None:
+    env = run_contract("Here is my review: looks fine.", make_module()).envelope
+    assert env["error"]["code"] == "E1000"
+    assert env["meta"]["explain"].startswith("The model's answer could not be parsed")
+    assert "max_tokens" in env["error"]["suggestion"] and "reask" in env["error"]["suggestion"]
+
+
+@pytest.mark.parametrize("text", [dumps(success()), '{"ok": true, "meta": {"confid'])
+def test_output_cut_by_the_provider_is_e2003_whatever_it_holds(make_module: ModuleFactory, text: str) -> None:
+    result = run_contract(text, make_module(), finish_reason="length")
+    assert result.error_code == "E2003" and not result.passed
+    assert result.envelope["error"]["code"] == "E2003" and "partial_data" not in result.envelope
+    assert validate_envelope(result.envelope) == []
+    assert run_contract(dumps(success()), make_module(), finish_reason="stop").passed
+
+
+def test_e3001_has_no_partial_data_when_the_module_forbids_it(make_module: ModuleFactory) -> None:
+    answer = success(result=42)
+    result = run_contract(dumps(answer), make_module(failure={"partial_allowed": False}))
+    assert result.error_code == "E3001" and "partial_data" not in result.envelope
+
+
 def test_repairable_answer_passes_with_repairs(make_module: ModuleFactory) -> None:
     answer = success(changes=[{"type": "Simplify_Logic", "risk": "low"}])
     answer["meta"] = {"confidence": 0.8, "risk": "LOW", "explain": "x" * 300}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.contract.errors import BY_CODE, error_envelope, http_status, to_legacy, to_numeric
+from proxy.contract.errors import BY_CODE, Origin, error_envelope, http_status, to_legacy, to_numeric
 from proxy.contract.validate import validate_envelope
 
 ALL_CODES = (
@@ -73,6 +73,28 @@ def test_unknown_codes_map_to_nothing() -> None:
 )
 def test_one_mapping_from_code_to_http_status(code: str, status: int) -> None:
     assert http_status(code) == status
+
+
+@pytest.mark.parametrize("code", ["E1000", "E1001", "E4000", "E4001", "E4002", "E4006", "E5001"])
+@pytest.mark.parametrize("origin", [Origin.MODEL, Origin.CONTRACT])
+def test_a_module_that_ran_answers_200_whatever_code_it_carries(code: str, origin: Origin) -> None:
+    assert http_status(code, origin) == 200
+
+
+@pytest.mark.parametrize(
+    ("code", "origin", "status"),
+    [
+        ("E1000", Origin.CALLER, 400),
+        ("E1001", Origin.CALLER, 400),
+        ("E2001", Origin.POLICY, 200),
+        ("E2002", Origin.RUNTIME, 200),
+        ("E4000", Origin.RUNTIME, 500),
+        ("E4001", Origin.RUNTIME, 503),
+        ("E4002", Origin.RUNTIME, 429),
+    ],
+)
+def test_the_proxys_own_outcomes_use_the_table(code: str, origin: Origin, status: int) -> None:
+    assert http_status(code, origin) == status
 
 
 @pytest.mark.parametrize("code", ALL_CODES)

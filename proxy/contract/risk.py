@@ -33,3 +33,39 @@ def aggregate_risk(data: Any, rule: str = "max_changes_risk") -> Risk:
         if isinstance(item, dict) and isinstance(item.get("risk"), str) and item["risk"] in RISK_RANK
     ]
     return RISKS[max(ranks)] if ranks else DEFAULT_RISK
+
+
+RiskSource = Literal["model", "rule", "max"]
+"""Which risk routes an answer (policy ``risk_source``): the model's ``meta.risk``, the module's
+``risk_rule`` computed over the data, or the higher of the two."""
+DEFAULT_RISK_SOURCE: Final[RiskSource] = "max"
+
+
+def rule_risk(data: Any, rule: str) -> Risk | None:
+    """The module's ``risk_rule`` computed over ``data``, or None when the rule cannot say.
+
+    Unlike ``aggregate_risk`` (which fills a *missing* risk), nothing is defaulted: ``explicit``
+    and ``custom_function`` rules, data without the rule's list, and a list whose items carry no
+    valid risk all give None. An empty list gives ``"none"``: nothing risky is listed.
+    """
+    key = _LIST_FOR_RULE.get(rule)
+    items = data.get(key) if key is not None and isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return None
+    ranks = [
+        RISK_RANK[item["risk"]]
+        for item in items
+        if isinstance(item, dict) and isinstance(item.get("risk"), str) and item["risk"] in RISK_RANK
+    ]
+    if not items:
+        return "none"
+    return RISKS[max(ranks)] if ranks else None
+
+
+def routed_risk(model: str, rule: Risk | None, source: RiskSource) -> str:
+    """The risk the router decides on. Without a rule value the model's risk is all there is."""
+    if rule is None or source == "model":
+        return model
+    if source == "rule":
+        return rule
+    return rule if RISK_RANK[rule] > RISK_RANK.get(model, RISK_RANK["high"]) else model

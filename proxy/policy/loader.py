@@ -56,12 +56,14 @@ def _validator() -> Validator:
 
 
 def _thresholds(raw: dict[str, Any]) -> Thresholds:
+    defaults = Thresholds(0.0, "high", "reject")  # read for its defaulted fields only
     return Thresholds(
         min_confidence=float(raw["min_confidence"]),
         max_risk=raw["max_risk"],
         exhausted=raw.get("exhausted", "reject"),
         start=raw.get("start"),
-        reask=int(raw.get("reask", 0)),
+        reask=int(raw.get("reask", defaults.reask)),
+        risk_source=raw.get("risk_source", defaults.risk_source),
     )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from proxy.contract.risk import Risk
+from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
 
 ProviderKind = Literal["openai", "anthropic", "offline"]
 Exhausted = Literal["reject", "review", "accept"]
@@ -49,6 +49,9 @@ class Thresholds:
     exhausted: Exhausted
     start: str | None = None
     reask: int = 0
+    risk_source: RiskSource = DEFAULT_RISK_SOURCE
+    """Which risk is routed on: the model's ``meta.risk``, the module's ``risk_rule`` over the
+    data, or the higher of the two (``max``; spec v2.2 §2.4: risk SHOULD follow the rule)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,20 @@ def test_module_override_replaces_only_the_fields_it_names() -> None:
     assert policy.thresholds_for("other", "decision").min_confidence == 0.7
 
 
+def test_risk_source_defaults_to_max_per_tier_and_module() -> None:
+    doc = {
+        **MINIMAL,
+        "tiers": {"exec": {"min_confidence": 0.9, "max_risk": "low", "risk_source": "rule"}},
+        "modules": {"config-patcher": {"risk_source": "model"}},
+    }
+    policy = parse_policy(doc)
+    assert policy.tiers["decision"].risk_source == "max"
+    assert policy.thresholds_for("other", "exec").risk_source == "rule"
+    assert policy.thresholds_for("config-patcher", "exec").risk_source == "model"
+    with pytest.raises(PolicyError, match=r"modules.x.risk_source"):
+        parse_policy({**MINIMAL, "modules": {"x": {"risk_source": "vibes"}}})
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [

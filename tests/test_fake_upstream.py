@@ -165,6 +165,20 @@ async def test_slow_reply_answers_normally_after_the_delay(fake_upstream: FakeUp
     assert fake_upstream.in_flight == 0
 
 
+async def test_cut_reply_reports_the_token_limit_on_both_wires(fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("m", Fault.cut('{"half": '), "whole")
+    fake_upstream.script("claude-x", Fault.cut("half an"))
+    async with client(fake_upstream) as sdk:
+        cut = await sdk.chat.completions.create(model="m", messages=MESSAGES)
+        whole = await sdk.chat.completions.create(model="m", messages=MESSAGES)
+    assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == ('{"half": ', "length")
+    assert whole.choices[0].finish_reason == "stop"
+    url, body = f"{fake_upstream.url}/v1/messages", {"model": "claude-x"}
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=ANTHROPIC_HEADERS) as resp:
+        message = await resp.json()
+    assert message["stop_reason"] == "max_tokens" and message["content"][0]["text"] == "half an"
+
+
 async def test_malformed_reply_is_a_200_that_is_not_json(fake_upstream: FakeUpstream) -> None:
     fake_upstream.script("m", MALFORMED)
     url = f"{fake_upstream.openai_base}/chat/completions"

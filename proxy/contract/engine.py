@@ -106,7 +106,9 @@ def cut_output() -> ContractResult:
         f"The model output is incomplete: {reason}",
         explain="The model's answer was cut at the token limit; not the caller's fault.",
     )
-    return ContractResult(envelope, (), (Violation("", reason, "length", Code.TOKEN_LIMIT),), Code.TOKEN_LIMIT)
+    return ContractResult(
+        envelope, (), (Violation("", reason, "length", Code.TOKEN_LIMIT),), Code.TOKEN_LIMIT
+    )
 
 
 def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = None) -> ContractResult:

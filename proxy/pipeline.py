@@ -2,10 +2,15 @@
 
     input check -> render prompt -> [rung: provider call -> contract -> decide] -> final envelope
 
-The decision uses only ``meta.confidence``, ``meta.risk`` and the tier's thresholds; a contract
-failure is an envelope with confidence 0.0 and escalates like any other weak answer. A provider
-failure moves the call to the next rung; when no rung is left the answer is E4001 (E4002 when
-every failure was a rate limit).
+The decision uses only ``meta.confidence``, ``meta.risk`` and the tier's thresholds; ``meta.risk``
+is first set from the policy's ``risk_source`` (the model's risk, the module's ``risk_rule`` over
+the data, or the higher of the two). A contract failure is an envelope with confidence 0.0 and
+escalates like any other weak answer. A provider failure moves the call to the next rung; when no
+rung is left the answer is E4001 (E4002 when every failure was a rate limit), or E2002 when the
+call's deadline ran out while a target was still answering.
+
+Every answer records its ``Origin``: the HTTP status comes from who produced the final envelope,
+never from a code the model wrote.
 """
 
 from __future__ import annotations
@@ -16,16 +21,24 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from proxy.contract.engine import ContractResult, run_contract
-from proxy.contract.errors import Code, error_envelope, http_status
+from proxy.contract.engine import ContractResult, allowed_partial, run_contract
+from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
+from proxy.contract.risk import Risk, RiskSource, routed_risk, rule_risk
 from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
-from proxy.upstream.base import CallContext, Provider, ProviderError, content_of, usage_of
+from proxy.upstream.base import (
+    CallContext,
+    Provider,
+    ProviderError,
+    content_of,
+    finish_reason_of,
+    usage_of,
+)
 from proxy.upstream.router import Routed, Router, RungFailed, Try
 
 
@@ -42,6 +55,14 @@ class Attempt:
     error: str | None = None
     repairs: tuple[str, ...] = ()
     usage: Mapping[str, Any] = field(default_factory=dict)
+    model_risk: str | None = None
+    """``meta.risk`` as the model (or the repair pass) gave it."""
+    rule_risk: Risk | None = None
+    """The module's ``risk_rule`` over the data; None when the rule cannot say."""
+
+    @property
+    def risks_disagree(self) -> bool:
+        return self.rule_risk is not None and self.model_risk != self.rule_risk
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -52,6 +73,9 @@ class Attempt:
             "risk": self.risk,
             "latency_ms": round(self.latency_ms, 3),
         }
+        if self.confidence is not None:  # an answer, not a provider failure
+            out["model_risk"] = self.model_risk
+            out["rule_risk"] = self.rule_risk
         if self.error:
             out["error"] = self.error
         if self.repairs:
@@ -67,6 +91,8 @@ class ModuleAnswer:
     envelope: dict[str, Any]
     decision: str
     """accept | escalated (accepted on a later rung) | review | reject"""
+    origin: Origin
+    """Who produced ``envelope``: the one input of the HTTP status besides its code."""
     attempts: tuple[Attempt, ...] = ()
     model: str | None = None
     repairs: tuple[Repair, ...] = ()
@@ -79,7 +105,7 @@ class ModuleAnswer:
     def status(self) -> int:
         if self.envelope.get("ok") is True:
             return 200
-        return http_status(str(as_dict(self.envelope.get("error")).get("code", "")))
+        return http_status(str(as_dict(self.envelope.get("error")).get("code", "")), self.origin)
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -129,7 +155,6 @@ def _reject(
     thresholds: Thresholds, decision: Decision, envelope: dict[str, Any], module: Module
 ) -> dict[str, Any]:
     meta = as_dict(envelope.get("meta"))
-    last = envelope.get("data") if envelope.get("ok") else envelope.get("partial_data")
     return error_envelope(
         Code.LOW_CONFIDENCE,
         f"Module {module.name!r} ({module.tier} tier) answer rejected: {decision.reason}",
@@ -140,16 +165,43 @@ def _reject(
             "explain": f"Rejected by policy: {decision.reason}"[:280],
         },
         details={"min_confidence": thresholds.min_confidence, "max_risk": thresholds.max_risk},
-        partial_data=last if isinstance(last, dict) else None,
+        partial_data=allowed_partial(module, _last_data(envelope)),
     )
 
 
-def _unavailable(failures: list[ProviderError]) -> tuple[dict[str, Any], float]:
+def _last_data(envelope: dict[str, Any] | None) -> Any:
+    if envelope is None:
+        return None
+    return envelope.get("data") if envelope.get("ok") else envelope.get("partial_data")
+
+
+def _out_of_time(failures: list[ProviderError], deadline_spent: bool) -> bool:
+    """E2002 rather than E4001: the deadline ran out while a target was still answering."""
+    return deadline_spent and bool(failures) and failures[-1].kind == "timeout"
+
+
+def _no_answer(
+    failures: list[ProviderError], deadline_spent: bool, module: Module, last: dict[str, Any] | None
+) -> tuple[dict[str, Any], float | None]:
+    """The envelope when no rung produced a decided answer, and its Retry-After (providers only)."""
+    if _out_of_time(failures, deadline_spent):
+        envelope = error_envelope(
+            Code.TIMEOUT,
+            "The call's total deadline ran out while a provider was still answering",
+            partial_data=allowed_partial(module, _last_data(last)),
+        )
+        return envelope, None
     rate_limited = bool(failures) and all(f.kind == "rate_limited" for f in failures)
     retry_after = max((f.retry_after or 0.0 for f in failures), default=0.0) or 1.0
     code = Code.RATE_LIMITED if rate_limited else Code.PROVIDER_UNAVAILABLE
-    last = failures[-1].message if failures else "no provider target is configured"
-    return error_envelope(code, f"Every provider target failed; last: {last}"[:1000]), retry_after
+    message = failures[-1].message if failures else "no provider target is configured"
+    return error_envelope(code, f"Every provider target failed; last: {message}"[:1000]), retry_after
+
+
+def internal_error(module: Module) -> ModuleAnswer:
+    """E4000 for an unexpected exception inside a module call (the cause goes to the log)."""
+    envelope = error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while running the module")
+    return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
 
 
 def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer:
@@ -179,6 +231,25 @@ def _meta_of(envelope: dict[str, Any]) -> Meta:
     return Meta(value, str(meta.get("risk", "high")))
 
 
+@dataclass(frozen=True, slots=True)
+class _Assessed:
+    meta: Meta
+    model_risk: str
+    rule_risk: Risk | None
+
+
+def _assess(result: ContractResult, module: Module, source: RiskSource) -> _Assessed:
+    """The meta the router decides on: ``meta.risk`` is replaced by the ``risk_source`` choice
+    (in the envelope too, so that the caller sees the risk that was routed on)."""
+    envelope = result.envelope
+    meta = _meta_of(envelope)
+    computed = rule_risk(envelope.get("data"), module.risk_rule) if envelope.get("ok") is True else None
+    routed = routed_risk(meta.risk, computed, source)
+    if routed != meta.risk and isinstance(envelope.get("meta"), dict):
+        envelope["meta"]["risk"] = routed
+    return _Assessed(Meta(meta.confidence, routed), meta.risk, computed)
+
+
 def reask_messages(messages: list[dict[str, str]], text: str, result: ContractResult) -> list[dict[str, str]]:
     """The conversation for a re-ask: the rejected answer and what was wrong with it."""
     problems = "\n".join(f"- {v}" for v in result.violations[:20]) or "- not a valid envelope"
@@ -201,6 +272,10 @@ async def _complete(
 ) -> tuple[dict[str, Any], str]:
     reply = await provider.complete(body, target.model, ctx, timeout)
     return reply, content_of(reply)  # no message: a malformed answer, failed over like one
+
+
+def _contract(reply: dict[str, Any], text: str, module: Module) -> ContractResult:
+    return run_contract(text, module, finish_reason=finish_reason_of(reply))
 
 
 class _Attempts:
@@ -235,7 +310,7 @@ class _Attempts:
         rung: str,
         target: Target,
         outcome: str,
-        meta: Meta,
+        assessed: _Assessed,
         result: ContractResult,
         usage: dict[str, Any],
     ) -> None:
@@ -244,12 +319,14 @@ class _Attempts:
                 rung,
                 str(target),
                 outcome,
-                meta.confidence,
-                meta.risk,
+                assessed.meta.confidence,
+                assessed.meta.risk,
                 self.last_ms,
                 result.error_code and f"contract:{result.error_code}",
                 tuple(r.kind for r in result.repairs),
                 usage,
+                assessed.model_risk,
+                assessed.rule_risk,
             )
         )
 
@@ -262,7 +339,7 @@ async def run_module(call: Call) -> ModuleAnswer:
     if call.check_input:
         error = check_input(module, call.input)
         if error is not None:
-            return _finish(ModuleAnswer(module, error, "reject"), started, call.trace_id)
+            return _finish(ModuleAnswer(module, error, "reject", Origin.CALLER), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     start = policy.start_rung(thresholds)
     messages = build_messages(module, call.input)
@@ -270,6 +347,8 @@ async def run_module(call: Call) -> ModuleAnswer:
     deadline = time.monotonic() + policy.timeouts.total_s
     attempts = _Attempts()
     failures: list[ProviderError] = []
+    deadline_spent = False
+    last: dict[str, Any] | None = None
 
     def ask(
         targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str
@@ -287,40 +366,44 @@ async def run_module(call: Call) -> ModuleAnswer:
         except RungFailed as exc:
             failures += exc.failures
             if exc.deadline_spent:
+                deadline_spent = True
                 break
             rung += 1  # no healthy target on this rung: the next one
             continue
         reply, text = routed.value
-        result = run_contract(text, module)
+        result = _contract(reply, text, module)
         for _ in range(thresholds.reask):
             if result.passed:
                 break
-            attempts.answer(
-                rung_name, routed.target, "reask", _meta_of(result.envelope), result, usage_of(reply)
-            )
+            assessed = _assess(result, module, thresholds.risk_source)
+            attempts.answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
             try:
                 again = await ask((routed.target,), reask_messages(messages, text, result), rung_name)
             except RungFailed as exc:
                 failures += exc.failures
                 break
             routed, (reply, text) = again, again.value
-            result = run_contract(text, module)
-        meta = _meta_of(result.envelope)
-        decision = decide(thresholds, meta, rung, len(policy.ladder))
-        attempts.answer(rung_name, routed.target, decision.action, meta, result, usage_of(reply))
+            result = _contract(reply, text, module)
+        assessed = _assess(result, module, thresholds.risk_source)
+        decision = decide(thresholds, assessed.meta, rung, len(policy.ladder))
+        attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
+        last = result.envelope
         if decision.action == "escalate" and decision.next_rung is not None:
             rung = decision.next_rung
             continue
         envelope = result.envelope
         label: str = decision.action
+        origin = Origin.MODEL if result.passed else Origin.CONTRACT
         if decision.action == "accept":
             label = "accept" if rung == start else "escalated"
         elif decision.action == "reject":
             envelope = _reject(thresholds, decision, result.envelope, module)
+            origin = Origin.POLICY
         answer = ModuleAnswer(
             module,
             envelope,
             label,
+            origin,
             tuple(attempts.items),
             str(routed.target),
             result.repairs,
@@ -328,12 +411,13 @@ async def run_module(call: Call) -> ModuleAnswer:
             upstream_s=attempts.upstream_s,
         )
         return _finish(answer, started, call.trace_id)
-    envelope, retry_after = _unavailable(failures)
+    envelope, retry_after = _no_answer(failures, deadline_spent, module, last)
     return _finish(
         ModuleAnswer(
             module,
             envelope,
             "reject",
+            Origin.RUNTIME,
             tuple(attempts.items),
             retry_after=retry_after,
             upstream_s=attempts.upstream_s,

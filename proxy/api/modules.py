@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from proxy.api.body import read_object
-from proxy.api.errors import json_response
+from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
-from proxy.contract.errors import Code, error_envelope, http_status
+from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer
 from proxy.observability.metrics import OTHER
-from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.pipeline import Call, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
+
+log = structlog.get_logger("proxy.api")
 
 
 def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.Response:
@@ -39,6 +42,42 @@ def module_error_response(answer: ModuleAnswer, trace_id: str) -> web.Response:
     )
 
 
+def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | None = None) -> web.Response:
+    """The caller's own mistake on a module route, before any module ran: an envelope."""
+    envelope = error_envelope(code, message, suggestion=suggestion)
+    envelope["meta"]["trace_id"] = trace_id
+    return json_response(
+        envelope,
+        status=http_status(code, Origin.CALLER),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+async def _run(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+) -> ModuleAnswer:
+    """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
+    trace_id = request[TRACE_KEY]
+    try:
+        return await run_module(
+            Call(
+                module,
+                value,
+                runtime.policy,
+                runtime.providers,
+                request.app[ROUTER],
+                trace_id,
+                request.get(CLIENT_KEY),
+                check,
+            )
+        )
+    except Exception:  # asyncio.CancelledError is a BaseException and passes through
+        log.exception("proxy.internal_error", module=module.name, trace_id=trace_id)
+        answer = internal_error(module)
+        answer.envelope["meta"]["trace_id"] = trace_id
+        return answer
+
+
 async def answer_module(
     request: web.Request, runtime: Runtime, module: Module, value: Any, *, check_input: bool = True
 ) -> ModuleAnswer:
@@ -46,18 +85,7 @@ async def answer_module(
     trace_id = request[TRACE_KEY]
     record = request[RECORD_KEY]
     record.module = module.name
-    answer = await run_module(
-        Call(
-            module,
-            value,
-            runtime.policy,
-            runtime.providers,
-            request.app[ROUTER],
-            trace_id,
-            request.get(CLIENT_KEY),
-            check_input,
-        )
-    )
+    answer = await _run(request, runtime, module, value, check_input)
     record.upstream_s += answer.upstream_s
     record.fields.update(
         tier=module.tier,
@@ -83,14 +111,19 @@ async def execute(request: web.Request) -> web.Response:
     module = runtime.registry.get(name)
     if module is None:
         return module_not_found(name, runtime, request)
-    body = await read_object(request)
+    try:
+        body = await read_object(request)
+    except ApiError as exc:
+        if exc.status != 400:
+            raise
+        return caller_error(Code.PARSE_ERROR, exc.message, trace_id)  # the body is not one JSON object
     if "input" not in body:
-        envelope = error_envelope(
+        return caller_error(
             Code.INVALID_INPUT,
             'The request body needs an "input" field',
+            trace_id,
             suggestion='Send {"input": {...}} with the module input',
         )
-        return json_response(envelope, status=400, headers={"X-Cognitive-Trace-Id": trace_id})
     answer = await answer_module(request, runtime, module, body["input"])
     return json_response(
         answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}

@@ -53,7 +53,8 @@ class MetricsObserver:
 
 
 def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer) -> None:
-    """Confidence, risk, decisions, escalations, repairs, contract errors and tokens of one answer."""
+    """Confidence, risk, risk disagreements, decisions, escalations, repairs, contract errors and
+    tokens of one answer."""
     module, tier = answer.module.name, answer.module.tier
     rungs = [r.name for r in policy.ladder]
     answered = [a for a in answer.attempts if a.confidence is not None]
@@ -63,6 +64,15 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
         metrics.confidence.labels(module, tier, "final" if final else "intermediate").observe(
             attempt.confidence
         )
+        if attempt.risks_disagree:
+            metrics.risk_disagreements.labels(module).inc()
+            log.info(
+                "proxy.risk_disagreement",
+                module=module,
+                target=attempt.target,
+                model_risk=attempt.model_risk,
+                rule_risk=attempt.rule_risk,
+            )
         for kind in attempt.repairs:
             metrics.repairs.labels(module, kind).inc()
         if attempt.repairs:

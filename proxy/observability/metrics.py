@@ -92,6 +92,12 @@ class Metrics:
             ["module", "kind"],
             registry=r,
         )
+        self.risk_disagreements = Counter(
+            "cognitive_risk_disagreements_total",
+            "Answers whose meta.risk differs from the module's risk_rule over their data.",
+            ["module"],
+            registry=r,
+        )
         self.contract_errors = Counter(
             "cognitive_contract_errors_total",
             "Contract failures (model output and input), by error code.",

@@ -106,7 +106,7 @@ async def test_parse_failure_escalates_like_low_confidence(
     assert raw.headers["x-cognitive-decision"] == "escalated"
 
 
-async def test_exec_tier_rejects_with_e2001_and_partial_data(
+async def test_exec_tier_rejects_with_e2001_without_partial_data(
     proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     patch = {
@@ -131,7 +131,7 @@ async def test_exec_tier_rejects_with_e2001_and_partial_data(
     assert env["ok"] is False and env["error"]["code"] == "E2001"
     assert env["meta"]["confidence"] == 0.6, "the reject keeps the answer's own meta"
     assert "confidence 0.6 < min_confidence 0.9" in env["meta"]["explain"]
-    assert env["partial_data"]["result_config"] == '{"a": 2}'
+    assert "partial_data" not in env, "config-patcher sets failure.partial_allowed: false"
 
 
 async def test_plain_text_input_skips_the_input_schema(

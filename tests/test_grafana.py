@@ -52,6 +52,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "cognitive_escalations_total": frozenset({"module", "from_rung", "to_rung"}),
     "cognitive_repairs_total": frozenset({"module", "kind"}),
     "cognitive_contract_errors_total": frozenset({"module", "code"}),
+    "cognitive_risk_disagreements_total": frozenset({"module"}),
     "cognitive_upstream_requests_total": frozenset({"provider", "model", "outcome"}),
     "cognitive_upstream_latency_seconds": frozenset({"provider", "model"}),
     "cognitive_failovers_total": frozenset({"from_target", "to_target", "reason"}),
@@ -429,14 +430,17 @@ def review_answer(confidence: float, risk: str = "low") -> str:
     )
 
 
-def patch_answer(confidence: float) -> str:
+def patch_answer(confidence: float, change_risk: str = "low") -> str:
+    """A config-patcher answer; its meta.risk is "low" whatever ``change_risk`` its change lists."""
     return json.dumps(
         {
             "ok": True,
             "meta": {"confidence": confidence, "risk": "low", "explain": "Unsure."},
             "data": {
                 "patch": [{"op": "replace", "path": "/a", "value": 2}],
-                "changes": [{"type": "update_setting", "description": "a", "scope": "key", "risk": "low"}],
+                "changes": [
+                    {"type": "update_setting", "description": "a", "scope": "key", "risk": change_risk}
+                ],
                 "result_config": '{"a": 2}',
                 "rationale": "Set a.",
             },
@@ -513,6 +517,8 @@ async def drive_traffic(
         "contract error", "code-reviewer", REVIEW_INPUT, cheap=["this is not JSON at all"], strong=[high]
     )
     await step("reject", "config-patcher", PATCH_INPUT, cheap=[patch_answer(0.6)], strong=[patch_answer(0.6)])
+    understated = patch_answer(0.95, "high")
+    await step("risk understated", "config-patcher", PATCH_INPUT, cheap=[understated], strong=[understated])
 
     fake.reset()
     client = px.client()
@@ -540,6 +546,7 @@ EXPECTED_TRAFFIC = {
     "review": "review",
     "contract error": "escalated",
     "reject": "reject",
+    "risk understated": "reject",
 }
 # Series the traffic above must produce, as the README describes the metrics (checked alongside the
 # dashboard queries, so a missing or mislabelled metric is named in the failure message).
@@ -555,6 +562,7 @@ EXPECTED_SERIES = [
     'cognitive_escalations_total{module="code-reviewer", from_rung="fast", to_rung="strong"}',
     'cognitive_repairs_total{module="code-reviewer", kind="enum_normalized"}',
     'cognitive_contract_errors_total{module="code-reviewer", code="E1000"}',
+    'cognitive_risk_disagreements_total{module="config-patcher"}',
     'cognitive_requests_total{route="/v1/modules/{name}/execute", module="code-reviewer", status="200"}',
     'cognitive_requests_total{route="/v1/chat/completions", module="none", status="200"}',
     'cognitive_upstream_requests_total{provider="up", model="cheap", outcome="ok"}',

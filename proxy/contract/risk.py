@@ -45,8 +45,8 @@ def rule_risk(data: Any, rule: str) -> Risk | None:
     """The module's ``risk_rule`` computed over ``data``, or None when the rule cannot say.
 
     Unlike ``aggregate_risk`` (which fills a *missing* risk), nothing is defaulted: ``explicit``
-    and ``custom_function`` rules, data without the rule's list, and a list whose items carry no
-    valid risk all give None. An empty list gives ``"none"``: nothing risky is listed.
+    and ``custom_function`` rules, data without the rule's list, an empty list and a list whose
+    items carry no valid risk all give None (a maximum over nothing says nothing).
     """
     key = _LIST_FOR_RULE.get(rule)
     items = data.get(key) if key is not None and isinstance(data, dict) else None
@@ -57,8 +57,6 @@ def rule_risk(data: Any, rule: str) -> Risk | None:
         for item in items
         if isinstance(item, dict) and isinstance(item.get("risk"), str) and item["risk"] in RISK_RANK
     ]
-    if not items:
-        return "none"
     return RISKS[max(ranks)] if ranks else None
 
 

@@ -14,7 +14,7 @@ from proxy.contract.risk import RiskSource, routed_risk, rule_risk
     [
         ({"changes": [{"risk": "low"}, {"risk": "high"}]}, "max_changes_risk", "high"),
         ({"issues": [{"risk": "medium"}, {"risk": "none"}]}, "max_issues_risk", "medium"),
-        ({"changes": []}, "max_changes_risk", "none"),
+        ({"changes": []}, "max_changes_risk", None),
         ({"changes": [{"risk": "severe"}, {}]}, "max_changes_risk", None),
         ({"summary": "no list"}, "max_changes_risk", None),
         ({"changes": [{"risk": "high"}]}, "explicit", None),

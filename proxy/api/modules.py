@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.api.body import read_object
-from proxy.api.errors import json_response
+from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.contract.errors import Code, error_envelope, http_status
@@ -28,6 +28,19 @@ def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.R
     return json_response(
         envelope,
         status=http_status(Code.MODULE_NOT_FOUND),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+def invalid_request(message: str, trace_id: str) -> web.Response:
+    """E1001 (400) as an envelope: the execute body is not ``{"input": ...}``."""
+    envelope = error_envelope(
+        Code.INVALID_INPUT, message, suggestion='Send a JSON object {"input": {...}} with the module input'
+    )
+    envelope["meta"]["trace_id"] = trace_id
+    return json_response(
+        envelope,
+        status=http_status(Code.INVALID_INPUT),
         headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
     )
 
@@ -83,14 +96,12 @@ async def execute(request: web.Request) -> web.Response:
     module = runtime.registry.get(name)
     if module is None:
         return module_not_found(name, runtime, request)
-    body = await read_object(request)
+    try:
+        body = await read_object(request)
+    except ApiError as exc:  # a module answer is always an envelope, a bad body too
+        return invalid_request(exc.message, trace_id)
     if "input" not in body:
-        envelope = error_envelope(
-            Code.INVALID_INPUT,
-            'The request body needs an "input" field',
-            suggestion='Send {"input": {...}} with the module input',
-        )
-        return json_response(envelope, status=400, headers={"X-Cognitive-Trace-Id": trace_id})
+        return invalid_request('The request body needs an "input" field', trace_id)
     answer = await answer_module(request, runtime, module, body["input"])
     return json_response(
         answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}

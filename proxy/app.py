@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, meta, modules, passthrough, responses
+from proxy.api import chat, meta, modules, openapi, passthrough, responses
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
@@ -147,6 +147,7 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", meta.healthz)
     app.router.add_get("/readyz", meta.readyz)
     app.router.add_get("/metrics", meta.metrics)
+    app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     app.router.add_route("*", "/v1/{tail:.*}", passthrough.catch_all)

@@ -11,8 +11,8 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, meta, modules, passthrough, responses
-from proxy.api.errors import error_middleware
+from proxy.api import chat, meta, modules, openapi, passthrough, responses
+from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
 from proxy.module.registry import ModuleRegistry
@@ -31,6 +31,9 @@ from proxy.upstream.registry import build_providers
 from proxy.upstream.router import Router
 
 log = structlog.get_logger("proxy.app")
+
+ADMIN_MAX_BODY_BYTES = 1024
+"""The admin routes take no body: anything larger is refused unread (413)."""
 
 
 def load_runtime(settings: Settings, session: aiohttp.ClientSession, metrics: Metrics) -> Runtime:
@@ -134,7 +137,7 @@ def build_app(settings: Settings) -> web.Application:
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()
     app[METRICS].info.labels(__version__).set(1)
-    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _metrics_port_ctx])
+    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_post("/v1/modules/{name}/execute", modules.execute)
@@ -144,23 +147,41 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", meta.healthz)
     app.router.add_get("/readyz", meta.readyz)
     app.router.add_get("/metrics", meta.metrics)
+    app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     app.router.add_route("*", "/v1/{tail:.*}", passthrough.catch_all)
     return app
 
 
-async def _metrics_port_ctx(app: web.Application) -> AsyncIterator[None]:
-    """``--metrics-port``: /metrics also on a separate port (for a scrape-only Service)."""
-    port = app[SETTINGS].metrics_port
-    if port is None:
+ADMIN_ROUTES: dict[str, Handler] = {
+    "/healthz": meta.healthz,
+    "/readyz": meta.readyz,
+    "/metrics": meta.metrics,
+}
+"""Everything the admin listener serves: probes and Prometheus, never the keyed LLM API."""
+
+
+def build_admin_app(app: web.Application) -> web.Application:
+    """The admin listener's application: the main app's health, readiness and metrics
+    handlers on the same runtime and registry; every other path is a 404 in OpenAI's format."""
+    admin = web.Application(middlewares=[error_middleware], client_max_size=ADMIN_MAX_BODY_BYTES)
+    admin[RUNTIME] = app[RUNTIME]
+    admin[METRICS] = app[METRICS]
+    for path, handler in ADMIN_ROUTES.items():
+        admin.router.add_get(path, handler)
+    return admin
+
+
+async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``--admin-port``: the admin listener on ``--admin-host`` (the pod IP in Kubernetes)."""
+    settings = app[SETTINGS]
+    if settings.admin_port is None:
         yield
         return
-    metrics_app = web.Application()
-    metrics_app[METRICS] = app[METRICS]
-    metrics_app.router.add_get("/metrics", meta.metrics)
-    runner = web.AppRunner(metrics_app, access_log=None)
+    runner = web.AppRunner(build_admin_app(app), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, app[SETTINGS].host, port).start()
+    await web.TCPSite(runner, settings.admin_bind_host, settings.admin_port).start()
+    log.info("proxy.admin_listening", host=settings.admin_bind_host, port=settings.admin_port)
     yield
     await runner.cleanup()

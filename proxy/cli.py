@@ -227,7 +227,21 @@ SERVE_OPTIONS = (
     ),
     ServeOption("--api-keys", "API_KEYS", str, None, "comma-separated client keys; unset: no client auth"),
     ServeOption("--api-keys-file", "API_KEYS_FILE", str, None, "file of client keys, one per line"),
-    ServeOption("--metrics-port", "METRICS_PORT", _port_or_none, None, "also serve /metrics on this port"),
+    ServeOption(
+        "--admin-host",
+        "ADMIN_HOST",
+        str,
+        None,
+        "bind address of the admin listener (health, readiness, metrics); unset: --host",
+    ),
+    ServeOption(
+        "--admin-port",
+        "ADMIN_PORT",
+        _port_or_none,
+        None,
+        "serve /healthz, /readyz and /metrics (only those) on this port too",
+    ),
+    ServeOption("--metrics-port", "METRICS_PORT", _port_or_none, None, "deprecated alias of --admin-port"),
     ServeOption(
         "--redis-url",
         "REDIS_URL",
@@ -270,6 +284,24 @@ def _env_list(name: str) -> list[str]:
     return [part for part in (_env(name) or "").split(os.pathsep) if part]
 
 
+def _admin_port(args: argparse.Namespace) -> int | None:
+    """``--admin-port``, or the deprecated ``--metrics-port`` (which now serves the probes too)."""
+    legacy: int | None = args.metrics_port
+    if legacy is None:
+        admin: int | None = args.admin_port
+        return admin
+    print(
+        "serve: --metrics-port (COGPROXY_METRICS_PORT) is deprecated: use --admin-port "
+        "(COGPROXY_ADMIN_PORT), which serves /healthz, /readyz and /metrics",
+        file=sys.stderr,
+    )
+    if args.admin_port not in (None, legacy):
+        raise ValueError(
+            f"--metrics-port {legacy} and --admin-port {args.admin_port} disagree: drop --metrics-port"
+        )
+    return legacy
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
     if args.api_keys_file:
@@ -286,7 +318,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
         redis_url=args.redis_url or None,
-        metrics_port=args.metrics_port,
+        admin_host=args.admin_host or None,
+        admin_port=_admin_port(args),
         reload_interval_s=args.reload_interval,
     )
 

@@ -29,8 +29,11 @@ class Settings:
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
     redis_url: str | None = field(default=None, repr=False)
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
-    metrics_port: int | None = None
-    """Also serve /metrics on this port (None: only on the main port)."""
+    admin_host: str | None = None
+    """Bind address of the admin listener (None: the API's ``host``)."""
+    admin_port: int | None = None
+    """Serve /healthz, /readyz and /metrics (only those) on this port too (None: no admin
+    listener). Lets the API stay on loopback while probes and Prometheus reach the pod IP."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""
@@ -46,6 +49,16 @@ class Settings:
             raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
+        if self.admin_port is not None and not 0 < self.admin_port <= 65535:
+            raise ValueError(f"admin_port must be 1-65535, not {self.admin_port}")
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ValueError(
+                f"admin_port must differ from port ({self.port}): the API must not be served there"
+            )
+
+    @property
+    def admin_bind_host(self) -> str:
+        return self.admin_host or self.host
 
 
 def read_key_file(path: Path) -> frozenset[str]:

@@ -5,6 +5,7 @@ runs as a non-root user, its final stage has no compiler, and its HEALTHCHECK wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -234,9 +235,11 @@ def test_env_vars_are_serve_settings_and_paths_are_the_documented_ones() -> None
     values = env(stage)
     cogproxy = {k for k in values if k.startswith("COGPROXY_")}
     assert cogproxy <= serve_env_vars(), sorted(cogproxy - serve_env_vars())
-    assert values["COGPROXY_HOST"] == "0.0.0.0"
+    assert values["COGPROXY_HOST"] == "127.0.0.1", "the keyed API listens on loopback unless opted in"
+    assert values["COGPROXY_ADMIN_HOST"] == "0.0.0.0"
     [expose] = stage.all("EXPOSE")
-    assert expose.args == values["COGPROXY_PORT"] == "8080"
+    assert expose.args == values["COGPROXY_ADMIN_PORT"] == "9090", "only the admin port is exposed"
+    assert values["COGPROXY_PORT"] == "8080"
     assert values["COGPROXY_POLICY"] == "/etc/cogproxy/policy/policy.yaml"
     destinations = {dest: sources for sources, dest, _ in copies(stage)}
     assert destinations[values["COGPROXY_MODULES"]] == ["modules"], "the bundled modules are the default"
@@ -273,6 +276,7 @@ def test_the_healthcheck_uses_python_on_healthz() -> None:
     command = healthcheck_command()
     assert command[0] == "python" and command[1] == "-c"
     assert "/healthz" in command[2] and "GET" in routes()["/healthz"]
+    assert "COGPROXY_ADMIN_PORT" in command[2], "the API port is on loopback only: probe the admin port"
     assert not re.search(r"\b(curl|wget)\b", " ".join(command))
 
 
@@ -288,7 +292,7 @@ async def run_healthcheck(port: int) -> int:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *command[1:],
-        env={**os.environ, "COGPROXY_PORT": str(port)},
+        env={**os.environ, "COGPROXY_ADMIN_PORT": str(port)},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
@@ -304,5 +308,6 @@ async def test_the_healthcheck_passes_on_a_serving_proxy_only(up: bool) -> None:
     settings = Settings(
         policy_path=ROOT / "policies" / "demo.yaml", module_dirs=(ROOT / "modules",), reload_interval_s=0
     )
-    async with TestClient(TestServer(build_app(settings), host="127.0.0.1", port=port)):
+    settings = dataclasses.replace(settings, admin_host="127.0.0.1", admin_port=port)
+    async with TestClient(TestServer(build_app(settings), host="127.0.0.1", port=0)):
         assert await run_healthcheck(port) == 0

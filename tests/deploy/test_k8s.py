@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import build_app
+from proxy.app import ADMIN_ROUTES, build_app
 from proxy.module.registry import ModuleRegistry
 from proxy.policy.loader import parse_policy
 from proxy.settings import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RELOAD_INTERVAL_S, Settings
@@ -34,6 +35,7 @@ from tests.deploy.facts import (
     serve_env_vars,
 )
 from tests.deploy.kustomize import KustomizeError, json_patch, strategic_merge
+from tests.proxy_server import free_port
 
 # Native sidecars (restartable init containers) are on by default from 1.29: validate against
 # the oldest release these manifests support and the newest kubernetes-validate ships.
@@ -175,21 +177,71 @@ def test_env_vars_are_real_serve_settings(name: str) -> None:
         named = {e["name"] for e in container.get("env", []) if e["name"].startswith("COGPROXY_")}
         unknown = named - serve_env_vars()
         assert not unknown, f"{name}: {container['name']} sets {sorted(unknown)}, unknown to `cogproxy serve`"
-    assert env_values(proxy_container(spec)).get("COGPROXY_HOST") == "0.0.0.0"
+    env = env_values(proxy_container(spec))
+    assert ipaddress.ip_address(env["COGPROXY_HOST"]).is_loopback
+    assert env["COGPROXY_ADMIN_HOST"] == "0.0.0.0"
+
+
+def admin_port(name: str) -> int:
+    return int(env_values(proxy_container(pod(name)))["COGPROXY_ADMIN_PORT"])
 
 
 @every
 def test_ports_and_probes_match_the_proxy(name: str) -> None:
     proxy = proxy_container(pod(name))
-    port = int(env_values(proxy)["COGPROXY_PORT"])
+    port = admin_port(name)
     ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
-    assert list(ports.values()) == [port]
+    assert ports == {"admin": port}
     probes = {kind: proxy[kind]["httpGet"] for kind in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes["livenessProbe"]["path"] == "/healthz"
     assert probes["readinessProbe"]["path"] == "/readyz"
     for kind, probe in probes.items():
         assert "GET" in routes().get(probe["path"], set()), f"{kind}: {probe['path']} is not a route"
+        assert probe["path"] in ADMIN_ROUTES, f"{kind}: {probe['path']} is not served on the admin port"
         assert ports.get(probe["port"], probe["port"]) == port, f"{kind}: port {probe['port']}"
+
+
+def port_numbers(resource: dict[str, Any], named: dict[str, int]) -> set[int]:
+    """Every port number a resource mentions (names resolved through ``named``), at any depth."""
+    found: set[int] = set()
+
+    def walk(node: Any, key: str = "") -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, k)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, key)
+        elif key in {"port", "containerPort", "targetPort", "hostPort"}:
+            found.add(named[node] if isinstance(node, str) and node in named else int(node))
+
+    walk(resource)
+    return found
+
+
+@every
+def test_no_manifest_exposes_the_api_port_beyond_loopback(name: str) -> None:
+    """The LLM API (provider keys injected) is for the app over localhost only: bound to
+    loopback, and no container port, Service, probe, monitor or NetworkPolicy names it."""
+    resources, spec = rendered(name), pod(name)
+    env = env_values(proxy_container(spec))
+    assert ipaddress.ip_address(env["COGPROXY_HOST"]).is_loopback, env["COGPROXY_HOST"]
+    api, admin = int(env["COGPROXY_PORT"]), admin_port(name)
+    assert api != admin
+    named = {
+        p["name"]: p["containerPort"]
+        for c in spec.get("initContainers", []) + spec["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+    for resource in resources:
+        if resource["kind"] == "ConfigMap":
+            continue
+        mentioned = port_numbers(resource, named)
+        assert api not in mentioned, (
+            f"{name}: {resource['kind']}/{resource['metadata']['name']} exposes {api}"
+        )
+    assert admin in port_numbers(one(resources, "Service"), named)
 
 
 @every
@@ -313,20 +365,24 @@ async def test_the_sidecar_serves_its_configmaps(tmp_path: Path) -> None:
     modules_dir = mount_like_kubelet(
         tmp_path / "modules", config_map(resources, modules_source["name"]), modules_source
     )
+    admin = free_port()
     settings = Settings(
         policy_path=policy_dir / policy_path.name,
         module_dirs=(modules_dir,),
         port=0,
+        admin_host="127.0.0.1",
+        admin_port=admin,
         reload_interval_s=float(env.get("COGPROXY_RELOAD_INTERVAL") or DEFAULT_RELOAD_INTERVAL_S),
     )
-    async with TestClient(TestServer(build_app(settings))) as client:
+    async with TestClient(TestServer(build_app(settings))), aiohttp.ClientSession() as session:
         proxy = proxy_container(spec)
+        url = f"http://127.0.0.1:{admin}"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            response = await client.get(proxy[probe]["httpGet"]["path"])
+            response = await session.get(url + proxy[probe]["httpGet"]["path"])
             assert response.status == 200, probe
-        ready = await (await client.get("/readyz")).json()
+        ready = await (await session.get(url + "/readyz")).json()
         assert ready["modules"] == 2 and ready["module_problems"] == []
-        metrics = await client.get("/metrics")
+        metrics = await session.get(url + "/metrics")
         assert metrics.status == 200
         assert "cognitive_policy_reloads_total" in await metrics.text()
 
@@ -369,9 +425,9 @@ def test_prometheus_finds_the_proxy(name: str) -> None:
     service = one(resources, "Service")
     assert selects(service["spec"]["selector"], labels)
     service_ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert "http-metrics" in service_ports
-    target = service_ports["http-metrics"]["targetPort"]
-    assert container_ports.get(target, target) in container_ports.values()
+    assert set(service_ports) == {"admin"}
+    target = service_ports["admin"]["targetPort"]
+    assert container_ports.get(target, target) == admin_port(name)
 
     monitor = one(resources, "ServiceMonitor")
     assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
@@ -426,7 +482,7 @@ def test_production_budget_and_network_policy() -> None:
     policy = one(resources, "NetworkPolicy")["spec"]
     assert selects(policy["podSelector"]["matchLabels"], labels)
     assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
-    port = int(env_values(proxy_container(pod(name)))["COGPROXY_PORT"])
+    port = admin_port(name)
     [ingress] = policy["ingress"]
     assert [(p["protocol"], p["port"]) for p in ingress["ports"]] == [("TCP", port)]
     assert ingress["from"] and all(

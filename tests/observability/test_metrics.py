@@ -194,12 +194,12 @@ async def test_review_and_sink_failures_are_counted(fake_upstream: FakeUpstream,
     assert m.value("cognitive_review_sink_failures_total", sink="redis-stream") == 1
 
 
-async def test_openmetrics_by_accept_and_a_separate_metrics_port(
+async def test_openmetrics_by_accept_and_on_the_admin_port(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     port = free_port()
     async with (
-        running_proxy(tmp_path, routing_policy(fake_upstream), metrics_port=port) as px,
+        running_proxy(tmp_path, routing_policy(fake_upstream), admin_port=port) as px,
         aiohttp.ClientSession() as session,
     ):
         om = await session.get(px.url + "/metrics", headers={"Accept": "application/openmetrics-text"})

@@ -1,0 +1,335 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 description of the routes the proxy answers itself.
+
+The module routes, the catalogue, health, readiness and metrics. The reverse-proxied OpenAI
+routes (``/v1/chat/completions``, ``/v1/*``) are the providers' API and are not described.
+The envelope schemas are the shipped ``response-envelope.schema.json``, hoisted into
+``components.schemas`` with their references rewritten: one source of truth for the envelope.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy import __version__, schemas
+from proxy.api.errors import json_response
+from proxy.api.state import runtime_of
+from proxy.contract.errors import BY_CODE
+from proxy.module.model import Module
+
+OPENAPI_VERSION = "3.1.0"
+ENVELOPE_FILE = "response-envelope.schema.json"
+_DEFINITIONS = "#/definitions/"
+_COMPONENTS = "#/components/schemas/"
+_JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _COMPONENTS + name}
+
+
+def _rewrite_refs(node: Any) -> Any:
+    """``#/definitions/X`` (draft-07, inside the envelope file) -> ``#/components/schemas/X``."""
+    if isinstance(node, dict):
+        return {
+            key: (
+                _COMPONENTS + value.removeprefix(_DEFINITIONS)
+                if key == "$ref" and isinstance(value, str) and value.startswith(_DEFINITIONS)
+                else _rewrite_refs(value)
+            )
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_rewrite_refs(item) for item in node]
+    return node
+
+
+def envelope_components() -> dict[str, Any]:
+    """The shipped envelope schema as OpenAPI components: ``Envelope`` plus its definitions.
+
+    ``$schema``/``$id`` are dropped: an ``$id`` would make the references resolve against the
+    spec's URL instead of this document."""
+    shipped = schemas.load(ENVELOPE_FILE)
+    top = {k: v for k, v in shipped.items() if k not in {"$schema", "$id", "definitions"}}
+    components: dict[str, Any] = _rewrite_refs({"Envelope": top, **shipped["definitions"]})
+    return components
+
+
+_OPENAI_ERROR = {
+    "type": "object",
+    "description": "OpenAI's error body: every answer of the proxy that is not a module answer.",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+_MODULE_SUMMARY = {
+    "type": "object",
+    "required": ["id", "object", "name", "version", "tier"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "module"},
+        "name": {"type": "string"},
+        "version": {"type": "string"},
+        "tier": {"type": ["string", "null"]},
+        "input_schema": {},
+    },
+}
+
+_OWN_COMPONENTS: dict[str, Any] = {
+    "OpenAIError": _OPENAI_ERROR,
+    "ModuleSummary": _MODULE_SUMMARY,
+    "ModuleList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("ModuleSummary")},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "created": {"type": "integer"},
+                        "owned_by": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+    "Capabilities": {
+        "type": "object",
+        "required": ["runtime", "version", "spec_versions", "response_modes", "max_body_bytes"],
+        "properties": {
+            "runtime": {"const": "cognitive-proxy"},
+            "version": {"type": "string"},
+            "spec_versions": {"type": "array", "items": {"type": "string"}},
+            "conformance_level": {"type": "integer"},
+            "response_modes": {"type": "array", "items": {"type": "string"}},
+            "max_body_bytes": {"type": "integer", "minimum": 1},
+            "modules": {"type": "integer", "minimum": 0},
+            "providers": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "ExecuteRequest": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "input": {"description": "The module input; checked against the module's input schema."},
+            "_options": {"type": "object"},
+        },
+    },
+    "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
+    "Readiness": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": {"enum": ["ready", "loading"]},
+            "policy": {"type": "string"},
+            "modules": {"type": "integer", "minimum": 0},
+            "module_problems": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+
+_ERROR_STATUS_TEXT = {
+    400: "Invalid input (E1xxx)",
+    401: "Missing or invalid client key",
+    403: "Blocked by policy (E4007)",
+    404: "Module not installed (E4006)",
+    413: "Request body over --max-body-bytes",
+    429: "Every provider rate limited (E4002), with Retry-After",
+    500: "Internal error (E4xxx)",
+    502: "Provider failure (E4003)",
+    503: "Every provider unavailable (E4001), with Retry-After",
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": schema}}}
+
+
+def _openai_errors(*statuses: int) -> dict[str, Any]:
+    return {str(s): _json(_ref("OpenAIError"), _ERROR_STATUS_TEXT[s]) for s in statuses}
+
+
+def _module_name_parameter() -> dict[str, Any]:
+    return {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _module_statuses() -> list[int]:
+    """Every status a module answer may carry: 200 plus each taxonomy code's status."""
+    return sorted({200, *(spec.http_status for spec in BY_CODE.values())})
+
+
+def _paths() -> dict[str, Any]:
+    envelope = _ref("Envelope")
+    module_answers = {
+        str(status): _json(
+            envelope, "Module answer (an envelope)" if status == 200 else _ERROR_STATUS_TEXT[status]
+        )
+        for status in _module_statuses()
+    }
+    api_errors = _openai_errors(401)
+    return {
+        "/v1/modules/{name}/execute": {
+            "post": {
+                "operationId": "executeModule",
+                "summary": "Run a module; the answer is always a v2.2 envelope",
+                "parameters": [_module_name_parameter()],
+                "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("ExecuteRequest")}}},
+                "responses": {**module_answers, **api_errors, **_openai_errors(413)},
+            }
+        },
+        "/v1/modules": {
+            "get": {
+                "operationId": "listModules",
+                "responses": {"200": _json(_ref("ModuleList"), "Installed modules"), **api_errors},
+            }
+        },
+        "/v1/modules/{name}": {
+            "get": {
+                "operationId": "getModule",
+                "parameters": [_module_name_parameter()],
+                "responses": {
+                    "200": _json(_ref("ModuleSummary"), "Manifest summary"),
+                    "404": _json(envelope, _ERROR_STATUS_TEXT[404]),
+                    **api_errors,
+                },
+            }
+        },
+        "/v1/capabilities": {
+            "get": {
+                "operationId": "capabilities",
+                "responses": {"200": _json(_ref("Capabilities"), "Capability declaration"), **api_errors},
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "responses": {
+                    "200": _json(_ref("ModelList"), "Aliases and module:<name> models"),
+                    **api_errors,
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "security": [],
+                "responses": {"200": _json(_ref("Health"), "Alive")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "security": [],
+                "responses": {
+                    "200": _json(_ref("Readiness"), "Policy and modules loaded"),
+                    "503": _json(_ref("Readiness"), "Still loading, with Retry-After"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text, or OpenMetrics when Accept asks for it",
+                        "content": {
+                            "text/plain": {"schema": {"type": "string"}},
+                            "application/openmetrics-text": {"schema": {"type": "string"}},
+                        },
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "responses": {"200": _json({"type": "object"}, "This document"), **api_errors},
+            }
+        },
+    }
+
+
+@cache
+def _base_document() -> dict[str, Any]:
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "cognitive-proxy",
+            "version": __version__,
+            "description": "The proxy's own routes. Module answers are Cognitive Modules v2.2 "
+            "envelopes; every other error is OpenAI's error body.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": {**envelope_components(), **_OWN_COMPONENTS},
+            "securitySchemes": {"clientKey": {"type": "http", "scheme": "bearer"}},
+        },
+        # {}: no key needed when the proxy runs without --api-keys.
+        "security": [{}, {"clientKey": []}],
+    }
+
+
+def _module_execute(module: Module) -> dict[str, Any]:
+    """``POST /v1/modules/<module>/execute`` with the module's own input schema as ``input``
+    (left open when that schema has references, which would not resolve in this document)."""
+    schema = module.input_schema or {}
+    refers = "$ref" in orjson.dumps(schema).decode()
+    operation = copy.deepcopy(_base_document()["paths"]["/v1/modules/{name}/execute"]["post"])
+    operation["operationId"] = f"execute_{module.name}"
+    operation["parameters"] = []
+    operation["requestBody"]["content"][_JSON]["schema"] = {
+        "type": "object",
+        "required": ["input"],
+        "properties": {"input": {} if refers else schema, "_options": {"type": "object"}},
+    }
+    return {"post": operation}
+
+
+def document(modules: Sequence[Module]) -> dict[str, Any]:
+    """The document, with one execute path per installed module (its input schema) and the
+    installed names offered for the ``name`` parameters."""
+    doc = copy.deepcopy(_base_document())
+    if modules:
+        schema = {"anyOf": [{"enum": [m.name for m in modules]}, {"type": "string"}]}
+        for path in ("/v1/modules/{name}/execute", "/v1/modules/{name}"):
+            for operation in doc["paths"][path].values():
+                operation["parameters"][0]["schema"] = schema
+    for module in modules:
+        doc["paths"][f"/v1/modules/{module.name}/execute"] = _module_execute(module)
+    return doc
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """``GET /openapi.json``."""
+    registry = runtime_of(request).registry
+    return json_response(document([registry.modules[name] for name in registry.names()]))

@@ -13,3 +13,25 @@ def as_dict(value: Any) -> dict[str, Any]:
 def as_list(value: Any) -> list[Any]:
     """``value`` if it is an array, else an empty list."""
     return value if isinstance(value, list) else []
+
+
+# Nesting of objects and arrays allowed in a module input and in a model's answer. Real inputs and
+# answers nest well under 20 levels; 64 keeps every later step safe: orjson.dumps refuses more than
+# 254 levels, orjson.loads more than 1024, and validation, repair and deepcopy recurse in Python.
+MAX_JSON_DEPTH = 64
+
+
+def deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests objects/arrays more than ``limit`` levels deep. Breadth-first and
+    iterative: linear in the size of ``value`` and safe at any depth the decoder produced."""
+    level: list[Any] = [value]  # the values at one nesting level
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, dict | list) for item in level)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from proxy.contract.engine import ContractResult, allowed_partial, run_contract
+from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
@@ -149,6 +149,7 @@ class Call:
     trace_id: str = ""
     client_key: str | None = None
     check_input: bool = True
+    """False for plain-text input: the input schema is skipped; size and depth are still checked."""
 
 
 def _reject(
@@ -274,8 +275,8 @@ async def _complete(
     return reply, content_of(reply)  # no message: a malformed answer, failed over like one
 
 
-def _contract(reply: dict[str, Any], text: str, module: Module) -> ContractResult:
-    return run_contract(text, module, finish_reason=finish_reason_of(reply))
+async def _contract(reply: dict[str, Any], text: str, module: Module) -> ContractResult:
+    return await run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
 
 
 class _Attempts:
@@ -336,10 +337,9 @@ async def run_module(call: Call) -> ModuleAnswer:
     provider or contract failures: those are envelopes)."""
     started = time.perf_counter()
     module, policy = call.module, call.policy
-    if call.check_input:
-        error = check_input(module, call.input)
-        if error is not None:
-            return _finish(ModuleAnswer(module, error, "reject", Origin.CALLER), started, call.trace_id)
+    error = check_input(module, call.input, schema=call.check_input)
+    if error is not None:
+        return _finish(ModuleAnswer(module, error, "reject", Origin.CALLER), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     start = policy.start_rung(thresholds)
     messages = build_messages(module, call.input)
@@ -371,7 +371,7 @@ async def run_module(call: Call) -> ModuleAnswer:
             rung += 1  # no healthy target on this rung: the next one
             continue
         reply, text = routed.value
-        result = _contract(reply, text, module)
+        result = await _contract(reply, text, module)
         for _ in range(thresholds.reask):
             if result.passed:
                 break
@@ -383,7 +383,7 @@ async def run_module(call: Call) -> ModuleAnswer:
                 failures += exc.failures
                 break
             routed, (reply, text) = again, again.value
-            result = _contract(reply, text, module)
+            result = await _contract(reply, text, module)
         assessed = _assess(result, module, thresholds.risk_source)
         decision = decide(thresholds, assessed.meta, rung, len(policy.ladder))
         attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))

@@ -16,6 +16,7 @@ from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
+from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
 from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
@@ -69,7 +70,7 @@ def module_input(body: dict[str, Any]) -> tuple[Any, bool]:
         value = None
     if isinstance(value, dict):
         return value, True
-    return {"$ARGUMENTS": text, "query": text}, False
+    return text_input(text), False
 
 
 async def _module_chat(

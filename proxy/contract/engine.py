@@ -17,6 +17,7 @@ low-confidence answer.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,10 @@ PARSE_SUGGESTION = (
     "Operator: raise the output token limit (max_tokens), enable reask in the policy, "
     "or check that the module prompt asks for one JSON envelope"
 )
+# Answers longer than this are checked in a worker thread: parsing, validation and repair are
+# linear, but a multi-megabyte answer still costs tens of milliseconds that would stall every
+# other request (and /healthz) on the event loop. Shorter answers are cheaper inline than a hop.
+OFF_LOOP_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,15 @@ def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = N
     except ParseFailure as exc:
         return parse_failure(exc.reason)
     return check_answer(parsed.value, module, extracted=parsed.method)
+
+
+async def run_contract_off_loop(
+    raw_text: str, module: Module, *, finish_reason: str | None = None
+) -> ContractResult:
+    """``run_contract``, in a worker thread when the answer is longer than ``OFF_LOOP_CHARS``."""
+    if len(raw_text) > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(run_contract, raw_text, module, finish_reason=finish_reason)
+    return run_contract(raw_text, module, finish_reason=finish_reason)
 
 
 def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "strict") -> ContractResult:

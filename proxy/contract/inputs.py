@@ -9,6 +9,7 @@ import orjson
 
 from proxy.contract.errors import Code, error_envelope
 from proxy.contract.schema import check
+from proxy.jsonshape import MAX_JSON_DEPTH, deeper_than
 
 if TYPE_CHECKING:
     from proxy.module.model import Module
@@ -17,21 +18,44 @@ if TYPE_CHECKING:
 BYTES_PER_TOKEN = 4
 
 
+TEXT_KEYS = ("$ARGUMENTS", "query")
+
+
+def text_input(text: str) -> dict[str, str]:
+    """Plain text as module input: ``{"$ARGUMENTS": text, "query": text}``, as the reference
+    runtime does."""
+    return dict.fromkeys(TEXT_KEYS, text)
+
+
 def estimate_tokens(value: Any) -> int:
+    """Tokens of ``value`` as JSON; a plain-text input counts its text once (it is one text)."""
+    if isinstance(value, dict) and tuple(value) == TEXT_KEYS:
+        text, query = value.values()
+        if isinstance(text, str) and text == query:
+            value = text
     return math.ceil(len(orjson.dumps(value)) / BYTES_PER_TOKEN)
 
 
-def check_input(module: Module, value: Any) -> dict[str, Any] | None:
+def check_input(module: Module, value: Any, *, schema: bool = True) -> dict[str, Any] | None:
     """The E1xxx error envelope for a bad input, or None when the input may be sent.
 
-    E1002 when every problem is a missing required field, E1003 when every problem is a type
-    mismatch, E1001 otherwise; E1005 when the input exceeds ``max_input_tokens``.
+    E1001 for an input that is not an object or nests deeper than ``MAX_JSON_DEPTH``; E1005 when
+    it exceeds ``max_input_tokens`` (every input form, plain text included); then, with
+    ``schema``, the input schema: E1002 when every problem is a missing required field, E1003
+    when every problem is a type mismatch, E1001 otherwise.
     """
     if not isinstance(value, dict):
         return error_envelope(
             Code.INVALID_INPUT,
             "The module input must be a JSON object",
             suggestion='Send {"input": {...}} with an object that matches the input schema',
+        )
+    if deeper_than(value):
+        return error_envelope(
+            Code.INVALID_INPUT,
+            f"The module input nests objects and arrays more than {MAX_JSON_DEPTH} levels deep",
+            suggestion="Flatten the input",
+            details={"max_depth": MAX_JSON_DEPTH},
         )
     limit = module.runtime.max_input_tokens
     if limit is not None:
@@ -42,7 +66,7 @@ def check_input(module: Module, value: Any) -> dict[str, Any] | None:
                 f"The input is about {tokens} tokens; module {module.name!r} accepts at most {limit}",
                 details={"estimated_tokens": tokens, "max_input_tokens": limit},
             )
-    if module.validators.input is None:
+    if not schema or module.validators.input is None:
         return None
     problems = check(module.validators.input, value, "input")
     if not problems:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,20 +15,52 @@ class SchemaCompileError(ValueError):
     """A schema that cannot be compiled (bad keyword, unresolvable or remote ``$ref``)."""
 
 
-def _no_remote(uri: str) -> Any:
-    raise SchemaCompileError(f"remote $ref {uri!r} is not allowed; inline it or use #/$defs")
+# The base URI of a module's schema files while compiling: a name, never fetched. A file $ref
+# "common.json" resolves to BASE_URI + "common.json", served from the documents read at load.
+BASE_URI = "file:///module/"
 
 
-_NO_REMOTE_HANDLERS = dict.fromkeys(("http", "https", "file", "ftp", ""), _no_remote)
+class _LocalOnly(Mapping[str, Callable[[str], Any]]):
+    """fastjsonschema's handlers: one for *every* scheme (an unknown scheme, such as ``url`` in
+    ``URL:http://...``, would otherwise go to urllib), serving only the documents given."""
+
+    def __init__(self, documents: Mapping[str, Any]) -> None:
+        self._documents = documents
+
+    def _serve(self, uri: str) -> Any:
+        name = uri.removeprefix(BASE_URI) if uri.startswith(BASE_URI) else None
+        if name is None or name not in self._documents:
+            raise SchemaCompileError(
+                f"$ref {uri!r} is not allowed: only local pointers and files inside the module"
+            )
+        return self._documents[name]
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        return self._serve
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
-def compile_schema(schema: dict[str, Any]) -> Validator:
-    """Compile ``schema`` once. Defaults are never filled in (validation must not add fields)."""
+def compile_schema(
+    schema: dict[str, Any], documents: Mapping[str, Any] | None = None, source: str = "schema.json"
+) -> Validator:
+    """Compile ``schema`` once; nothing is fetched. ``documents``: the module's other schema
+    files that its ``$ref``s name (checked by ``proxy.module.refs``), by path relative to the
+    module; ``source`` is the schema's own path. Defaults are never filled in (validation must
+    not add fields)."""
     doc = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
     doc["$schema"] = "http://json-schema.org/draft-07/schema#"
+    doc["$id"] = BASE_URI + source
     try:
         validator: Validator = fastjsonschema.compile(
-            doc, handlers=_NO_REMOTE_HANDLERS, use_default=False, fast_fail=False
+            doc, handlers=_LocalOnly(documents or {}), use_default=False, fast_fail=False
         )
     except SchemaCompileError:
         raise

@@ -32,6 +32,7 @@ from proxy.module.model import (
     RuntimeRequirements,
     Validators,
 )
+from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
 
@@ -111,9 +112,9 @@ def _tests(root: Path, declared: Any) -> tuple[tuple[Path, Path], ...]:
     return tuple((p, p.with_name(p.name.removesuffix(".input.json") + ".expected.json")) for p in found)
 
 
-def _compile(path: Path, section: str, schema: dict[str, Any]) -> Validator:
+def _compile(path: Path, section: str, schema: dict[str, Any], documents: dict[str, Any]) -> Validator:
     try:
-        return compile_schema(schema)
+        return compile_schema(schema, documents, path.name)
     except SchemaCompileError as exc:
         raise ModuleLoadError(path, f"schema.json#/{section} does not compile: {exc}") from exc
 
@@ -166,17 +167,22 @@ def _build(
         "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     }
     schema_path = root / "schema.json"
+    try:
+        documents = referenced_files(schema, schema_path, root)
+    except RefError as exc:
+        raise ModuleLoadError(exc.path, str(exc)) from exc
     validators = Validators(
-        input=_compile(schema_path, "input", input_schema) if input_schema else None,
+        input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
         data=_compile(
             schema_path,
             "data",
             data_contract_schema(
                 schema, strictness=strictness, enum_strategy=enum_strategy, unknown_tag=unknown_tag
             ),
+            documents,
         ),
-        meta=_compile(schema_path, "meta", meta_schema),
-        error=_compile(schema_path, "error", error_schema),
+        meta=_compile(schema_path, "meta", meta_schema, documents),
+        error=_compile(schema_path, "error", error_schema, documents),
     )
     return Module(
         name=name,

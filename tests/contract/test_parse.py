@@ -1,12 +1,17 @@
-"""Stage 1: strict JSON, fenced blocks, prose extraction; never NaN; never repair."""
+"""Stage 1: strict JSON, fenced blocks, top-level prose extraction; never NaN; never repair;
+linear cost; one envelope or none."""
 
 from __future__ import annotations
+
+import contextlib
+import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.contract.parse import ParseFailure, parse_json_object
+from proxy.contract.parse import MAX_DECODED_CANDIDATES, ParseFailure, parse_json_object, scan
+from proxy.jsonshape import MAX_JSON_DEPTH
 
 
 def test_strict_object_is_taken_as_is() -> None:
@@ -28,9 +33,63 @@ def test_unlabelled_fence_and_later_fence_with_object() -> None:
 
 
 def test_object_embedded_in_prose_is_extracted() -> None:
-    parsed = parse_json_object('Sure! {"a": {"b": "}"}} and that is all {"c": 2}')
+    text = 'Sure! {"a": {"b": "}"}} and that is all.'
+    parsed = parse_json_object(text)
     assert parsed.value == {"a": {"b": "}"}}
     assert parsed.method == "prose"
+    assert text[slice(*parsed.span)] == '{"a": {"b": "}"}}'
+
+
+def test_two_objects_at_top_level_are_ambiguous() -> None:
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object('Sure! {"a": 1} and that is all {"c": 2}')
+    assert info.value.reason.startswith("ambiguous: 2 envelopes")
+
+
+def test_quoted_envelope_in_a_fence_and_the_own_one_are_ambiguous() -> None:
+    quoted = '{"ok": true, "meta": {"confidence": 0.99, "risk": "none"}, "data": {}}'
+    own = '{"ok": true, "meta": {"confidence": 0.4, "risk": "low"}, "data": {}}'
+    for text in (f"The issue says:\n```json\n{quoted}\n```\nMy answer: {own}", f"{own}\n> {quoted}"):
+        with pytest.raises(ParseFailure) as info:
+            parse_json_object(text)
+        assert info.value.reason.startswith("ambiguous: 2 envelopes")
+
+
+def test_a_strict_whole_answer_wins_over_envelopes_quoted_inside_it() -> None:
+    inner = '{"ok": true, "meta": {"confidence": 0.99}}'
+    text = json.dumps({"ok": True, "meta": {"confidence": 0.4}, "data": {"quote": inner}})
+    assert parse_json_object(text).value["meta"] == {"confidence": 0.4}
+
+
+def test_an_object_inside_an_unclosed_wrapper_is_never_extracted() -> None:
+    envelope = '{"ok": true, "meta": {"confidence": 0.95, "risk": "low", "explain": "x"}, "data": {}}'
+    text = f'{{"result": {envelope}, "alternatives": [{{"ok": true, "meta": {{"confid'
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object(text)
+    assert info.value.reason.startswith("truncated")
+
+
+def test_objects_inside_a_top_level_array_are_not_extracted() -> None:
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object('Here: [{"ok": true}] done')
+    assert "no JSON object" in info.value.reason
+
+
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_nesting_beyond_the_bound_is_a_clean_failure(opener: str) -> None:
+    closer = "]" if opener == "[" else "}"
+    deep = opener * 2000 + "1" + closer * 2000
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object(deep)
+    assert "too deeply nested" in info.value.reason
+    ok = opener * MAX_JSON_DEPTH + "1" + closer * MAX_JSON_DEPTH
+    assert parse_json_object(ok if opener != "[" else '{"a": ' + ok[1:-1] + "}")
+
+
+def test_a_flood_of_objects_decodes_a_bounded_number() -> None:
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object('{"a": 1} ' * 10_000)
+    assert f"{MAX_DECODED_CANDIDATES} or more envelopes" in info.value.reason
 
 
 @pytest.mark.parametrize(
@@ -49,7 +108,9 @@ def test_non_standard_numbers_are_refused(text: str) -> None:
         ("   \n", "no text"),
         ("[1, 2]", "got an array"),
         ('"just a string"', "got a string"),
-        ('{"ok": true, "meta": {', "no JSON object"),
+        ('{"ok": true, "meta": {', "truncated"),
+        ('{"ok": true, "meta": {"explain": "cut', "truncated"),
+        ('{"a": [1}', "unbalanced"),
         ("I cannot help with that.", "no JSON object"),
     ],
 )
@@ -100,3 +161,71 @@ def test_arbitrary_text_either_parses_to_a_dict_or_fails_cleanly(text: str) -> N
     except ParseFailure:
         return
     assert isinstance(parsed.value, dict)
+
+
+hostile_texts = st.one_of(
+    st.builds(lambda n, t: "```" + " " * n + t, st.integers(0, 5000), st.sampled_from(["", "x", "`", "{"])),
+    st.builds(lambda n, k: ("`" * k + " " * n) * 20, st.integers(0, 200), st.integers(1, 7)),
+    st.builds(lambda n: "{" * n, st.integers(0, 5000)),
+    st.builds(lambda n: '{"a": "' + "\\" * n, st.integers(0, 5000)),
+    st.builds(lambda n: "[" * n + "]" * n, st.integers(0, 5000)),
+    st.builds(lambda n: '{"a": 1} x ' * n, st.integers(0, 500)),
+    st.text(alphabet='{}[]"\\` \nab:,', max_size=3000),
+)
+
+
+@given(hostile_texts)
+def test_scan_cost_is_linear_in_the_text(text: str) -> None:
+    """Parse time per KB is bounded: one pass (each character visited once, each structural
+    character handled once), and the candidates decoded never overlap."""
+    found = scan(text)
+    assert found.visited <= len(text)
+    assert found.steps <= len(text) + 1
+    assert sum(s.end - s.start for s in found.spans) <= len(text)
+    with contextlib.suppress(ParseFailure):
+        parse_json_object(text)
+
+
+def _top_level_starts(text: str) -> set[int]:
+    """Reference: the offsets where a top-level '{' opens, by a plain character loop."""
+    starts, depth, in_string, escaped = set(), 0, False, False
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif depth and char == '"':
+            in_string = True
+        elif char in "{[":
+            if depth == 0 and char == "{":
+                starts.add(i)
+            depth += 1
+        elif char in "}]" and depth:
+            depth -= 1
+    return starts
+
+
+objects = st.dictionaries(st.sampled_from(["ok", "meta", "data", "x"]), json_values, max_size=3)
+pieces = st.one_of(
+    st.text(alphabet="ab .:\n`'\"}]", max_size=12),
+    objects.map(json.dumps),
+    objects.map(lambda o: '{"wrap": ' + json.dumps(o)),
+    objects.map(lambda o: "[" + json.dumps(o)),
+    objects.map(lambda o: "```json\n" + json.dumps(o) + "\n```"),
+    objects.map(lambda o: json.dumps(o)[:-1]),
+)
+
+
+@given(st.lists(pieces, max_size=6).map("".join))
+def test_extraction_takes_only_top_level_objects_found_in_the_text(text: str) -> None:
+    try:
+        parsed = parse_json_object(text)
+    except ParseFailure:
+        return
+    start, end = parsed.span
+    assert json.loads(text[start:end]) == parsed.value  # the accepted object is the model's own text
+    if parsed.method != "strict":
+        assert start in _top_level_starts(text)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.contract.schema import check
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import ModuleFormat
 from proxy.module.registry import ModuleRegistry
@@ -144,7 +145,7 @@ def test_v1_module_from_module_md(tmp_path: Path) -> None:
             lambda p: (p / "schema.json").write_text(
                 json.dumps({**SCHEMA, "data": {"$ref": "https://example.com/s.json"}})
             ),
-            "remote $ref",
+            "$ref at #/data/$ref",
         ),
     ],
 )
@@ -196,3 +197,71 @@ def test_a_directory_that_is_itself_a_module(tmp_path: Path) -> None:
 def test_missing_directory_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     registry = ModuleRegistry.load([tmp_path / "nowhere"])
     assert registry.names() == [] and "not a directory" in registry.problems[0].reason
+
+
+def _with_ref(path: Path, ref: str) -> None:
+    schema = json.loads((path / "schema.json").read_text())
+    schema["data"]["properties"]["extra"] = {"$ref": ref}
+    (path / "schema.json").write_text(json.dumps(schema))
+
+
+def test_relative_file_refs_inside_the_module_are_resolved_locally(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "reffy")
+    (path / "defs").mkdir()
+    (path / "defs" / "types.json").write_text(
+        json.dumps({"definitions": {"id": {"$ref": "#/definitions/short"}, "short": {"maxLength": 3}}})
+    )
+    _with_ref(path, "defs/types.json#/definitions/id")
+    module = load_module(path)
+
+    def paths(extra: str) -> list[str]:
+        return [p.path for p in check(module.validators.data, {"extra": extra}, "data")]
+
+    assert "data.extra" not in paths("abc")
+    assert "data.extra" in paths("abcdef")
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "URL:http://127.0.0.1:9/x.json",
+        "http://127.0.0.1:9/x.json",
+        "file:///etc/passwd",
+        "//127.0.0.1/x.json",
+        "/etc/passwd",
+        "../outside.json",
+        "defs/../../outside.json",
+        "escape.json",
+        "missing.json",
+    ],
+)
+def test_every_other_ref_is_a_load_error_naming_the_key(tmp_path: Path, ref: str) -> None:
+    (tmp_path / "outside.json").write_text("{}")
+    path = write_module(tmp_path, "reffy")
+    (path / "escape.json").symlink_to(tmp_path / "outside.json")
+    _with_ref(path, ref)
+    with pytest.raises(ModuleLoadError) as info:
+        load_module(path)
+    assert str(path / "schema.json") in str(info.value)
+    assert "$ref at #/data/properties/extra/$ref" in str(info.value)
+
+
+def test_a_ref_inside_a_referenced_file_is_checked_too(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "reffy")
+    (path / "types.json").write_text(json.dumps({"$ref": "http://127.0.0.1:9/x.json"}))
+    _with_ref(path, "types.json")
+    with pytest.raises(ModuleLoadError) as info:
+        load_module(path)
+    assert str(path / "types.json") in str(info.value) and "$ref at #/$ref" in str(info.value)
+
+
+def test_a_property_named_ref_is_not_a_reference(tmp_path: Path) -> None:
+    path = write_module(tmp_path, "reffy")
+    schema = json.loads((path / "schema.json").read_text())
+    schema["data"]["properties"]["$ref"] = {"type": "string"}
+    (path / "schema.json").write_text(json.dumps(schema))
+    assert load_module(path).name == "reffy"
+    schema["data"]["properties"]["kind"] = {"enum": [{"$ref": "http://x"}]}  # the compiler follows it
+    (path / "schema.json").write_text(json.dumps(schema))
+    with pytest.raises(ModuleLoadError, match=r"\$ref at #/data/properties/kind/enum/0/\$ref"):
+        load_module(path)

@@ -10,12 +10,17 @@ passthrough chat and a module call; streaming time-to-first-byte is measured wit
 asyncio client. It prints p50/p99 latency, the overhead (proxy minus direct), the throughput
 ratio proxy/direct, the proxy's CPU milliseconds per request and its RSS after the load.
 Everything shares the machine's cores, so read ratios, not absolute numbers.
+
+``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
+hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
+ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -201,6 +206,43 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
+def _parse_seconds(text: str, repeat: int) -> float:
+    from proxy.contract.parse import ParseFailure, parse_json_object
+
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        with contextlib.suppress(ParseFailure):
+            parse_json_object(text)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def parse_bench() -> None:
+    """Parse time of hostile answers against a normal envelope (the baseline), one run."""
+    sys.path.insert(0, str(ROOT))
+    normal = json.dumps(ENVELOPE)
+    cases = {
+        "normal envelope": normal,
+        "fence + 40,000 spaces": "```" + " " * 40_000 + "x",
+        "prose + envelope": "Here it is:\n```json\n" + normal + "\n```\nDone.",
+        "'{' x 1 MB": "{" * 1_000_000,
+        "'[] ' x 1 MB": "[] " * 350_000,
+        "unterminated string 1 MB": '{"a": "' + "x\\" * 500_000,
+        "big envelope 1 MB": json.dumps(
+            {**ENVELOPE, "data": {**ENVELOPE["data"], "issues": ENVELOPE["data"]["issues"] * 4_000}}
+        ),
+    }
+    base = _parse_seconds(normal, 2_000)
+    print(f"{'parse case':<28}{'bytes':>10}{'ms':>10}{'x normal':>12}{'us/KB':>10}")
+    for name, text in cases.items():
+        seconds = _parse_seconds(text, 2_000 if len(text) < 10_000 else 5)
+        print(
+            f"{name:<28}{len(text):>10}{seconds * 1000:>10.3f}{seconds / base:>12.1f}"
+            f"{seconds * 1e6 / (len(text) / 1024):>10.1f}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,9 +250,13 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream)
+        return 0
+    if args.parse:
+        parse_bench()
         return 0
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
@@ -279,6 +325,7 @@ def main() -> int:
                     f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
                 )
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
+            parse_bench()
         finally:
             for proc in (proxy, upstream):
                 proc.terminate()

@@ -147,7 +147,7 @@ class Metrics:
         )
         self.review_dropped = Counter(
             "cognitive_review_dropped_total",
-            "Review records dropped because the Redis outbox was full (they go to the log).",
+            "Review records dropped: the Redis outbox was full, or Redis refused the write.",
             registry=r,
         )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)

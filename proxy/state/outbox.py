@@ -32,7 +32,7 @@ from typing import IO, Any
 import orjson
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 log = structlog.get_logger("proxy.outbox")
@@ -164,6 +164,9 @@ class RedisOutbox:
                 continue
             try:
                 await self._send_head()
+            except ResponseError as exc:  # Redis answered "no" (e.g. the key is not a stream)
+                self._refused(exc)
+                continue
             except (RedisError, OSError) as exc:
                 self._uncertain = self._uncertain or isinstance(exc, (RedisTimeout, TimeoutError))
                 self._down(exc)
@@ -196,6 +199,14 @@ class RedisOutbox:
         if not self._queue or self._delivered_since_rewrite >= self._bound:
             self._spool.rewrite(self._queue)  # the file never holds more than ~2 bounds
             self._delivered_since_rewrite = 0
+
+    def _refused(self, exc: ResponseError) -> None:
+        """Redis is up but refuses the head: resending cannot help and would block every write
+        behind it, so it is dropped (and counted)."""
+        head = self._queue[0]
+        log.error("proxy.outbox_write_refused", stream=head.stream, error=str(exc), outbox_id=head.id)
+        self._on_drop(head)
+        self._delivered()
 
     def _down(self, exc: Exception) -> None:
         head = self._queue[0] if self._queue else None

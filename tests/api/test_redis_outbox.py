@@ -147,3 +147,15 @@ async def test_a_full_outbox_drops_new_writes_and_counts_them(relay: RedisRelay,
     relay.restore()
     assert await stream_trace_ids(redis_db, 3) == ["0", "1", "2"]
     await outbox.aclose()
+
+
+async def test_a_write_redis_refuses_is_dropped_and_never_blocks_the_ones_behind_it(redis_db: Any) -> None:
+    await redis_db.set("not-a-stream", "x")
+    dropped: list[StreamWrite] = []
+    outbox = RedisOutbox(REDIS_URL, on_drop=dropped.append)
+    outbox.start()
+    outbox.put(StreamWrite("not-a-stream", {"trace_id": "refused"}, 100))
+    outbox.put(StreamWrite(STREAM, {"trace_id": "next"}, 100))
+    assert await stream_trace_ids(redis_db, 1) == ["next"]
+    assert [w.fields["trace_id"] for w in dropped] == ["refused"]
+    await outbox.aclose()

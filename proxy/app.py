@@ -14,7 +14,7 @@ from proxy import __version__
 from proxy.api import chat, meta, modules, openapi, passthrough, responses
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
-from proxy.api.state import METRICS, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
+from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
@@ -24,6 +24,7 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.settings import Settings
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
@@ -36,7 +37,9 @@ ADMIN_MAX_BODY_BYTES = 1024
 """The admin routes take no body: anything larger is refused unread (413)."""
 
 
-def load_runtime(settings: Settings, session: aiohttp.ClientSession, metrics: Metrics) -> Runtime:
+def load_runtime(
+    settings: Settings, session: aiohttp.ClientSession, metrics: Metrics, outbox: RedisOutbox | None
+) -> Runtime:
     """Policy, modules, provider clients and review sink; raises ``PolicyError`` for a bad
     policy. A broken module is reported with its path and reason and the others still load."""
     policy = load_policy(settings.policy_path)
@@ -49,7 +52,7 @@ def load_runtime(settings: Settings, session: aiohttp.ClientSession, metrics: Me
     sink = build_sink(
         policy.review,
         session,
-        settings.redis_url,
+        outbox,
         on_failure=lambda kind: metrics.review_sink_failures.labels(kind).inc(),
     )
     return Runtime(policy, registry, build_providers(policy, session), sink)
@@ -87,19 +90,35 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         return [(target, seen.get(target, False)) for target in targets]
 
     metrics.watch_breakers(breaker_states)
+    outbox = None
+    if settings.redis_url:
+        outbox = app[OUTBOX] = RedisOutbox(
+            settings.redis_url,
+            spool_dir=settings.spool_dir,
+            on_drop=lambda write: metrics.review_dropped.inc(),
+            on_first_failure=lambda write: metrics.review_sink_failures.labels("redis-stream").inc(),
+        )
+        outbox.start()
+        metrics.watch_redis(lambda: outbox.up)
     yield
+    if outbox is not None:
+        await outbox.aclose()
     await store.aclose()
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    current = load_runtime(settings, app[SESSION], app[METRICS])
+    outbox = app.get(OUTBOX)
+    current = load_runtime(settings, app[SESSION], app[METRICS], outbox)
     for problem in current.registry.problems:
         log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
     app[RUNTIME].current = current
     log.info("proxy.loaded", policy=current.policy.source, modules=current.registry.names())
     reloader = Reloader(
-        settings, app[RUNTIME], lambda: load_runtime(settings, app[SESSION], app[METRICS]), app[METRICS]
+        settings,
+        app[RUNTIME],
+        lambda: load_runtime(settings, app[SESSION], app[METRICS], outbox),
+        app[METRICS],
     )
     retired: set[asyncio.Task[None]] = set()
 
@@ -168,6 +187,8 @@ def build_admin_app(app: web.Application) -> web.Application:
     admin = web.Application(middlewares=[error_middleware], client_max_size=ADMIN_MAX_BODY_BYTES)
     admin[RUNTIME] = app[RUNTIME]
     admin[METRICS] = app[METRICS]
+    if OUTBOX in app:  # built in _state_ctx, which starts before _admin_ctx
+        admin[OUTBOX] = app[OUTBOX]
     for path, handler in ADMIN_ROUTES.items():
         admin.router.add_get(path, handler)
     return admin

@@ -250,6 +250,13 @@ SERVE_OPTIONS = (
         "share breaker state through this Redis, e.g. redis://127.0.0.1:6379/0",
     ),
     ServeOption(
+        "--spool-dir",
+        "SPOOL_DIR",
+        str,
+        None,
+        "keep Redis writes not yet delivered (review records) in a file here, replayed on start",
+    ),
+    ServeOption(
         "--reload-interval",
         "RELOAD_INTERVAL",
         float,
@@ -320,6 +327,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         redis_url=args.redis_url or None,
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),
+        spool_dir=Path(args.spool_dir) if args.spool_dir else None,
         reload_interval_s=args.reload_interval,
     )
 

@@ -15,6 +15,7 @@ never from a code the model wrote.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from proxy.upstream.base import (
     finish_reason_of,
     usage_of,
 )
-from proxy.upstream.router import Routed, Router, RungFailed, Try
+from proxy.upstream.router import Routed, Router, RungFailed, Try, real_failures, retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ class ModuleAnswer:
             "X-Cognitive-Attempts": str(len(self.attempts)),
         }
         if self.retry_after is not None:
-            headers["Retry-After"] = str(max(1, round(self.retry_after)))
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         return headers
 
 
@@ -192,11 +193,17 @@ def _no_answer(
             partial_data=allowed_partial(module, _last_data(last)),
         )
         return envelope, None
-    rate_limited = bool(failures) and all(f.kind == "rate_limited" for f in failures)
-    retry_after = max((f.retry_after or 0.0 for f in failures), default=0.0) or 1.0
+    sent = real_failures(failures)  # breaker skips left out: the message names a real failure
+    rate_limited = bool(sent) and all(f.kind == "rate_limited" for f in sent)
     code = Code.RATE_LIMITED if rate_limited else Code.PROVIDER_UNAVAILABLE
-    message = failures[-1].message if failures else "no provider target is configured"
-    return error_envelope(code, f"Every provider target failed; last: {message}"[:1000]), retry_after
+    if sent:
+        message = sent[-1].message
+    elif failures:
+        message = "every target's circuit breaker is open"
+    else:
+        message = "no provider target is configured"
+    envelope = error_envelope(code, f"Every provider target failed; last: {message}"[:1000])
+    return envelope, retry_after_s(failures) or 1.0
 
 
 def internal_error(module: Module) -> ModuleAnswer:

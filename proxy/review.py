@@ -1,6 +1,7 @@
 """Review sinks: where answers decided ``review`` are recorded. A sink never fails or delays
-the request: the log sink writes a line; the Redis stream sink does one bounded XADD; the
-webhook sink POSTs in the background with retries."""
+the request: the log sink writes a line; the Redis stream sink queues an XADD in the Redis outbox
+(``proxy.state.outbox``: kept and re-sent in order while Redis is away); the webhook sink POSTs
+in the background with retries."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from proxy.policy.model import ReviewPolicy
+from proxy.state.outbox import RedisOutbox, StreamWrite
 
 log = structlog.get_logger("proxy.review")
 
@@ -83,40 +83,32 @@ class _Background(ABC):
                 task.cancel()
 
 
-class RedisStreamSink(_Background):
-    """XADD to a stream (approximate MAXLEN) with fields module, trace_id, decision, meta, envelope."""
+class RedisStreamSink:
+    """XADD to a stream (approximate MAXLEN) with fields module, tier, trace_id, decision, meta,
+    envelope (and the outbox's ``outbox_id``), through the app's Redis outbox."""
 
-    def __init__(
-        self, redis_url: str, stream: str, maxlen: int, timeout_s: float, on_failure: Callable[[str], None]
-    ) -> None:
-        super().__init__(on_failure)
-        self._redis: Any = aioredis.Redis.from_url(
-            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+    def __init__(self, outbox: RedisOutbox, stream: str, maxlen: int) -> None:
+        self._outbox = outbox
         self._stream = stream
         self._maxlen = maxlen
 
-    async def _deliver(self, record: dict[str, Any]) -> None:
+    async def submit(self, record: dict[str, Any]) -> None:
         fields = {
             "module": record["module"],
             "tier": record["tier"],
             "trace_id": record["trace_id"],
             "decision": record["decision"],
-            "meta": orjson.dumps(record["meta"]),
-            "envelope": orjson.dumps(record["envelope"]),
+            "meta": orjson.dumps(record["meta"]).decode(),
+            "envelope": orjson.dumps(record["envelope"]).decode(),
         }
-        try:
-            await self._redis.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)
-        except (RedisError, OSError) as exc:
+        if not self._outbox.put(StreamWrite(self._stream, fields, self._maxlen)):
             log.error(
-                "proxy.review_sink_failed", sink="redis-stream", error=str(exc), trace_id=record["trace_id"]
+                "proxy.review_dropped", sink="redis-stream", reason="outbox full", trace_id=record["trace_id"]
             )
-            self._on_failure("redis-stream")
-            await LogSink().submit(record)  # the record is not lost: it is in the log
+            await LogSink().submit(record)  # not in the stream, but not lost: it is in the log
 
     async def aclose(self) -> None:
-        await self.drain()
-        await self._redis.aclose()
+        return None  # the outbox belongs to the app and outlives a reload
 
 
 class WebhookSink(_Background):
@@ -161,17 +153,18 @@ class WebhookSink(_Background):
 def build_sink(
     policy: ReviewPolicy,
     session: aiohttp.ClientSession,
-    redis_url: str | None,
+    outbox: RedisOutbox | None,
     on_failure: Callable[[str], None] = lambda sink: None,
 ) -> ReviewSink:
-    """The sink the policy names; ``on_failure(sink)`` is called for each record not delivered."""
+    """The sink the policy names; ``on_failure(sink)`` is called for each webhook record not
+    delivered (the outbox counts the redis-stream ones)."""
     if policy.sink == "redis-stream":
-        if not redis_url:
+        if outbox is None:
             log.error(
                 "proxy.review_sink_unconfigured", sink="redis-stream", reason="no --redis-url; using log"
             )
             return LogSink()
-        return RedisStreamSink(redis_url, policy.stream, policy.maxlen, policy.timeout_s, on_failure)
+        return RedisStreamSink(outbox, policy.stream, policy.maxlen)
     if policy.sink == "webhook" and policy.url:
         return WebhookSink(session, policy.url, policy.timeout_s, policy.retries, on_failure)
     return LogSink()

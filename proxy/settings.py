@@ -34,6 +34,8 @@ class Settings:
     admin_port: int | None = None
     """Serve /healthz, /readyz and /metrics (only those) on this port too (None: no admin
     listener). Lets the API stay on loopback while probes and Prometheus reach the pod IP."""
+    spool_dir: Path | None = None
+    """Where the Redis outbox appends records not yet delivered, so a restart loses none."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""

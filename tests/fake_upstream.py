@@ -26,6 +26,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import random
 import re
 import struct
 import time
@@ -116,6 +117,18 @@ SERVER_ERROR = Fault.http(500)
 UNAVAILABLE = Fault.http(503)
 
 Reply = str | Fault
+
+
+@dataclass(frozen=True)
+class FaultMix:
+    """Independent random faults: each request of the model draws ``fault`` with its rate (else the
+    normal reply), from a generator seeded with ``seed`` so a run can be replayed."""
+
+    rates: tuple[tuple[Fault, float], ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        assert sum(rate for _, rate in self.rates) <= 1.0, "fault rates add up to more than 1"
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,7 @@ class FakeUpstream:
         self.files: dict[str, dict[str, Any]] = {}
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
+        self._mixes: dict[str, tuple[FaultMix, random.Random]] = {}
 
     @property
     def openai_base(self) -> str:
@@ -255,6 +269,13 @@ class FakeUpstream:
         """Set the reply used when ``model``'s queue is empty; mappings/lists are sent as JSON text."""
         self._defaults[model] = reply if isinstance(reply, str | Fault) else json.dumps(reply)
 
+    def set_fault_mix(self, model: str, mix: FaultMix | None) -> None:
+        """Draw ``model``'s unscripted replies from ``mix`` (None: back to the default reply)."""
+        if mix is None:
+            self._mixes.pop(model, None)
+        else:
+            self._mixes[model] = (mix, random.Random(mix.seed))
+
     def default_reply(self, model: str) -> Reply:
         """The reply used when ``model``'s queue is empty."""
         return self._defaults.get(model, DEFAULT_CONTENT)
@@ -262,7 +283,16 @@ class FakeUpstream:
     def next_reply(self, model: str) -> Reply:
         """Pop the next scripted reply for ``model`` (or its default)."""
         queue = self._scripts.get(model)
-        return queue.popleft() if queue else self.default_reply(model)
+        if queue:
+            return queue.popleft()
+        if model in self._mixes:
+            mix, rng = self._mixes[model]
+            draw = rng.random()
+            for fault, rate in mix.rates:
+                if draw < rate:
+                    return fault
+                draw -= rate
+        return self.default_reply(model)
 
     def count(self, path: str | None = None, model: str | None = None) -> int:
         """Number of recorded requests matching ``path`` and/or body ``model``."""
@@ -278,6 +308,7 @@ class FakeUpstream:
         self.files.clear()
         self._scripts.clear()
         self._defaults.clear()
+        self._mixes.clear()
         self.cancelled = 0
 
     def app(self) -> web.Application:

@@ -450,7 +450,7 @@ def patch_answer(confidence: float, change_risk: str = "low") -> str:
 
 def e2e_policy(fake: FakeUpstream) -> dict[str, Any]:
     """Two targets on the first rung; one failure opens a breaker, which stays open for the test."""
-    return routing_policy(fake, circuit_breaker={"failures": 1, "window_s": 60, "open_s": 300})
+    return routing_policy(fake, circuit_breaker={"consecutive_failures": 1, "window_s": 60, "open_s": 300})
 
 
 async def proxy_metrics(session: aiohttp.ClientSession, px: RunningProxy) -> str:

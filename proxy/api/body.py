@@ -7,9 +7,17 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.api.errors import ApiError, json_response
+from proxy.api.errors import (
+    FAILURE_ANSWERS,
+    RETRY_STATUSES,
+    ApiError,
+    error_body,
+    failure_answer,
+    json_response,
+    retry_after_value,
+)
 from proxy.upstream.base import ProviderError
-from proxy.upstream.router import RungFailed
+from proxy.upstream.router import RungFailed, real_failures, retry_after_s
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
@@ -24,11 +32,12 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     return value
 
 
-def upstream_failure(exc: ProviderError, trace_id: str) -> web.Response:
+def upstream_failure(exc: ProviderError, trace_id: str, retry_after: float | None = None) -> web.Response:
     """A provider failure on a passthrough call, as the client sees it.
 
-    The upstream's own 4xx answers pass through unchanged (status and body); rate limits keep
-    their ``Retry-After``; connection failures and 5xx are 502, timeouts 504.
+    The upstream's own 4xx answers pass through unchanged (status and body); otherwise the status
+    comes from ``failure_answer``, and 429/503 carry ``Retry-After`` (``retry_after``, else the
+    failure's own, else 1).
     """
     headers = {"X-Cognitive-Trace-Id": trace_id}
     if exc.kind == "client_error" and exc.status is not None and exc.body:
@@ -38,42 +47,30 @@ def upstream_failure(exc: ProviderError, trace_id: str) -> web.Response:
             headers=headers,
             content_type=exc.headers.get("Content-Type", "application/json").split(";")[0],
         )
-    if exc.kind == "rate_limited":
-        headers["Retry-After"] = str(max(1, round(exc.retry_after or 1)))
-        status, type_, code = 429, "rate_limit_error", "rate_limited"
-    elif exc.kind == "timeout":
-        status, type_, code = 504, "server_error", "upstream_timeout"
-    else:
-        status, type_, code = 502, "server_error", "upstream_error"
-    body = {
-        "error": {
-            "message": f"Upstream provider failed: {exc.message}",
-            "type": type_,
-            "param": None,
-            "code": code,
-        }
-    }
-    return json_response(body, status=status, headers=headers)
+    answer = failure_answer(exc)
+    if answer.status in RETRY_STATUSES:
+        headers["Retry-After"] = retry_after_value(
+            retry_after if retry_after is not None else exc.retry_after
+        )
+    body = error_body(f"Upstream provider failed: {exc.message}", answer.type, answer.code)
+    return json_response(body, status=answer.status, headers=headers)
 
 
 def passthrough_failure(exc: RungFailed, trace_id: str) -> web.Response:
-    """Every target failed. The proxy's own refusal (all breakers open, or no target) is 503 with
-    Retry-After; otherwise the client sees the last upstream failure (a client error as the
-    upstream sent it)."""
+    """Every target failed. The client hears the last failure of a request actually sent (a
+    client error as the upstream sent it), with the largest upstream ``Retry-After``; when every
+    target was skipped by its breaker (or there is none), the proxy's own 503 with the time until
+    the first half-open trial."""
     if exc.final is not None:
         return upstream_failure(exc.final, trace_id)
-    if exc.failures and not all("circuit breaker open" in f.message for f in exc.failures):
-        return upstream_failure(exc.failures[-1], trace_id)
+    retry_after = retry_after_s(exc.failures)
+    sent = real_failures(exc.failures)
+    if sent:
+        return upstream_failure(sent[-1], trace_id, retry_after)
     reason = "circuit breakers open" if exc.failures else "no provider target"
+    answer = FAILURE_ANSWERS["circuit_open"]
     return json_response(
-        {
-            "error": {
-                "message": f"Every provider target is unavailable ({reason})",
-                "type": "server_error",
-                "param": None,
-                "code": "provider_unavailable",
-            }
-        },
-        status=503,
-        headers={"Retry-After": "1", "X-Cognitive-Trace-Id": trace_id},
+        error_body(f"Every provider target is unavailable ({reason})", answer.type, answer.code),
+        status=answer.status,
+        headers={"Retry-After": retry_after_value(retry_after), "X-Cognitive-Trace-Id": trace_id},
     )

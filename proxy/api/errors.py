@@ -1,17 +1,23 @@
-"""One place maps errors: ``ApiError`` -> OpenAI error body; anything unexpected -> 500.
+"""One place maps errors: ``ApiError`` -> OpenAI error body; a provider failure kind -> HTTP
+status; anything unexpected -> 500.
 
-Module answers never come through here: their body is always an envelope (see ``api.modules``).
+Module answers never come through here: their body is always an envelope (see ``api.modules``);
+their statuses (E4001 503, E4002 429) agree with ``FAILURE_ANSWERS``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
+
+from proxy.upstream.base import FailureKind, ProviderError
 
 log = structlog.get_logger("proxy.api")
 
@@ -41,10 +47,50 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         return json_response(
-            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}},
+            error_body(self.message, self.type, self.code, self.param),
             status=self.status,
             headers=self.headers,
         )
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass(frozen=True, slots=True)
+class FailureAnswer:
+    status: int
+    type: str
+    code: str
+
+
+# What the client hears when a provider failure is the last word (no upstream answer passed on).
+FAILURE_ANSWERS: Mapping[FailureKind, FailureAnswer] = {
+    "connect": FailureAnswer(502, "server_error", "upstream_error"),
+    "server_error": FailureAnswer(502, "server_error", "upstream_error"),
+    "malformed": FailureAnswer(502, "server_error", "upstream_error"),
+    "timeout": FailureAnswer(504, "server_error", "upstream_timeout"),
+    "rate_limited": FailureAnswer(429, "rate_limit_error", "rate_limited"),
+    "circuit_open": FailureAnswer(503, "server_error", "provider_unavailable"),
+    "client_error": FailureAnswer(400, "invalid_request_error", "upstream_client_error"),
+}
+# An upstream 503 says "unavailable, try later" (often with Retry-After): kept, not made a 502.
+_UPSTREAM_UNAVAILABLE = FailureAnswer(503, "server_error", "upstream_unavailable")
+RETRY_STATUSES = frozenset({429, 503})
+"""Answers that carry ``Retry-After``."""
+
+
+def failure_answer(exc: ProviderError) -> FailureAnswer:
+    """Status, type and code for a provider failure (the one kind -> HTTP status table)."""
+    if exc.kind == "server_error" and exc.status == 503:
+        return _UPSTREAM_UNAVAILABLE
+    return FAILURE_ANSWERS[exc.kind]
+
+
+def retry_after_value(seconds: float | None) -> str:
+    """A ``Retry-After`` header value: whole seconds rounded up, at least 1."""
+    return str(max(1, math.ceil(seconds or 0.0)))
 
 
 def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

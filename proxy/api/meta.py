@@ -8,7 +8,7 @@ from prometheus_client.exposition import choose_encoder
 from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
 from proxy.api.errors import json_response
-from proxy.api.state import METRICS, RUNTIME, SETTINGS, runtime_of
+from proxy.api.state import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -60,14 +60,17 @@ async def readyz(request: web.Request) -> web.Response:
     current = request.app[RUNTIME].current
     if current is None:
         return json_response({"status": "loading"}, status=503, headers={"Retry-After": "1"})
-    return json_response(
-        {
-            "status": "ready",
-            "policy": current.policy.source,
-            "modules": len(current.registry.modules),
-            "module_problems": [str(p) for p in current.registry.problems],
-        }
-    )
+    body = {
+        "status": "ready",
+        "policy": current.policy.source,
+        "modules": len(current.registry.modules),
+        "module_problems": [str(p) for p in current.registry.problems],
+    }
+    outbox = request.app.get(OUTBOX)
+    if outbox is not None:  # Redis down still serves (local breaker state, records kept): ready
+        body["redis"] = "up" if outbox.up else "down"
+        body["redis_pending_writes"] = len(outbox)
+    return json_response(body)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -24,13 +24,13 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.api.body import passthrough_failure
-from proxy.api.errors import ApiError
+from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
 from proxy.upstream.http import api_key, status_error
-from proxy.upstream.router import RungFailed, Try
+from proxy.upstream.router import RungFailed, Try, real_failures, retry_after_s
 
 log = structlog.get_logger("proxy.passthrough")
 
@@ -322,24 +322,19 @@ def _no_retries(runtime: Runtime) -> Failover:
 
 
 def _failure(exc: RungFailed, trace_id: str) -> web.Response:
-    """The upstream's own answer when there was one (status, headers, body as sent); otherwise
-    the proxy's: 503 with Retry-After when every target was skipped by its breaker, 504 for a
-    timeout, 502 for the rest."""
-    last = exc.failures[-1] if exc.failures else None
+    """The upstream's own answer when there was one (status, headers, body as sent; the largest
+    Retry-After of the tries); otherwise the proxy's (``passthrough_failure``)."""
+    sent = real_failures(exc.failures)
+    last = sent[-1] if sent else None
     if last is not None and last.status is not None and last.body:
         headers = dict(returned_headers(last.headers))
         headers["X-Cognitive-Trace-Id"] = trace_id
+        retry_after = retry_after_s(exc.failures)
+        if retry_after is not None and last.status in RETRY_STATUSES:
+            headers = {k: v for k, v in headers.items() if k.lower() != "retry-after"}
+            headers["Retry-After"] = retry_after_value(retry_after)
         return web.Response(body=last.body, status=last.status, headers=headers)
-    if last is None or last.message.endswith("circuit breaker open"):
-        return passthrough_failure(exc, trace_id)
-    status = 504 if last.kind == "timeout" else 502
-    raise ApiError(
-        status,
-        f"Upstream provider failed: {last.message}",
-        "server_error",
-        "upstream_error",
-        headers={"X-Cognitive-Trace-Id": trace_id},
-    )
+    return passthrough_failure(exc, trace_id)
 
 
 async def catch_all(request: web.Request) -> web.StreamResponse:

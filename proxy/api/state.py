@@ -14,6 +14,7 @@ from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
 from proxy.review import ReviewSink
 from proxy.settings import Settings
+from proxy.state.outbox import RedisOutbox
 from proxy.upstream.base import Provider
 from proxy.upstream.router import Router
 
@@ -41,6 +42,8 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
+OUTBOX = web.AppKey("outbox", RedisOutbox)
+"""Set only with ``--redis-url``."""
 
 
 def runtime_of(request: web.Request) -> Runtime:

@@ -141,8 +141,13 @@ class Metrics:
         )
         self.review_sink_failures = Counter(
             "cognitive_review_sink_failures_total",
-            "Review records a sink could not deliver (they go to the log).",
+            "Review records whose delivery failed (redis-stream: kept and re-sent; webhook: logged).",
             ["sink"],
+            registry=r,
+        )
+        self.review_dropped = Counter(
+            "cognitive_review_dropped_total",
+            "Review records dropped: the Redis outbox was full, or Redis refused the write.",
             registry=r,
         )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
@@ -175,6 +180,13 @@ class Metrics:
             )
         children[0].inc()
         children[1].observe(seconds)
+
+    def watch_redis(self, up: Callable[[], bool]) -> None:
+        """``cognitive_redis_up``: 1 while Redis answers (only with ``--redis-url``)."""
+        gauge = Gauge(
+            "cognitive_redis_up", "1 while the Redis of --redis-url answers.", registry=self.registry
+        )
+        gauge.set_function(lambda: 1.0 if up() else 0.0)
 
     def watch_breakers(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
         self.registry.register(BreakerCollector(snapshot))

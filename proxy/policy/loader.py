@@ -10,6 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import structlog
 import yaml
 
 from proxy import schemas
@@ -32,6 +33,7 @@ from proxy.policy.model import (
 )
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+log = structlog.get_logger("proxy.policy")
 
 # Used when a policy has no `tiers:` block, and for tiers it leaves out.
 DEFAULT_TIERS: dict[str, dict[str, Any]] = {
@@ -67,10 +69,30 @@ def _thresholds(raw: dict[str, Any]) -> Thresholds:
     )
 
 
-def _failover(raw: dict[str, Any]) -> Failover:
+def _breaker(raw: dict[str, Any], source: str) -> BreakerPolicy:
+    defaults = BreakerPolicy()
+    consecutive = raw.get("consecutive_failures")
+    if "failures" in raw:  # removed key (count breaker); its meaning lives on under the new name
+        log.warning(
+            "proxy.policy_deprecated_key",
+            source=source,
+            key="failover.circuit_breaker.failures",
+            use="failover.circuit_breaker.consecutive_failures",
+        )
+        consecutive = raw["failures"]
+    return BreakerPolicy(
+        failure_rate=float(raw.get("failure_rate", defaults.failure_rate)),
+        min_requests=int(raw.get("min_requests", defaults.min_requests)),
+        window_s=float(raw.get("window_s", defaults.window_s)),
+        open_s=float(raw.get("open_s", defaults.open_s)),
+        consecutive_failures=None if consecutive is None else int(consecutive),
+        half_open_requests=int(raw.get("half_open_requests", defaults.half_open_requests)),
+    )
+
+
+def _failover(raw: dict[str, Any], source: str) -> Failover:
     timeout = as_dict(raw.get("timeout"))
     backoff = as_dict(raw.get("backoff"))
-    breaker = as_dict(raw.get("circuit_breaker"))
     budget = as_dict(raw.get("retry_budget"))
     defaults = Failover()
     return Failover(
@@ -78,11 +100,7 @@ def _failover(raw: dict[str, Any]) -> Failover:
         retry_on=frozenset(raw.get("retry_on", defaults.retry_on)),
         backoff=Backoff(float(backoff.get("base_ms", 100)), float(backoff.get("max_ms", 2000))),
         timeouts=Timeouts(float(timeout.get("per_try_s", 30)), float(timeout.get("total_s", 90))),
-        breaker=BreakerPolicy(
-            int(breaker.get("failures", 5)),
-            float(breaker.get("window_s", 30)),
-            float(breaker.get("open_s", 30)),
-        ),
+        breaker=_breaker(as_dict(raw.get("circuit_breaker")), source),
         budget=RetryBudget(float(budget.get("percent", 20)), int(budget.get("min_concurrency", 3))),
     )
 
@@ -138,6 +156,11 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     review = as_dict(doc.get("review"))
     if review.get("sink") == "webhook" and "url" not in review:
         problems.append("review.url: required when review.sink is webhook")
+    breaker = as_dict(as_dict(doc.get("failover")).get("circuit_breaker"))
+    if "failures" in breaker and "consecutive_failures" in breaker:
+        problems.append(
+            "failover.circuit_breaker.failures: removed; it is consecutive_failures now (give only that)"
+        )
     timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
     if timeout.get("per_try_s", 30) > timeout.get("total_s", 90):
         problems.append("failover.timeout.per_try_s: larger than total_s (total_s bounds every try)")
@@ -186,7 +209,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
             [str(t) for rung in ladder for t in rung.targets]
             + [a for a in as_dict(doc.get("aliases")).values() if "/" in a]
         ),
-        failover=_failover(as_dict(doc.get("failover"))),
+        failover=_failover(as_dict(doc.get("failover")), source),
         review=_review(as_dict(doc.get("review"))),
         passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
         source=source,

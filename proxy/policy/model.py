@@ -70,11 +70,21 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class BreakerPolicy:
-    failures: int = 5
-    """Provider failures within ``window_s`` that open a target's breaker."""
+    """When a target's breaker opens (resilience4j/Hystrix rate breaker, optionally Envoy's
+    consecutive-failure outlier detection) and how it closes again."""
+
+    failure_rate: float = 0.5
+    """Open when failures / outcomes in the window reach this share (and ``min_requests``)."""
+    min_requests: int = 20
+    """Outcomes the window must hold before its failure rate can open the breaker."""
     window_s: float = 30.0
+    """The sliding window over which outcomes are counted."""
     open_s: float = 30.0
-    """How long an open breaker skips the target before one half-open trial request."""
+    """How long an open breaker skips the target before its half-open trial."""
+    consecutive_failures: int | None = None
+    """Also open after this many failures in a row (None: off)."""
+    half_open_requests: int = 1
+    """Trial requests let through after ``open_s``; all must succeed to close the breaker."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.policy.decide import Meta, decide
-from proxy.policy.model import Policy, Thresholds
+from proxy.policy.model import BreakerPolicy, Policy, Thresholds
 
 
 def _thresholds(t: Thresholds) -> str:
@@ -38,13 +38,21 @@ def summary(policy: Policy) -> list[str]:
     lines.append(
         f"failover: {f.retries} retries per target on {', '.join(sorted(f.retry_on))}; backoff "
         f"{f.backoff.base_ms:g}-{f.backoff.max_ms:g} ms; per try {f.timeouts.per_try_s:g}s, total "
-        f"{f.timeouts.total_s:g}s; breaker {f.breaker.failures} failures/{f.breaker.window_s:g}s, open "
-        f"{f.breaker.open_s:g}s; retry budget {f.budget.percent:g}% (min {f.budget.min_concurrency})"
+        f"{f.timeouts.total_s:g}s; breaker {_breaker(f.breaker)}; retry budget {f.budget.percent:g}% "
+        f"(min {f.budget.min_concurrency})"
     )
     lines.append(f"review: {policy.review.sink}")
     routes = "".join(f"; {r.prefix} -> {', '.join(r.providers)}" for r in policy.passthrough.routes)
     lines.append(f"passthrough (/v1/* not handled here): {policy.passthrough.provider or 'none'}{routes}")
     return lines
+
+
+def _breaker(b: BreakerPolicy) -> str:
+    consecutive = f" or {b.consecutive_failures} in a row" if b.consecutive_failures else ""
+    return (
+        f"opens at {b.failure_rate:.0%} failures of >= {b.min_requests} in {b.window_s:g}s{consecutive}, "
+        f"open {b.open_s:g}s, {b.half_open_requests} trial(s)"
+    )
 
 
 def explain(policy: Policy, thresholds: Thresholds, meta: Meta, rung: int, label: str) -> list[str]:

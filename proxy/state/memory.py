@@ -2,43 +2,96 @@
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+import math
+from dataclasses import dataclass, field
 
 from proxy.policy.model import BreakerPolicy
+from proxy.state.store import WINDOW_BUCKETS, BreakerState, Outcome
+
+
+@dataclass
+class _Target:
+    epoch: int = 0
+    open_until: float = 0.0
+    consecutive: int = 0
+    trial_ok: int = 0
+    buckets: dict[int, list[int]] = field(default_factory=dict)
+    """bucket index -> [successes, failures]"""
+    trials: list[float] = field(default_factory=list)
+    """Expiry times of the claimed half-open trials."""
+
+    def open(self, now: float, policy: BreakerPolicy) -> None:
+        self.epoch += 1
+        self.open_until = now + policy.open_s
+        self.reset()
+
+    def close(self) -> None:
+        self.open_until = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.consecutive = self.trial_ok = 0
+        self.buckets.clear()
+        self.trials.clear()
 
 
 class MemoryBreakerStore:
     def __init__(self) -> None:
-        self._failures: defaultdict[str, deque[float]] = defaultdict(deque)
-        self._open_until: dict[str, float] = {}
-        self._trial_until: dict[str, float] = {}
+        self._targets: dict[str, _Target] = {}
 
-    async def record_failure(
-        self, target: str, now: float, policy: BreakerPolicy, *, force_open: bool
-    ) -> float:
-        window = self._failures[target]
-        window.append(now)
-        while window and window[0] <= now - policy.window_s:
-            window.popleft()
-        current = self._open_until.get(target, 0.0)
-        if force_open or len(window) >= policy.failures:
-            current = max(current, now + policy.open_s)
-            self._open_until[target] = current
-        return current
+    def _get(self, target: str) -> _Target:
+        return self._targets.setdefault(target, _Target())
 
-    async def open_until(self, target: str) -> float:
-        return self._open_until.get(target, 0.0)
+    async def state(self, target: str) -> BreakerState:
+        t = self._targets.get(target)
+        return BreakerState() if t is None else BreakerState(t.epoch, t.open_until)
 
-    async def try_trial(self, target: str, now: float, ttl: float) -> bool:
-        if self._trial_until.get(target, 0.0) > now:
+    async def try_trial(self, target: str, epoch: int, now: float, ttl: float, slots: int) -> bool:
+        t = self._get(target)
+        if t.epoch != epoch or t.open_until <= 0.0 or now < t.open_until:
             return False
-        self._trial_until[target] = now + ttl
+        t.trials = [expiry for expiry in t.trials if expiry > now]
+        if len(t.trials) >= slots:
+            return False
+        t.trials.append(now + ttl)
         return True
 
-    async def close(self, target: str) -> None:
-        self._failures.pop(target, None)
-        self._open_until.pop(target, None)
-        self._trial_until.pop(target, None)
+    async def record(self, target: str, outcome: Outcome, now: float, policy: BreakerPolicy) -> BreakerState:
+        t = self._get(target)
+        if outcome.epoch != t.epoch:
+            pass  # admitted before the breaker last opened: moves nothing
+        elif t.open_until > 0.0:
+            if outcome.trial:
+                if outcome.failed:
+                    t.open(now, policy)
+                else:
+                    t.trial_ok += 1
+                    if t.trial_ok >= policy.half_open_requests:
+                        t.close()
+        elif not outcome.trial:
+            self._count(t, outcome, now, policy)
+        return BreakerState(t.epoch, t.open_until)
+
+    @staticmethod
+    def _count(t: _Target, outcome: Outcome, now: float, policy: BreakerPolicy) -> None:
+        width = policy.window_s / WINDOW_BUCKETS
+        bucket = math.floor(now / width)
+        for old in [b for b in t.buckets if b <= bucket - WINDOW_BUCKETS]:
+            del t.buckets[old]
+        t.buckets.setdefault(bucket, [0, 0])[1 if outcome.failed else 0] += 1
+        t.consecutive = t.consecutive + 1 if outcome.failed else 0
+        if not outcome.failed:
+            return
+        total = sum(s + f for s, f in t.buckets.values())
+        share = sum(f for _, f in t.buckets.values()) / total
+        by_rate = total >= policy.min_requests and share >= policy.failure_rate
+        by_streak = (
+            policy.consecutive_failures is not None
+            and t.consecutive >= policy.consecutive_failures
+            and (not outcome.protect or share >= policy.failure_rate)
+        )
+        if by_rate or by_streak:
+            t.open(now, policy)
 
     async def aclose(self) -> None:
         return None

@@ -11,7 +11,10 @@ import orjson
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
 
-FailureKind = Literal["connect", "timeout", "rate_limited", "client_error", "server_error", "malformed"]
+FailureKind = Literal[
+    "connect", "timeout", "rate_limited", "client_error", "server_error", "malformed", "circuit_open"
+]
+"""``circuit_open``: the target was skipped by its open breaker (no request was sent)."""
 
 
 class ProviderError(Exception):

@@ -19,7 +19,7 @@ from typing import Generic, Protocol, TypeVar
 
 from proxy.policy.model import Failover, RetryBudget, Target
 from proxy.upstream.base import Provider, ProviderError
-from proxy.upstream.breaker import Breakers, counts_against_breaker
+from proxy.upstream.breaker import Breakers, Ticket, counts_against_breaker
 
 T = TypeVar("T")
 Operation = Callable[[Provider, Target, float], Awaitable[T]]
@@ -81,10 +81,26 @@ class RetryBudgetTracker:
 
 
 def _reason(failures: list[ProviderError]) -> str:
-    if not failures:
-        return "unknown"
-    last = failures[-1]
-    return "circuit_open" if last.message.endswith("circuit breaker open") else last.kind
+    return failures[-1].kind if failures else "unknown"
+
+
+# A client told to wait longer than this would rather hear "try later" from its own retry policy;
+# an upstream's Retry-After of hours (or a bogus one) is not passed on as is.
+RETRY_AFTER_CAP_S = 300.0
+
+
+def real_failures(failures: list[ProviderError]) -> list[ProviderError]:
+    """The failures of requests actually sent (breaker skips left out)."""
+    return [f for f in failures if f.kind != "circuit_open"]
+
+
+def retry_after_s(failures: list[ProviderError]) -> float | None:
+    """When the caller may try again: the largest upstream ``Retry-After``, else (only breaker
+    skips) the time until the first half-open trial; capped by ``RETRY_AFTER_CAP_S``."""
+    upstream = [f.retry_after for f in real_failures(failures) if f.retry_after is not None]
+    skips = [f.retry_after for f in failures if f.kind == "circuit_open" and f.retry_after is not None]
+    value = max(upstream) if upstream else (min(skips) if skips else None)
+    return None if value is None else min(value, RETRY_AFTER_CAP_S)
 
 
 def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float:
@@ -135,7 +151,15 @@ class Router:
         try:
             for index, target in enumerate(targets):
                 result = await self._target(
-                    target, providers, operation, failover, deadline, on_try, failures, stop_on_client_error
+                    targets,
+                    target,
+                    providers,
+                    operation,
+                    failover,
+                    deadline,
+                    on_try,
+                    failures,
+                    stop_on_client_error,
                 )
                 if result is not None:
                     return result
@@ -147,8 +171,19 @@ class Router:
         finally:
             self.budget.requests -= 1
 
+    async def _admit(self, target: Target, failover: Failover, deadline: float) -> Ticket:
+        trial_ttl = min(failover.timeouts.per_try_s, max(deadline - self._clock(), 0.001))
+        return await self.breakers.admit(str(target), failover.breaker, trial_ttl)
+
+    async def _record(
+        self, rung: Sequence[Target], target: Target, ticket: Ticket, failover: Failover, *, failed: bool
+    ) -> None:
+        protect = all(self.breakers.is_open(str(t)) for t in rung if t != target)
+        await self.breakers.record(str(target), ticket, failover.breaker, failed=failed, protect=protect)
+
     async def _target(
         self,
+        rung: Sequence[Target],
         target: Target,
         providers: Mapping[str, Provider],
         operation: Operation[T],
@@ -160,14 +195,16 @@ class Router:
     ) -> Routed[T] | None:
         key = str(target)
         per_try = failover.timeouts.per_try_s
-        admission = await self.breakers.admit(key, min(per_try, max(deadline - self._clock(), 0.001)))
-        if admission == "open":
-            skipped = ProviderError("connect", f"{key}: circuit breaker open")
+        ticket = await self._admit(target, failover, deadline)
+        if ticket.admission == "open":
+            skipped = ProviderError(
+                "circuit_open", f"{key}: circuit breaker open", retry_after=ticket.retry_in
+            )
             failures.append(skipped)
             on_try(Try(target, 0.0, skipped, skipped=True))
             return None
         provider = providers[target.provider]
-        trial = admission == "trial"
+        trial = ticket.admission == "trial"
         retries = 0
         waited = 0.0
         while True:
@@ -188,7 +225,7 @@ class Router:
                 if self.observer is not None:
                     self.observer.attempt(target, elapsed, exc)
                 if counts_against_breaker(exc):
-                    await self.breakers.failure(key, failover.breaker, trial=trial)
+                    await self._record(rung, target, ticket, failover, failed=True)
                 if exc.kind == "client_error" and stop_on_client_error:
                     raise RungFailed(failures, final=exc) from exc
                 if (
@@ -201,6 +238,10 @@ class Router:
                 if self._clock() + wait >= deadline or not self.budget.allows_retry(failover.budget):
                     return None
                 await self._sleep(wait)
+                ticket = await self._admit(target, failover, deadline)
+                if ticket.admission == "open":
+                    return None  # the breaker opened meanwhile: no retry into it
+                trial = ticket.admission == "trial"
                 waited = wait
                 retries += 1
                 continue
@@ -211,5 +252,5 @@ class Router:
             on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
             if self.observer is not None:
                 self.observer.attempt(target, elapsed, None)
-            await self.breakers.success(key, trial=trial)
+            await self._record(rung, target, ticket, failover, failed=False)
             return Routed(value, target)

@@ -244,7 +244,7 @@ async def test_open_breaker_on_the_passthrough_provider_is_a_503_with_retry_afte
     monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     monkeypatch.setenv(SECOND_KEY_ENV, "sk-second-provider")
     policy = dropin_policy(fake_upstream)
-    policy["failover"]["circuit_breaker"] = {"failures": 1, "window_s": 30, "open_s": 30}
+    policy["failover"]["circuit_breaker"] = {"consecutive_failures": 1, "window_s": 30, "open_s": 30}
     async with running_proxy(tmp_path, policy) as px:
         fake_upstream.script("text-embedding-3-small", Fault.http(500))
         await px.client().embeddings.create(model="text-embedding-3-small", input="x")  # opens up's breaker
@@ -253,5 +253,5 @@ async def test_open_breaker_on_the_passthrough_provider_is_a_503_with_retry_afte
             await px.client().audio.transcriptions.create(
                 model="whisper-1", file=("a.wav", b"x" * 10, "audio/wav")
             )
-    assert info.value.status_code == 503 and info.value.response.headers["retry-after"] == "1"
+    assert info.value.status_code == 503 and info.value.response.headers["retry-after"] == "30"
     assert len(fake_upstream.requests) == before  # the refusal is the proxy's own: nothing was sent

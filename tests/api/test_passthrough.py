@@ -175,7 +175,10 @@ async def test_upstream_4xx_body_passes_through(proxy: RunningProxy, fake_upstre
     assert info.value.body == {"message": "bad thing", "type": "x", "code": "c"}
 
 
-@pytest.mark.parametrize(("fault", "status"), [(DROP, 502), (Fault.http(503), 502), (Fault.malformed(), 502)])
+@pytest.mark.parametrize(
+    ("fault", "status"),
+    [(DROP, 502), (Fault.http(500), 502), (Fault.http(503), 503), (Fault.malformed(), 502)],
+)
 async def test_upstream_failures_are_openai_errors(
     proxy: RunningProxy, fake_upstream: FakeUpstream, fault: Fault, status: int
 ) -> None:

@@ -38,7 +38,7 @@ def routing_policy(fake: FakeUpstream, **failover: Any) -> dict[str, Any]:
         "retries": 0,
         "backoff": {"base_ms": 1, "max_ms": 5},
         "timeout": {"per_try_s": 2, "total_s": 10},
-        "circuit_breaker": {"failures": 2, "window_s": 10, "open_s": 1},
+        "circuit_breaker": {"consecutive_failures": 2, "window_s": 10, "open_s": 1},
         **failover,
     }
     return policy

@@ -126,7 +126,9 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
 ) -> None:
     fake_upstream.set_default_reply("cheap", json.loads(answer()))
     fake_upstream.set_default_reply("backup", json.loads(answer()))
-    policy = routing_policy(fake_upstream, circuit_breaker={"failures": 2, "window_s": 30, "open_s": 30})
+    policy = routing_policy(
+        fake_upstream, circuit_breaker={"consecutive_failures": 2, "window_s": 30, "open_s": 30}
+    )
     path = tmp_path / "shared.yaml"
     path.write_text(yaml.safe_dump(policy))
     async with proxy_process("--policy", str(path), "--redis-url", REDIS_URL) as other:

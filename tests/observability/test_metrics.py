@@ -141,7 +141,9 @@ async def test_repairs_and_contract_errors(px: RunningProxy, fake_upstream: Fake
 async def test_failover_upstream_outcome_and_breaker_gauge(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    policy = routing_policy(fake_upstream, circuit_breaker={"failures": 1, "window_s": 30, "open_s": 30})
+    policy = routing_policy(
+        fake_upstream, circuit_breaker={"consecutive_failures": 1, "window_s": 30, "open_s": 30}
+    )
     fake_upstream.script("cheap", Fault.http(500))
     fake_upstream.script("backup", answer())
     async with running_proxy(tmp_path, policy) as px:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from proxy.policy.loader import PolicyError, load_policy, parse_policy
 from tests.conftest import ROOT
@@ -101,3 +102,21 @@ def test_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(MINIMAL))
     assert load_policy(good).source == str(good)
+
+
+def test_breaker_defaults_are_the_documented_rate_breaker() -> None:
+    breaker = parse_policy(MINIMAL).failover.breaker
+    assert (breaker.failure_rate, breaker.min_requests, breaker.window_s, breaker.open_s) == (0.5, 20, 30, 30)
+    assert (breaker.consecutive_failures, breaker.half_open_requests) == (None, 1)
+
+
+def test_removed_breaker_failures_key_is_read_as_consecutive_failures_with_a_warning() -> None:
+    doc = {**MINIMAL, "failover": {"circuit_breaker": {"failures": 4, "open_s": 10}}}
+    with capture_logs() as logs:
+        breaker = parse_policy(doc).failover.breaker
+    assert (breaker.consecutive_failures, breaker.open_s, breaker.min_requests) == (4, 10, 20)
+    (warning,) = [e for e in logs if e["event"] == "proxy.policy_deprecated_key"]
+    assert warning["use"] == "failover.circuit_breaker.consecutive_failures"
+    both = {**MINIMAL, "failover": {"circuit_breaker": {"failures": 4, "consecutive_failures": 4}}}
+    with pytest.raises(PolicyError, match=r"circuit_breaker\.failures: removed; it is consecutive_failures"):
+        parse_policy(both)

@@ -1,0 +1,245 @@
+"""The Redis outbox: every record the proxy writes to Redis (review stream entries) goes through
+it, so a Redis outage delays records instead of losing them.
+
+* ``put`` never waits: the write joins a bounded in-memory queue (``DEFAULT_OUTBOX_BOUND``); when
+  the queue is full the new write is dropped and counted (``on_drop``).
+* With a spool directory each write is also appended to ``outbox.jsonl`` there (flushed to the
+  OS on every append, so a killed process loses nothing; fsync'ed on truncation and shutdown, so
+  a host crash can lose the appends of the last moments). On start the spool is replayed.
+* One background task sends the queue in order and pops a write once Redis acknowledged it. While
+  Redis fails it retries with backoff (``RETRY_MIN_S`` doubling to ``RETRY_MAX_S``); while idle it
+  pings Redis every ``PING_INTERVAL_S`` so ``up`` (the ``cognitive_redis_up`` gauge) is current.
+* Delivery is at least once, made exactly once where it can be: each write carries an
+  ``outbox_id`` field; after an ambiguous failure (a timeout: Redis may have applied it) and after
+  a replay, the stream's newest entries are checked for the head's id before it is sent again.
+
+Breaker state is not here: it is state, not records, and falls back to local memory instead
+(``proxy.state.redis_store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+log = structlog.get_logger("proxy.outbox")
+
+# At the default review.maxlen (10,000) a longer backlog would be trimmed from the stream anyway.
+DEFAULT_OUTBOX_BOUND = 10_000
+OUTBOX_OP_TIMEOUT_S = 1.0
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 2.0
+PING_INTERVAL_S = 1.0
+# Entries of the stream searched for a write that may already be there (replicas share the stream).
+DEDUP_SCAN = 200
+SPOOL_FILE = "outbox.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWrite:
+    """One XADD: ``fields`` to ``stream`` with approximate ``maxlen``."""
+
+    stream: str
+    fields: dict[str, str]
+    maxlen: int
+    id: str = ""
+
+    def with_id(self) -> StreamWrite:
+        return self if self.id else StreamWrite(self.stream, self.fields, self.maxlen, uuid.uuid4().hex)
+
+
+class _Spool:
+    """The append-only file mirroring the queue."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / SPOOL_FILE
+        self._file: IO[bytes] = self.path.open("ab")
+
+    def replay(self) -> list[StreamWrite]:
+        writes = []
+        for line in self.path.read_bytes().splitlines():
+            try:
+                raw = orjson.loads(line)
+                writes.append(StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"]))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                log.warning("proxy.outbox_spool_line_skipped", path=str(self.path))  # a torn last append
+        return writes
+
+    def append(self, write: StreamWrite) -> None:
+        self._file.write(orjson.dumps(asdict(write)) + b"\n")
+        self._file.flush()
+
+    def rewrite(self, writes: deque[StreamWrite]) -> None:
+        """Keep only ``writes`` (the undelivered ones)."""
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as out:
+            out.writelines(orjson.dumps(asdict(w)) + b"\n" for w in writes)
+            out.flush()
+            os.fsync(out.fileno())
+        self._file.close()
+        tmp.replace(self.path)
+        self._file = self.path.open("ab")
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+
+class RedisOutbox:
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        bound: int = DEFAULT_OUTBOX_BOUND,
+        spool_dir: Path | None = None,
+        on_drop: Callable[[StreamWrite], None] = lambda write: None,
+        on_first_failure: Callable[[StreamWrite], None] = lambda write: None,
+    ) -> None:
+        self._redis: Any = aioredis.Redis.from_url(
+            redis_url,
+            socket_timeout=OUTBOX_OP_TIMEOUT_S,
+            socket_connect_timeout=OUTBOX_OP_TIMEOUT_S,
+            decode_responses=True,
+        )
+        self._bound = bound
+        self._queue: deque[StreamWrite] = deque()
+        self._spool = _Spool(spool_dir) if spool_dir is not None else None
+        self._delivered_since_rewrite = 0
+        self._on_drop = on_drop
+        self._on_first_failure = on_first_failure
+        self._failed_head: str | None = None
+        self._uncertain = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.up = True
+        if self._spool is not None:
+            replayed = self._spool.replay()
+            self._queue.extend(replayed[: self._bound])
+            self._uncertain = bool(replayed)  # some may have been delivered before the restart
+            if replayed:
+                log.info("proxy.outbox_replayed", writes=len(self._queue), path=str(self._spool.path))
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, write: StreamWrite) -> bool:
+        """Queue ``write`` for delivery; False (and ``on_drop``) when the outbox is full."""
+        if len(self._queue) >= self._bound:
+            self._on_drop(write)
+            return False
+        write = write.with_id()
+        self._queue.append(write)
+        if self._spool is not None:
+            self._spool.append(write)
+        self._wake.set()
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        delay = RETRY_MIN_S
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), PING_INTERVAL_S)
+                except TimeoutError:
+                    await self._ping()
+                continue
+            try:
+                await self._send_head()
+            except ResponseError as exc:  # Redis answered "no" (e.g. the key is not a stream)
+                self._refused(exc)
+                continue
+            except (RedisError, OSError) as exc:
+                self._uncertain = self._uncertain or isinstance(exc, (RedisTimeout, TimeoutError))
+                self._down(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = RETRY_MIN_S
+            self._delivered()
+
+    async def _send_head(self) -> None:
+        head = self._queue[0]
+        if self._uncertain:
+            newest = await self._redis.xrevrange(head.stream, count=DEDUP_SCAN)
+            self._uncertain = False
+            if any(fields.get("outbox_id") == head.id for _, fields in newest):
+                self._uncertain = True  # the next write may be there too
+                return
+        await self._redis.xadd(
+            head.stream, {**head.fields, "outbox_id": head.id}, maxlen=head.maxlen, approximate=True
+        )
+
+    def _delivered(self) -> None:
+        self._queue.popleft()
+        if not self.up:
+            log.info("proxy.redis_available", pending=len(self._queue))
+        self.up = True
+        if self._spool is None:
+            return
+        self._delivered_since_rewrite += 1
+        if not self._queue or self._delivered_since_rewrite >= self._bound:
+            self._spool.rewrite(self._queue)  # the file never holds more than ~2 bounds
+            self._delivered_since_rewrite = 0
+
+    def _refused(self, exc: ResponseError) -> None:
+        """Redis is up but refuses the head: resending cannot help and would block every write
+        behind it, so it is dropped (and counted)."""
+        head = self._queue[0]
+        log.error("proxy.outbox_write_refused", stream=head.stream, error=str(exc), outbox_id=head.id)
+        self._on_drop(head)
+        self._delivered()
+
+    def _down(self, exc: Exception) -> None:
+        head = self._queue[0] if self._queue else None
+        if head is not None and head.id != self._failed_head:
+            self._failed_head = head.id
+            self._on_first_failure(head)
+        if self.up:
+            log.warning(
+                "proxy.redis_unavailable", error=str(exc) or type(exc).__name__, pending=len(self._queue)
+            )
+        self.up = False
+
+    async def _ping(self) -> None:
+        try:
+            await self._redis.ping()
+        except (RedisError, OSError) as exc:
+            self._down(exc)
+        else:
+            if not self.up:
+                log.info("proxy.redis_available", pending=len(self._queue))
+            self.up = True
+
+    async def aclose(self, timeout: float = 2.0) -> None:
+        """Try to deliver what is queued for up to ``timeout``; the spool keeps the rest."""
+        if self._task is not None:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while self._queue and self.up and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._queue and self._spool is None:
+            log.error("proxy.outbox_lost_on_shutdown", writes=len(self._queue), hint="set --spool-dir")
+        if self._spool is not None:
+            self._spool.close()
+        await self._redis.aclose()

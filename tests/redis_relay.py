@@ -1,0 +1,88 @@
+"""A TCP relay on loopback in front of the test Redis, to make Redis unreachable for one proxy
+without touching the shared server: ``cut()`` closes every connection and refuses new ones,
+``freeze()`` keeps connections open but forwards nothing (a hung Redis), ``restore()`` heals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal
+
+Mode = Literal["pass", "cut", "freeze"]
+
+
+class RedisRelay:
+    def __init__(self, host: str, port: int) -> None:
+        self._upstream = (host, port)
+        self.mode: Mode = "pass"
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self.port = 0
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def cut(self) -> None:
+        self.mode = "cut"
+        self._resume.set()
+        for writer in list(self._writers):
+            writer.close()
+
+    def freeze(self) -> None:
+        self.mode = "freeze"
+        self._resume.clear()
+
+    def restore(self) -> None:
+        self.mode = "pass"
+        self._resume.set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                await self._resume.wait()
+                if self.mode == "cut":
+                    break
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "cut":
+            writer.close()
+            await writer.wait_closed()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers |= {writer, up_writer}
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            self._writers -= {writer, up_writer}
+            for w in (writer, up_writer):
+                w.close()
+                with contextlib.suppress(ConnectionError, OSError):
+                    await w.wait_closed()
+
+    def _spawn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._client(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @classmethod
+    @asynccontextmanager
+    async def start(cls, host: str = "127.0.0.1", port: int = 6379) -> AsyncIterator[RedisRelay]:
+        relay = cls(host, port)
+        server = await asyncio.start_server(relay._spawn, "127.0.0.1", 0)
+        relay.port = server.sockets[0].getsockname()[1]
+        try:
+            yield relay
+        finally:
+            server.close()
+            relay.cut()
+            for task in list(relay._tasks):
+                task.cancel()
+            await asyncio.gather(*relay._tasks, return_exceptions=True)
+            await server.wait_closed()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fastjsonschema
+import orjson
 
 Validator = Callable[[Any], Any]
 
@@ -48,6 +49,11 @@ class _LocalOnly(Mapping[str, Callable[[str], Any]]):
         return 0
 
 
+def _copy(value: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = orjson.loads(orjson.dumps(value))
+    return copied
+
+
 def compile_schema(
     schema: dict[str, Any], documents: Mapping[str, Any] | None = None, source: str = "schema.json"
 ) -> Validator:
@@ -55,12 +61,14 @@ def compile_schema(
     files that its ``$ref``s name (checked by ``proxy.module.refs``), by path relative to the
     module; ``source`` is the schema's own path. Defaults are never filled in (validation must
     not add fields)."""
-    doc = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
+    # fastjsonschema rewrites every $ref in place to an absolute URI: compile a copy, so that a
+    # shared schema (the cached envelope schema, a module's parsed schema.json) stays as written.
+    doc = {k: v for k, v in _copy(schema).items() if k not in ("$schema", "$id")}
     doc["$schema"] = "http://json-schema.org/draft-07/schema#"
     doc["$id"] = BASE_URI + source
     try:
         validator: Validator = fastjsonschema.compile(
-            doc, handlers=_LocalOnly(documents or {}), use_default=False, fast_fail=False
+            doc, handlers=_LocalOnly(_copy(dict(documents or {}))), use_default=False, fast_fail=False
         )
     except SchemaCompileError:
         raise

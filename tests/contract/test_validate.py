@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.contract.schema import compile_schema
 from proxy.contract.validate import validate_answer, validate_envelope
 from tests.conftest import VECTORS, ModuleFactory, success
 
@@ -187,3 +188,11 @@ def test_partial_data_refused_when_module_disallows_it(make_module: ModuleFactor
         "partial_data": {"result": "x"},
     }
     assert [v.path for v in validate_answer(failure, module)] == ["partial_data"]
+
+
+def test_compiling_a_schema_leaves_it_as_written() -> None:
+    """fastjsonschema rewrites $refs in place; the shared envelope schema must not change."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/definitions/x"}}, "definitions": {"x": {}}}
+    before = json.dumps(schema, sort_keys=True)
+    compile_schema(schema)
+    assert json.dumps(schema, sort_keys=True) == before

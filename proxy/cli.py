@@ -26,9 +26,11 @@ from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
 from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
 from proxy.module.lint import lint_module
-from proxy.module.loader import ModuleLoadError, is_module_dir, load_module
+from proxy.module.loader import ModuleLoadError, load_module
+from proxy.module.locate import locate_module
 from proxy.module.model import Module
 from proxy.module.registry import ModuleRegistry
+from proxy.module.scaffold import ScaffoldError, scaffold
 from proxy.observability.logging import configure_logging
 from proxy.pipeline import Call, ModuleAnswer, run_module
 from proxy.policy.decide import Meta
@@ -66,13 +68,47 @@ def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None)
     return run_contract(offline_answer(module, value, case), module).envelope
 
 
+def _module_path_or_report(args: argparse.Namespace) -> Path | None:
+    """The directory of the module the command names, or None after saying what is missing."""
+    try:
+        return locate_module(args.module, [Path(d) for d in args.modules])
+    except ModuleLoadError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _module_or_report(args: argparse.Namespace) -> Module | None:
+    path = _module_path_or_report(args)
+    if path is None:
+        return None
+    try:
+        return load_module(path)
+    except ModuleLoadError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    problems = lint_module(Path(args.module_dir), v22=args.v22)
-    for problem in problems:
-        print(problem)
+    path = _module_path_or_report(args)
+    if path is None:
+        return EXIT_FAILED
+    problems, warnings = lint_module(path, v22=args.v22)
+    for line in [*problems, *warnings]:
+        print(line)
     if not problems:
-        print(f"{args.module_dir}: valid" + (" (v2.2)" if args.v22 else ""))
+        print(f"{path}: valid" + (" (v2.2)" if args.v22 else ""))
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    try:
+        root = scaffold(Path(args.dir), args.name, args.tier)
+    except (ScaffoldError, OSError) as exc:
+        print(f"new: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"created {root}/ (module.yaml, prompt.md, schema.json, tests/example.*.json)")
+    print(f"next: edit the lines marked CHANGE, then: cogproxy validate {root} --v22 && cogproxy test {root}")
+    return EXIT_OK
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -98,10 +134,15 @@ def _policy_or_report(path: str) -> Policy | None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    try:
-        module = load_module(Path(args.module_dir))
-    except ModuleLoadError as exc:
-        print(exc, file=sys.stderr)
+    module = _module_or_report(args)
+    if module is None:
+        return EXIT_FAILED
+    if not module.tests:
+        print(
+            f"{module.path}: no golden tests to run: module.yaml has no tests: list and "
+            f"{module.path / 'tests'} holds no *.input.json files",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     if args.policy:
         policy = _policy_or_report(args.policy)
@@ -120,23 +161,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or not outcomes else EXIT_OK
 
 
-def _find_module(name_or_path: str, directories: list[str]) -> Module:
-    path = Path(name_or_path)
-    if is_module_dir(path):
-        return load_module(path)
-    registry = ModuleRegistry.load(Path(d) for d in directories)
-    module = registry.get(name_or_path)
-    if module is None:
-        known = ", ".join(registry.names()) or "none"
-        raise ModuleLoadError(path, f"no such module (known: {known})")
-    return module
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        module = _find_module(args.module, args.modules or ["modules"])
-    except ModuleLoadError as exc:
-        print(exc, file=sys.stderr)
+    module = _module_or_report(args)
+    if module is None:
         return EXIT_FAILED
     try:
         raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
@@ -399,6 +426,16 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _module_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("module", help="a module name (looked up in --modules) or a module directory")
+    p.add_argument(
+        "--modules",
+        action="append",
+        default=None,
+        help="where module names are looked up, repeatable (COGPROXY_MODULES; default: modules)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cogproxy", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cogproxy {__version__}")
@@ -438,8 +475,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
 
-    p = sub.add_parser("validate", help="check a module directory")
-    p.add_argument("module_dir")
+    p = sub.add_parser("new", help="create a module that validates and passes its golden test")
+    p.add_argument("name", help="the module name (lowercase letters, digits, '-')")
+    p.add_argument(
+        "--tier",
+        choices=("exec", "decision", "exploration"),
+        default="decision",
+        help="exec: acted on automatically; decision: informs a judgement; exploration: ideas "
+        "(default: decision)",
+    )
+    p.add_argument("--dir", default="modules", help="where to create it (default: modules)")
+    p.set_defaults(func=cmd_new)
+
+    p = sub.add_parser("validate", help="check a module: files, schemas, golden cases")
+    _module_arguments(p)
     p.add_argument("--v22", action="store_true", help="also run the v2.2 checks of module-format.md")
     p.set_defaults(func=cmd_validate)
 
@@ -453,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("test", help="run a module's golden tests")
-    p.add_argument("module_dir")
+    _module_arguments(p)
     p.add_argument(
         "--policy",
         default=None,
@@ -462,19 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("run", help="execute one module call and print the envelope")
-    p.add_argument("module", help="a module name (looked up in --modules) or a module directory")
+    _module_arguments(p)
     p.add_argument("--input", required=True, help="input JSON file, or - for stdin")
     p.add_argument(
         "--policy",
         default=_env("POLICY"),
         help="route through this policy's providers and ladder (COGPROXY_POLICY); "
         "without it the module's own golden examples answer (offline)",
-    )
-    p.add_argument(
-        "--modules",
-        action="append",
-        default=[d for d in os.environ.get("COGPROXY_MODULES", "").split(os.pathsep) if d],
-        help="module directory (repeatable; env COGPROXY_MODULES)",
     )
     p.set_defaults(func=cmd_run)
     return parser

@@ -35,7 +35,7 @@ def test_validate_example_form_passes_and_fails(tmp_path: Path) -> None:
     )
     outcomes = {o.name: o for o in run_golden(load_module(path), offline_envelope)}
     assert outcomes["good"].passed
-    assert outcomes["bad"].problems == ("meta.confidence: must be bigger than or equal to 0.95",)
+    assert outcomes["bad"].problems == ("meta.confidence: must be bigger than or equal to 0.95 (got 0.9)",)
 
 
 def test_plain_expected_envelope_is_compared(tmp_path: Path) -> None:
@@ -50,7 +50,10 @@ def test_example_that_breaks_the_contract_fails_its_case(tmp_path: Path) -> None
     broken = success(result=3)
     add_case(path, "case", {"code": "x"}, {"$validate": {"ok": {"const": True}}, "$example": broken})
     (outcome,) = run_golden(load_module(path), offline_envelope)
-    assert outcome.problems == ("ok: must be same as const definition: True",)
+    assert outcome.problems == (
+        "contract (E3001): data.result: must be string",
+        "ok: must be same as const definition: True (got false)",
+    )
     assert outcome.envelope is not None and outcome.envelope["error"]["code"] == "E3001"
 
 

@@ -140,6 +140,7 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
+    app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
     app.router.add_post("/v1/modules/{name}/execute", modules.execute)
     app.router.add_get("/v1/modules", modules.list_modules)
     app.router.add_get("/v1/modules/{name}", modules.get_module)

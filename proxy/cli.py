@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +61,22 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
+OFFLINE_MODEL = "offline/examples"
+"""``meta.model`` of an answer ``run``/``test`` produce without a policy (no rung, no provider)."""
+
+
 def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None) -> dict[str, Any]:
     """One module call answered by the offline provider: input check, answer, contract."""
+    started = time.perf_counter()
     error = check_input(module, value)
-    if error is not None:
-        return error
-    return run_contract(offline_answer(module, value, case), module).envelope
+    envelope = (
+        error if error is not None else run_contract(offline_answer(module, value, case), module).envelope
+    )
+    meta = envelope.get("meta")
+    if isinstance(meta, dict) and error is None:
+        meta["model"] = OFFLINE_MODEL
+        meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return envelope
 
 
 def _module_path_or_report(args: argparse.Namespace) -> Path | None:

@@ -131,9 +131,10 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for where, name in named:
         if name not in providers:
             problems.append(f"{where}: unknown provider {name!r}")
-        elif providers[name]["kind"] != "openai":
+        elif providers[name]["kind"] not in ("openai", "offline"):
             problems.append(
-                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai"
+                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai "
+                "(or offline, for demos)"
             )
     review = as_dict(doc.get("review"))
     if review.get("sink") == "webhook" and "url" not in review:

@@ -87,7 +87,7 @@ def test_unreadable_case_is_a_failure(tmp_path: Path) -> None:
     assert not outcome.passed and "cannot read case" in outcome.problems[0]
 
 
-def test_example_for_matches_input_then_falls_back(tmp_path: Path) -> None:
+def test_example_for_matches_the_input_exactly_or_nothing(tmp_path: Path) -> None:
     path = write_module(tmp_path, "examples")
     failure = {
         "ok": False,
@@ -98,4 +98,5 @@ def test_example_for_matches_input_then_falls_back(tmp_path: Path) -> None:
     add_case(path, "b_ok", {"code": "ok"}, {"$validate": {}, "$example": success(result="ok")})
     module = load_module(path)
     assert example_for(module, {"code": "fail"}) == failure
-    assert example_for(module, {"code": "never seen"})["data"]["result"] == "ok"
+    assert example_for(module, {"code": "ok"})["data"]["result"] == "ok"
+    assert example_for(module, {"code": "never seen"}) is None  # the offline demo answer takes over

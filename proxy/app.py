@@ -141,9 +141,13 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
+    # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
     app.router.add_post("/v1/modules/{name}/execute", modules.execute)
+    app.router.add_route("*", "/v1/modules/{name}/execute", modules.method_not_allowed("POST"))
     app.router.add_get("/v1/modules", modules.list_modules)
+    app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/modules/{name}", modules.get_module)
+    app.router.add_route("*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/capabilities", meta.capabilities)
     app.router.add_get("/healthz", meta.healthz)
     app.router.add_get("/readyz", meta.readyz)

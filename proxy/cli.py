@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -385,6 +387,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = uvloop.new_event_loop()
     except ImportError:  # uvloop is optional (the `fast` extra)
         pass
+    try:
+        _run_app(settings, loop)
+    except OSError as exc:
+        print(listen_error(exc, settings.host, settings.port), file=sys.stderr)
+        return EXIT_USAGE
+    except (PolicyError, ValueError) as exc:  # raised by start-up hooks (policy, Redis URL)
+        print(f"serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+_BIND_ADDRESS = re.compile(r"address \('?(?P<host>[^',]+)'?, (?P<port>\d+)")
+
+
+def listen_error(exc: OSError, host: str, port: int) -> str:
+    """One line for a socket that cannot be opened, naming the address it was for."""
+    found = _BIND_ADDRESS.search(str(exc))
+    where = f"{found['host']}:{found['port']}" if found else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: address already in use (is another cogproxy running?)"
+    reason = (exc.strerror or str(exc)).lower()
+    return f"cannot listen on {where}: {reason}"
+
+
+def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None:
     web.run_app(
         build_app(settings),
         host=settings.host,
@@ -396,7 +423,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
         loop=loop,
     )
-    return EXIT_OK
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -429,12 +455,27 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     else:
         tier, label = args.tier, f"tier {args.tier}"
     thresholds = policy.thresholds_for(args.module or "", tier)
-    rung = policy.start_rung(thresholds) if args.rung is None else args.rung
-    if not 0 <= rung < len(policy.ladder):
-        print(f"--rung must be 0..{len(policy.ladder) - 1}", file=sys.stderr)
+    rung = policy.start_rung(thresholds) if args.rung is None else _rung_index(policy, args.rung)
+    if rung is None:
+        names = ", ".join(r.name for r in policy.ladder)
+        print(
+            f"--rung {args.rung!r}: no such rung (rungs: {names}; or an index 0..{len(policy.ladder) - 1})",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     print("\n".join(explain(policy, thresholds, Meta(args.confidence, args.risk), rung, label)))
     return EXIT_OK
+
+
+_EXAMPLES = """\
+examples:
+  cogproxy serve --policy policies/demo.yaml            the proxy on 127.0.0.1:8080, offline demo
+  cogproxy new sentiment --tier decision                a module to start from (modules/sentiment)
+  cogproxy validate sentiment --v22 && cogproxy test sentiment
+  echo '{"text": "hi"}' | cogproxy run sentiment --input -
+  cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
+
+'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
 
 
 def _module_arguments(p: argparse.ArgumentParser) -> None:
@@ -447,10 +488,35 @@ def _module_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _rung_index(policy: Policy, text: str) -> int | None:
+    """The ladder position ``text`` names: a rung name or an index; None if neither."""
+    for index, rung in enumerate(policy.ladder):
+        if rung.name == text:
+            return index
+    if text.isdigit() and int(text) < len(policy.ladder):
+        return int(text)
+    return None
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is outside 0..1 (meta.confidence is a probability)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cogproxy", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="cogproxy",
+        description="cognitive-proxy: an OpenAI-compatible sidecar enforcing Cognitive Modules contracts.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"cogproxy {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the proxy (flags also read from COGPROXY_* variables)")
     p.add_argument(
@@ -471,18 +537,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
-    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     p = policy_sub.add_parser("check", help="validate a policy and print a summary")
-    p.add_argument("file")
+    p.add_argument("file", help="the policy YAML")
     p.set_defaults(func=cmd_policy_check)
     p = policy_sub.add_parser("explain", help="the decision for an answer's confidence and risk")
-    p.add_argument("--policy", required=True)
+    p.add_argument("--policy", required=True, help="the policy YAML")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--module", help="a module name (its tier and per-module overrides apply)")
-    which.add_argument("--tier", choices=("exec", "decision", "exploration"))
-    p.add_argument("--confidence", type=float, required=True)
-    p.add_argument("--risk", choices=("none", "low", "medium", "high"), required=True)
-    p.add_argument("--rung", type=int, help="rung index of the answer (default: the tier's start rung)")
+    which.add_argument("--tier", choices=("exec", "decision", "exploration"), help="a tier's thresholds")
+    p.add_argument("--confidence", type=_confidence, required=True, help="the answer's meta.confidence, 0..1")
+    p.add_argument(
+        "--risk", choices=("none", "low", "medium", "high"), required=True, help="the answer's meta.risk"
+    )
+    p.add_argument(
+        "--rung", help="the rung that answered: its name or index (default: the tier's start rung)"
+    )
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
 

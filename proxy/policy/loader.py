@@ -30,6 +30,7 @@ from proxy.policy.model import (
     Thresholds,
     Timeouts,
 )
+from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -201,5 +202,13 @@ def load_policy(path: Path) -> Policy:
     except OSError as exc:
         raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
     except yaml.YAMLError as exc:
-        raise PolicyError(str(path), [f"invalid YAML: {exc}"]) from exc
+        raise PolicyError(str(path), [describe(exc)]) from exc
+    if doc is None:
+        raise PolicyError(
+            str(path), ["the file is empty; a policy is a YAML mapping (version, providers, ladder)"]
+        )
+    if not isinstance(doc, dict):
+        raise PolicyError(
+            str(path), [f"must be a YAML mapping (version, providers, ladder), not a {type(doc).__name__}"]
+        )
     return parse_policy(doc, str(path))

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +29,11 @@ from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
 from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
 from proxy.module.lint import lint_module
-from proxy.module.loader import ModuleLoadError, is_module_dir, load_module
+from proxy.module.loader import ModuleLoadError, load_module
+from proxy.module.locate import locate_module
 from proxy.module.model import Module
 from proxy.module.registry import ModuleRegistry
+from proxy.module.scaffold import ScaffoldError, scaffold
 from proxy.observability.logging import configure_logging
 from proxy.pipeline import Call, ModuleAnswer, run_module
 from proxy.policy.decide import Meta
@@ -58,21 +63,65 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
+OFFLINE_MODEL = "offline/examples"
+"""``meta.model`` of an answer ``run``/``test`` produce without a policy (no rung, no provider)."""
+
+
 def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None) -> dict[str, Any]:
     """One module call answered by the offline provider: input check, answer, contract."""
+    started = time.perf_counter()
     error = check_input(module, value)
-    if error is not None:
-        return error
-    return run_contract(offline_answer(module, value, case), module).envelope
+    envelope = (
+        error if error is not None else run_contract(offline_answer(module, value, case), module).envelope
+    )
+    meta = envelope.get("meta")
+    if isinstance(meta, dict) and error is None:
+        meta["model"] = OFFLINE_MODEL
+        meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return envelope
+
+
+def _module_path_or_report(args: argparse.Namespace) -> Path | None:
+    """The directory of the module the command names, or None after saying what is missing."""
+    try:
+        return locate_module(args.module, [Path(d) for d in args.modules])
+    except ModuleLoadError as exc:
+        print(exc, file=sys.stderr)
+        return None
+
+
+def _module_or_report(args: argparse.Namespace) -> Module | None:
+    path = _module_path_or_report(args)
+    if path is None:
+        return None
+    try:
+        return load_module(path)
+    except ModuleLoadError as exc:
+        print(exc, file=sys.stderr)
+        return None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    problems = lint_module(Path(args.module_dir), v22=args.v22)
-    for problem in problems:
-        print(problem)
+    path = _module_path_or_report(args)
+    if path is None:
+        return EXIT_FAILED
+    problems, warnings = lint_module(path, v22=args.v22)
+    for line in [*problems, *warnings]:
+        print(line)
     if not problems:
-        print(f"{args.module_dir}: valid" + (" (v2.2)" if args.v22 else ""))
+        print(f"{path}: valid" + (" (v2.2)" if args.v22 else ""))
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    try:
+        root = scaffold(Path(args.dir), args.name, args.tier)
+    except (ScaffoldError, OSError) as exc:
+        print(f"new: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"created {root}/ (module.yaml, prompt.md, schema.json, tests/example.*.json)")
+    print(f"next: edit the lines marked CHANGE, then: cogproxy validate {root} --v22 && cogproxy test {root}")
+    return EXIT_OK
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
@@ -98,10 +147,15 @@ def _policy_or_report(path: str) -> Policy | None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    try:
-        module = load_module(Path(args.module_dir))
-    except ModuleLoadError as exc:
-        print(exc, file=sys.stderr)
+    module = _module_or_report(args)
+    if module is None:
+        return EXIT_FAILED
+    if not module.tests:
+        print(
+            f"{module.path}: no golden tests to run: module.yaml has no tests: list and "
+            f"{module.path / 'tests'} holds no *.input.json files",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     if args.policy:
         policy = _policy_or_report(args.policy)
@@ -120,23 +174,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or not outcomes else EXIT_OK
 
 
-def _find_module(name_or_path: str, directories: list[str]) -> Module:
-    path = Path(name_or_path)
-    if is_module_dir(path):
-        return load_module(path)
-    registry = ModuleRegistry.load(Path(d) for d in directories)
-    module = registry.get(name_or_path)
-    if module is None:
-        known = ", ".join(registry.names()) or "none"
-        raise ModuleLoadError(path, f"no such module (known: {known})")
-    return module
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        module = _find_module(args.module, args.modules or ["modules"])
-    except ModuleLoadError as exc:
-        print(exc, file=sys.stderr)
+    module = _module_or_report(args)
+    if module is None:
         return EXIT_FAILED
     try:
         raw = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
@@ -355,6 +395,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = uvloop.new_event_loop()
     except ImportError:  # uvloop is optional (the `fast` extra)
         pass
+    try:
+        _run_app(settings, loop)
+    except OSError as exc:
+        print(listen_error(exc, settings.host, settings.port), file=sys.stderr)
+        return EXIT_USAGE
+    except (PolicyError, ValueError) as exc:  # raised by start-up hooks (policy, Redis URL)
+        print(f"serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+_BIND_ADDRESS = re.compile(r"address \('?(?P<host>[^',]+)'?, (?P<port>\d+)")
+
+
+def listen_error(exc: OSError, host: str, port: int) -> str:
+    """One line for a socket that cannot be opened, naming the address it was for."""
+    found = _BIND_ADDRESS.search(str(exc))
+    where = f"{found['host']}:{found['port']}" if found else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: address already in use (is another cogproxy running?)"
+    reason = (exc.strerror or str(exc)).lower()
+    return f"cannot listen on {where}: {reason}"
+
+
+def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None:
     web.run_app(
         build_app(settings),
         host=settings.host,
@@ -366,7 +431,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
         loop=loop,
     )
-    return EXIT_OK
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -399,18 +463,68 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     else:
         tier, label = args.tier, f"tier {args.tier}"
     thresholds = policy.thresholds_for(args.module or "", tier)
-    rung = policy.start_rung(thresholds) if args.rung is None else args.rung
-    if not 0 <= rung < len(policy.ladder):
-        print(f"--rung must be 0..{len(policy.ladder) - 1}", file=sys.stderr)
+    rung = policy.start_rung(thresholds) if args.rung is None else _rung_index(policy, args.rung)
+    if rung is None:
+        names = ", ".join(r.name for r in policy.ladder)
+        print(
+            f"--rung {args.rung!r}: no such rung (rungs: {names}; or an index 0..{len(policy.ladder) - 1})",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     print("\n".join(explain(policy, thresholds, Meta(args.confidence, args.risk), rung, label)))
     return EXIT_OK
 
 
+_EXAMPLES = """\
+examples:
+  cogproxy serve --policy policies/demo.yaml            the proxy on 127.0.0.1:8080, offline demo
+  cogproxy new sentiment --tier decision                a module to start from (modules/sentiment)
+  cogproxy validate sentiment --v22 && cogproxy test sentiment
+  echo '{"text": "hi"}' | cogproxy run sentiment --input -
+  cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
+
+'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
+
+
+def _module_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("module", help="a module name (looked up in --modules) or a module directory")
+    p.add_argument(
+        "--modules",
+        action="append",
+        default=None,
+        help="where module names are looked up, repeatable (COGPROXY_MODULES; default: modules)",
+    )
+
+
+def _rung_index(policy: Policy, text: str) -> int | None:
+    """The ladder position ``text`` names: a rung name or an index; None if neither."""
+    for index, rung in enumerate(policy.ladder):
+        if rung.name == text:
+            return index
+    if text.isdigit() and int(text) < len(policy.ladder):
+        return int(text)
+    return None
+
+
+def _confidence(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is outside 0..1 (meta.confidence is a probability)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cogproxy", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="cogproxy",
+        description="cognitive-proxy: an OpenAI-compatible sidecar enforcing Cognitive Modules contracts.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"cogproxy {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the proxy (flags also read from COGPROXY_* variables)")
     p.add_argument(
@@ -431,23 +545,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
-    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     p = policy_sub.add_parser("check", help="validate a policy and print a summary")
-    p.add_argument("file")
+    p.add_argument("file", help="the policy YAML")
     p.set_defaults(func=cmd_policy_check)
     p = policy_sub.add_parser("explain", help="the decision for an answer's confidence and risk")
-    p.add_argument("--policy", required=True)
+    p.add_argument("--policy", required=True, help="the policy YAML")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--module", help="a module name (its tier and per-module overrides apply)")
-    which.add_argument("--tier", choices=("exec", "decision", "exploration"))
-    p.add_argument("--confidence", type=float, required=True)
-    p.add_argument("--risk", choices=("none", "low", "medium", "high"), required=True)
-    p.add_argument("--rung", type=int, help="rung index of the answer (default: the tier's start rung)")
+    which.add_argument("--tier", choices=("exec", "decision", "exploration"), help="a tier's thresholds")
+    p.add_argument("--confidence", type=_confidence, required=True, help="the answer's meta.confidence, 0..1")
+    p.add_argument(
+        "--risk", choices=("none", "low", "medium", "high"), required=True, help="the answer's meta.risk"
+    )
+    p.add_argument(
+        "--rung", help="the rung that answered: its name or index (default: the tier's start rung)"
+    )
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
 
-    p = sub.add_parser("validate", help="check a module directory")
-    p.add_argument("module_dir")
+    p = sub.add_parser("new", help="create a module that validates and passes its golden test")
+    p.add_argument("name", help="the module name (lowercase letters, digits, '-')")
+    p.add_argument(
+        "--tier",
+        choices=("exec", "decision", "exploration"),
+        default="decision",
+        help="exec: acted on automatically; decision: informs a judgement; exploration: ideas "
+        "(default: decision)",
+    )
+    p.add_argument("--dir", default="modules", help="where to create it (default: modules)")
+    p.set_defaults(func=cmd_new)
+
+    p = sub.add_parser("validate", help="check a module: files, schemas, golden cases")
+    _module_arguments(p)
     p.add_argument("--v22", action="store_true", help="also run the v2.2 checks of module-format.md")
     p.set_defaults(func=cmd_validate)
 
@@ -461,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("test", help="run a module's golden tests")
-    p.add_argument("module_dir")
+    _module_arguments(p)
     p.add_argument(
         "--policy",
         default=None,
@@ -470,19 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_test)
 
     p = sub.add_parser("run", help="execute one module call and print the envelope")
-    p.add_argument("module", help="a module name (looked up in --modules) or a module directory")
+    _module_arguments(p)
     p.add_argument("--input", required=True, help="input JSON file, or - for stdin")
     p.add_argument(
         "--policy",
         default=_env("POLICY"),
         help="route through this policy's providers and ladder (COGPROXY_POLICY); "
         "without it the module's own golden examples answer (offline)",
-    )
-    p.add_argument(
-        "--modules",
-        action="append",
-        default=[d for d in os.environ.get("COGPROXY_MODULES", "").split(os.pathsep) if d],
-        help="module directory (repeatable; env COGPROXY_MODULES)",
     )
     p.set_defaults(func=cmd_run)
     return parser

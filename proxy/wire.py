@@ -39,6 +39,8 @@ def completion_chunks(completion_obj: dict[str, Any], *, include_usage: bool) ->
         "created": completion_obj["created"],
         "model": completion_obj["model"],
     }
+    if "system_fingerprint" in completion_obj:
+        base["system_fingerprint"] = completion_obj["system_fingerprint"]
     message = completion_obj["choices"][0]["message"]
     finish = completion_obj["choices"][0].get("finish_reason") or "stop"
     chunks = [

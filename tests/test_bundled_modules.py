@@ -37,7 +37,7 @@ def test_the_required_modules_are_bundled_with_their_tiers() -> None:
 @pytest.mark.parametrize("path", BUNDLED, ids=[p.name for p in BUNDLED])
 def test_bundled_module_is_valid(path: Path) -> None:
     v22 = load_module(path).format is ModuleFormat.V22
-    assert lint_module(path, v22=v22) == []
+    assert lint_module(path, v22=v22) == ([], [])
 
 
 @pytest.mark.parametrize("path", BUNDLED, ids=[p.name for p in BUNDLED])

@@ -45,7 +45,7 @@ DASHBOARD_PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "cognitive.yaml"
 
 # Every metric the proxy exports and its labels (README "Metrics"; instance and job come from scraping).
 METRIC_LABELS: dict[str, frozenset[str]] = {
-    "cognitive_requests_total": frozenset({"route", "module", "status"}),
+    "cognitive_requests_total": frozenset({"route", "module", "status", "outcome"}),
     "cognitive_confidence": frozenset({"module", "tier", "attempt"}),
     "cognitive_risk_total": frozenset({"module", "tier", "risk"}),
     "cognitive_decisions_total": frozenset({"module", "tier", "decision"}),

@@ -87,10 +87,22 @@ async def _module_chat(
     if answer.usage:
         reply["usage"] = dict(answer.usage)
     reply["cognitive"] = answer.cognitive()
+    reply["system_fingerprint"] = decision_fingerprint(answer)
     headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
     if body.get("stream") is True:
         return await _stream_module(request, reply, answer, headers, body)
     return json_response(reply, headers=headers)
+
+
+def decision_fingerprint(answer: ModuleAnswer) -> str:
+    """The decision in ``system_fingerprint``: the one field of a completion (and of a stream's
+    last chunk) that LangChain, LlamaIndex and other wrappers keep when they drop the rest.
+    ``cogproxy:decision=escalated;tier=decision;confidence=0.92;risk=low``"""
+    meta = answer.meta
+    return (
+        f"cogproxy:decision={answer.decision};tier={answer.module.tier};"
+        f"confidence={meta.get('confidence')};risk={meta.get('risk')}"
+    )
 
 
 async def _stream_module(

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
-from proxy.api.errors import json_response
+from proxy.api.errors import ApiError, json_response
 from proxy.api.state import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
 
 
-async def list_models(request: web.Request) -> web.Response:
-    """Policy aliases and ``module:<name>`` entries in OpenAI's list format."""
+def _model_entries(request: web.Request) -> list[dict[str, Any]]:
     runtime = runtime_of(request)
-    entries = [
+    entries: list[dict[str, Any]] = [
         {"id": alias, "object": "model", "created": 0, "owned_by": "cognitive-proxy", "route": target}
         for alias, target in sorted(runtime.policy.aliases.items())
     ]
@@ -28,7 +29,26 @@ async def list_models(request: web.Request) -> web.Response:
         }
         for name in runtime.registry.names()
     ]
-    return json_response({"object": "list", "data": entries})
+    return entries
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """Policy aliases and ``module:<name>`` entries in OpenAI's list format."""
+    return json_response({"object": "list", "data": _model_entries(request)})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{id}``: the entry ``/v1/models`` lists under that id, else 404."""
+    wanted = request.match_info["model"]
+    for entry in _model_entries(request):
+        if entry["id"] == wanted:
+            return json_response(entry)
+    raise ApiError(
+        404,
+        f"The model {wanted!r} does not exist; GET /v1/models lists the models of this proxy",
+        code="model_not_found",
+        param="model",
+    )
 
 
 async def capabilities(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler
 from proxy.api.state import METRICS, SETTINGS
-from proxy.observability.metrics import NO_MODULE
+from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 
 log = structlog.get_logger("proxy")
 
@@ -28,6 +28,7 @@ class RequestRecord:
     """Filled in by handlers, read once by ``observe_middleware`` for metrics and the log line."""
 
     module: str = NO_MODULE
+    outcome: str = OUTCOME_NONE
     upstream_s: float = 0.0
     route: str | None = None
     """A finer path template than the router's (the passthrough's ``/v1/files/{id}``)."""
@@ -128,7 +129,7 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
         route = record.route or route_of(request)
         overhead = max(0.0, total - record.upstream_s)
         metrics = request.app[METRICS]
-        metrics.count_request(route, record.module, status)
+        metrics.count_request(route, record.module, status, record.outcome)
         metrics.observe_overhead(route, overhead)
         emit = log.debug if route in QUIET_ROUTES else log.info
         emit(

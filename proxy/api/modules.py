@@ -8,13 +8,13 @@ import structlog
 from aiohttp import web
 
 from proxy.api.body import read_object
-from proxy.api.errors import ApiError, json_response
+from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
-from proxy.contract.errors import Code, Origin, error_envelope, http_status
+from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer
-from proxy.observability.metrics import OTHER
+from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
 from proxy.pipeline import Call, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
 
@@ -24,9 +24,14 @@ log = structlog.get_logger("proxy.api")
 def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.Response:
     """E4006 (404) as an envelope; the module label is ``other`` (names come from the registry)."""
     request[RECORD_KEY].module = OTHER
+    request[RECORD_KEY].outcome = OUTCOME_UNKNOWN_MODULE
     trace_id = request[TRACE_KEY]
     known = ", ".join(runtime.registry.names()) or "none"
-    envelope = error_envelope(Code.MODULE_NOT_FOUND, f"Module {name!r} is not installed (installed: {known})")
+    envelope = error_envelope(
+        Code.MODULE_NOT_FOUND,
+        f"Module {name!r} is not installed (installed: {known})",
+        explain=f"Caller error: no module named {name!r} is installed"[:EXPLAIN_MAX],
+    )
     envelope["meta"]["trace_id"] = trace_id
     return json_response(
         envelope,
@@ -95,7 +100,7 @@ async def answer_module(
         attempts=len(answer.attempts),
         target=answer.model,
     )
-    record_module_answer(request.app[METRICS], runtime.policy, answer)
+    record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)
@@ -111,13 +116,17 @@ async def execute(request: web.Request) -> web.Response:
     module = runtime.registry.get(name)
     if module is None:
         return module_not_found(name, runtime, request)
+    record = request[RECORD_KEY]
+    record.module = module.name
     try:
         body = await read_object(request)
     except ApiError as exc:
         if exc.status != 400:
             raise
+        record.outcome = OUTCOME_INVALID_INPUT
         return caller_error(Code.PARSE_ERROR, exc.message, trace_id)  # the body is not one JSON object
     if "input" not in body:
+        record.outcome = OUTCOME_INVALID_INPUT
         return caller_error(
             Code.INVALID_INPUT,
             'The request body needs an "input" field',
@@ -146,3 +155,19 @@ async def get_module(request: web.Request) -> web.Response:
     if module is None:
         return module_not_found(name, runtime, request)
     return json_response({"id": module.name, "object": "module", **module.summary()})
+
+
+def method_not_allowed(*allowed: str) -> Handler:
+    """A handler for the other methods of a route the proxy owns: 405 with ``Allow``, instead of
+    falling through to the ``/v1/*`` passthrough."""
+    allow = ", ".join(allowed)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise ApiError(
+            405,
+            f"{request.method} is not allowed on {request.path}; use {allow}",
+            code="method_not_allowed",
+            headers={"Allow": allow},
+        )
+
+    return handler

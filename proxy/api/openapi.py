@@ -238,6 +238,21 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/models/{model}": {
+            "get": {
+                "operationId": "retrieveModel",
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": _json(
+                        _OWN_COMPONENTS["ModelList"]["properties"]["data"]["items"], "One listed model"
+                    ),
+                    "404": _json(_ref("OpenAIError"), "No such model (model_not_found)"),
+                    **api_errors,
+                },
+            }
+        },
         "/healthz": {
             "get": {
                 "operationId": "healthz",

@@ -26,6 +26,7 @@ from yarl import URL
 from proxy.api.body import passthrough_failure
 from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.offline_passthrough import answer_offline
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
@@ -251,6 +252,9 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
             "names no passthrough provider (passthrough.provider)",
             code="not_found",
         )
+    first = runtime.policy.providers.get(names[0])
+    if first is not None and first.kind == "offline":
+        return await answer_offline(request, body, first, template)
     limit = request.app[SETTINGS].max_upload_bytes
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(

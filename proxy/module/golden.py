@@ -7,6 +7,7 @@ examples double as the offline provider's deterministic answers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,16 @@ import orjson
 
 from proxy.contract.errors import to_numeric
 from proxy.contract.schema import SchemaCompileError, check, compile_schema
-from proxy.jsonshape import as_dict
+from proxy.jsonshape import as_dict, as_list
 from proxy.module.model import Module
 
 Executor = Callable[[Module, Any, "GoldenCase"], dict[str, Any]]
 """Runs one call (input -> final envelope); the case is passed so an offline run can use it."""
 
 _RUNTIME_META = ("trace_id", "model", "latency_ms")
+_MAX_DIFFS = 10  # enough to see the pattern of a wrong answer without flooding the terminal
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,23 @@ def load_cases(module: Module) -> tuple[list[GoldenCase], list[CaseOutcome]]:
     return cases, broken
 
 
+def _show(value: Any) -> str:
+    return "nothing" if value is _MISSING else orjson.dumps(value).decode()
+
+
+def _value_at(document: Any, path: str) -> Any:
+    """The value at a violation path such as ``data.issues[0].line`` (``_MISSING`` if none)."""
+    node = document
+    for name, index in _PATH_PART.findall(path):
+        if name and isinstance(node, dict) and name in node:
+            node = node[name]
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return _MISSING
+    return node
+
+
 def _check_rules(rules: Any, envelope: dict[str, Any]) -> list[str]:
     if not isinstance(rules, dict):
         return ["$validate must map envelope keys to JSON Schemas"]
@@ -83,27 +104,36 @@ def _check_rules(rules: Any, envelope: dict[str, Any]) -> list[str]:
         except SchemaCompileError as exc:
             problems.append(f"$validate.{key}: bad schema: {exc}")
             continue
-        problems += [str(v) for v in check(validator, envelope[key], key)]
+        problems += [
+            f"{v} (got {_show(_value_at(envelope, v.path))})" for v in check(validator, envelope[key], key)
+        ]
     return problems
 
 
+def _diff(path: str, want: Any, got: Any, out: list[str]) -> None:
+    """Every leaf where ``got`` differs from ``want``, named by its path."""
+    if len(out) >= _MAX_DIFFS or want == got:
+        return
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in [*want, *(k for k in got if k not in want)]:
+            _diff(f"{path}.{key}", want.get(key, _MISSING), got.get(key, _MISSING), out)
+    elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            _diff(f"{path}[{i}]", w, g, out)
+    else:
+        out.append(f"{path}: expected {_show(want)}, got {_show(got)}")
+
+
 def _compare(expected: dict[str, Any], envelope: dict[str, Any]) -> list[str]:
-    problems = []
-
-    def differ(path: str, want: Any, got: Any) -> None:
-        if want != got:
-            problems.append(
-                f"{path}: expected {orjson.dumps(want).decode()}, got {orjson.dumps(got).decode()}"
-            )
-
-    differ("ok", expected.get("ok"), envelope.get("ok"))
+    problems: list[str] = []
+    _diff("ok", expected.get("ok"), envelope.get("ok"), problems)
     want_meta = as_dict(expected.get("meta"))
     got_meta = as_dict(envelope.get("meta"))
     for key in ("confidence", "risk"):
         if key in want_meta:
-            differ(f"meta.{key}", want_meta[key], got_meta.get(key))
+            _diff(f"meta.{key}", want_meta[key], got_meta.get(key, _MISSING), problems)
     if expected.get("ok") is True:
-        differ("data", expected.get("data"), envelope.get("data"))
+        _diff("data", expected.get("data", _MISSING), envelope.get("data", _MISSING), problems)
     else:
         want_err = as_dict(expected.get("error"))
         got_err = as_dict(envelope.get("error"))
@@ -111,15 +141,37 @@ def _compare(expected: dict[str, Any], envelope: dict[str, Any]) -> list[str]:
         if (to_numeric(want_code) or want_code) != (to_numeric(got_code) or got_code):
             problems.append(f"error.code: expected {want_code}, got {got_code}")
         if "partial_data" in expected:
-            differ("partial_data", expected["partial_data"], envelope.get("partial_data"))
+            _diff("partial_data", expected["partial_data"], envelope.get("partial_data", _MISSING), problems)
     return problems
 
 
+def _expects_success(expected: dict[str, Any]) -> bool:
+    if "$validate" in expected:
+        rule = as_dict(expected["$validate"]).get("ok")
+        return rule is True or as_dict(rule).get("const") is True
+    return expected.get("ok") is True
+
+
+def _failure_cause(envelope: dict[str, Any]) -> list[str]:
+    """Why the answer is an error envelope: each contract violation, else the error itself."""
+    error = as_dict(envelope.get("error"))
+    code = error.get("code", "?")
+    violations = [as_dict(v) for v in as_list(as_dict(error.get("details")).get("violations"))]
+    if violations:
+        return [f"contract ({code}): {v.get('path') or '(envelope)'}: {v.get('message')}" for v in violations]
+    return [f"the answer is an error ({code}): {error.get('message')}"]
+
+
 def evaluate(case: GoldenCase, envelope: dict[str, Any]) -> list[str]:
-    """The ways ``envelope`` misses what ``case`` expects (empty: the case passes)."""
+    """The ways ``envelope`` misses what ``case`` expects (empty: the case passes). When a
+    success was expected and the answer is an error, the error's cause comes first."""
     if "$validate" in case.expected:
-        return _check_rules(case.expected["$validate"], envelope)
-    return _compare(case.expected, envelope)
+        problems = _check_rules(case.expected["$validate"], envelope)
+    else:
+        problems = _compare(case.expected, envelope)
+    if problems and _expects_success(case.expected) and envelope.get("ok") is False:
+        problems = _failure_cause(envelope) + problems
+    return problems
 
 
 def run_golden(module: Module, execute: Executor) -> list[CaseOutcome]:
@@ -132,17 +184,12 @@ def run_golden(module: Module, execute: Executor) -> list[CaseOutcome]:
 
 
 def example_for(module: Module, value: Any, cases: list[GoldenCase] | None = None) -> Any:
-    """The module's own example answer for ``value``: the case with an equal input, else the
-    first case whose example succeeds, else None. Deterministic: the offline provider's answer."""
+    """The example answer of the golden case whose input equals ``value``, else None."""
     if cases is None:
         cases, _ = load_cases(module)
     for case in cases:
         if case.input == value and case.example is not None:
             return case.example
-    for case in cases:
-        example = case.example
-        if isinstance(example, dict) and example.get("ok", True) is not False:
-            return example
     return None
 
 

@@ -1,13 +1,18 @@
-"""``cogproxy validate``: the module checks of module-format.md, one message per problem."""
+"""``cogproxy validate``: the module checks of module-format.md, one message per problem.
+
+Problems make a module invalid; warnings (``warning: ...``) are printed but do not.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from proxy.contract.engine import check_answer
 from proxy.contract.errors import EXPLAIN_MAX
+from proxy.contract.schema import SchemaCompileError, check, compile_schema
 from proxy.jsonshape import as_dict, as_list
-from proxy.module.golden import load_cases
+from proxy.module.golden import GoldenCase, load_cases
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import Module, ModuleFormat
 
@@ -56,23 +61,56 @@ def _v22_problems(module: Module) -> list[str]:
     return out
 
 
-def _test_problems(module: Module) -> list[str]:
-    out = []
-    for input_path, expected_path in module.tests:
-        out += [f"{p}: golden test file is missing" for p in (input_path, expected_path) if not p.is_file()]
-    if not out:
-        _, broken = load_cases(module)
-        out += [f"{module.path / 'tests' / o.name}: {o.problems[0]}" for o in broken]
+def _case_problems(module: Module, case: GoldenCase, input_path: Path, expected_path: Path) -> list[str]:
+    """The case's input against the input schema; its example answer against the contract."""
+    out: list[str] = []
+    if module.validators.input is not None:
+        out += [f"{input_path}: {v}" for v in check(module.validators.input, case.input, "input")]
+    rules = case.expected.get("$validate")
+    if isinstance(rules, dict):
+        for key, schema in rules.items():
+            try:
+                compile_schema(schema if isinstance(schema, dict) else {"const": schema})
+            except SchemaCompileError as exc:
+                out.append(f"{expected_path}: $validate.{key}: does not compile: {exc}")
+    example = case.example
+    if example is None:
+        return out
+    where = "$example." if "$example" in case.expected else ""
+    if not isinstance(example, dict):
+        return [*out, f"{expected_path}: {where or 'the expected answer '}must be a JSON object"]
+    result = check_answer(example, module)
+    out += [f"{expected_path}: {where}{v}" for v in result.violations]
     return out
 
 
-def lint_module(path: Path, *, v22: bool = False) -> list[str]:
-    """Every problem of the module at ``path``; empty when it is valid."""
+def _test_problems(module: Module) -> tuple[list[str], list[str]]:
+    """Problems of the golden tests, and warnings (no tests at all)."""
+    if not module.tests:
+        return [], [
+            f"warning: {module.path}: no golden tests (list them under tests: in module.yaml, "
+            "or add tests/NAME.input.json with tests/NAME.expected.json)"
+        ]
+    out = []
+    for input_path, expected_path in module.tests:
+        out += [f"{p}: golden test file is missing" for p in (input_path, expected_path) if not p.is_file()]
+    if out:
+        return out, []
+    cases, broken = load_cases(module)
+    out += [f"{module.path / 'tests' / o.name}: {o.problems[0]}" for o in broken]
+    paths = {i.name.removesuffix(".input.json"): (i, e) for i, e in module.tests}
+    for case in cases:
+        out += _case_problems(module, case, *paths[case.name])
+    return out, []
+
+
+def lint_module(path: Path, *, v22: bool = False) -> tuple[list[str], list[str]]:
+    """Every problem of the module at ``path`` (empty when it is valid), and the warnings."""
     try:
         module = load_module(path)
     except ModuleLoadError as exc:
-        return [str(exc)]
-    problems = _test_problems(module)
+        return [str(exc)], []
+    problems, warnings = _test_problems(module)
     if v22:
         problems = _v22_problems(module) + problems
-    return problems
+    return problems, warnings

@@ -35,6 +35,7 @@ from proxy.module.model import (
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
+from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -67,7 +68,7 @@ def _read_yaml(path: Path, text: str | None = None) -> dict[str, Any]:
     try:
         doc = yaml.load(_read_text(path) if text is None else text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        raise ModuleLoadError(path, f"invalid YAML: {exc}") from exc
+        raise ModuleLoadError(path, describe(exc)) from exc
     if not isinstance(doc, dict):
         raise ModuleLoadError(path, "must be a YAML mapping")
     return doc

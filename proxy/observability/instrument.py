@@ -9,7 +9,7 @@ import structlog
 
 from proxy.contract.risk import RISK_RANK
 from proxy.jsonshape import as_dict
-from proxy.observability.metrics import OTHER, Metrics
+from proxy.observability.metrics import OTHER, OUTCOME_DECIDED, OUTCOME_INVALID_INPUT, Metrics
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy, Target
 from proxy.upstream.base import ProviderError
@@ -52,9 +52,10 @@ class MetricsObserver:
         log.info("proxy.failover", from_target=names[0], to_target=names[1], reason=reason)
 
 
-def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer) -> None:
+def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer) -> str:
     """Confidence, risk, risk disagreements, decisions, escalations, repairs, contract errors and
-    tokens of one answer."""
+    tokens of one answer; returns the request's outcome. An input refused before any model call
+    is the caller's mistake, not a decision: a contract error and outcome ``invalid_input``."""
     module, tier = answer.module.name, answer.module.tier
     rungs = [r.name for r in policy.ladder]
     answered = [a for a in answer.attempts if a.confidence is not None]
@@ -93,11 +94,13 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
                 confidence=attempt.confidence,
                 risk=attempt.risk,
             )
-    if not answered:
+    if not answer.attempts:
         code = str(as_dict(answer.envelope.get("error")).get("code", ""))
         if code.startswith("E1"):  # the input broke the module's input contract
             metrics.contract_errors.labels(module, code).inc()
+            return OUTCOME_INVALID_INPUT
     metrics.decisions.labels(module, tier, answer.decision).inc()
     risk = str(answer.meta.get("risk", ""))
     if answered:
         metrics.risk.labels(module, tier, risk if risk in RISK_RANK else OTHER).inc()
+    return OUTCOME_DECIDED

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 OTHER = "other"
 NO_MODULE = "none"
+# cognitive_requests_total{outcome}: what became of a request, from a fixed set.
+OUTCOME_NONE = "none"  # not a module call (passthrough, catalogue, health)
+OUTCOME_DECIDED = "decided"  # a module answer that got a decision
+OUTCOME_INVALID_INPUT = "invalid_input"  # the caller's input broke the module's input contract
+OUTCOME_UNKNOWN_MODULE = "unknown_module"  # the caller named a module that is not installed
 CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -57,8 +62,8 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "cognitive_requests_total",
-            "HTTP requests by route template, module and status.",
-            ["route", "module", "status"],
+            "HTTP requests by route template, module, status and outcome.",
+            ["route", "module", "status", "outcome"],
             registry=r,
         )
         self.confidence = Histogram(
@@ -153,15 +158,15 @@ class Metrics:
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
-        self._request_children: dict[tuple[str, str, int], Any] = {}
+        self._request_children: dict[tuple[str, str, int, str], Any] = {}
         self._overhead_children: dict[str, Any] = {}
         self._upstream_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
-    def count_request(self, route: str, module: str, status: int) -> None:
-        key = (route, module, status)
+    def count_request(self, route: str, module: str, status: int, outcome: str = OUTCOME_NONE) -> None:
+        key = (route, module, status, outcome)
         child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[key] = self.requests.labels(route, module, str(status))
+            child = self._request_children[key] = self.requests.labels(route, module, str(status), outcome)
         child.inc()
 
     def observe_overhead(self, route: str, seconds: float) -> None:

@@ -31,6 +31,7 @@ from proxy.policy.model import (
     Thresholds,
     Timeouts,
 )
+from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 log = structlog.get_logger("proxy.policy")
@@ -149,9 +150,10 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for where, name in named:
         if name not in providers:
             problems.append(f"{where}: unknown provider {name!r}")
-        elif providers[name]["kind"] != "openai":
+        elif providers[name]["kind"] not in ("openai", "offline"):
             problems.append(
-                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai"
+                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai "
+                "(or offline, for demos)"
             )
     review = as_dict(doc.get("review"))
     if review.get("sink") == "webhook" and "url" not in review:
@@ -223,5 +225,13 @@ def load_policy(path: Path) -> Policy:
     except OSError as exc:
         raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
     except yaml.YAMLError as exc:
-        raise PolicyError(str(path), [f"invalid YAML: {exc}"]) from exc
+        raise PolicyError(str(path), [describe(exc)]) from exc
+    if doc is None:
+        raise PolicyError(
+            str(path), ["the file is empty; a policy is a YAML mapping (version, providers, ladder)"]
+        )
+    if not isinstance(doc, dict):
+        raise PolicyError(
+            str(path), [f"must be a YAML mapping (version, providers, ladder), not a {type(doc).__name__}"]
+        )
     return parse_policy(doc, str(path))

@@ -1,9 +1,12 @@
 """``kind: offline``: the demo provider. Deterministic answers, no network, no key.
 
-Module calls are answered from the module's own golden examples (the case whose input equals
-the call's input, else the module's first success example); plain chat gets a fixed reply. It
-can be scripted to answer a module with low confidence on one model, so that a first-time user
-watches an escalation::
+Module calls whose input equals a golden case's input get that case's example answer; any
+other input gets a demo answer built from the module's data schema: a valid envelope with low
+confidence whose explain says ``offline demo: no model was called`` (so the policy's escalation
+and review still show). Answers name ``offline/<model>`` as their model and never carry an
+example's recorded model or latency. Plain chat gets a fixed reply. It can be scripted to
+answer a module with low confidence on one model, so that a first-time user watches an
+escalation::
 
     options:
       low_confidence:
@@ -20,24 +23,66 @@ from typing import Any
 
 import orjson
 
+from proxy.contract.schema import check
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, example_for, load_cases
 from proxy.module.model import Module
+from proxy.module.sample import sample
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, Relayed, relay_from_complete
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
 DEFAULT_REPLY = "Hello from the cognitive-proxy offline demo provider."
-NO_EXAMPLE_REPLY = "I have no example answer for this input."
+DEMO_EXPLAIN = "offline demo: no model was called"
+# Below every shipped tier's min_confidence, so a demo answer shows the ladder and the tier's
+# `exhausted` outcome instead of passing for a real answer.
+DEMO_CONFIDENCE = 0.2
+DEMO_RATIONALE = f"{DEMO_EXPLAIN}; this answer was built from the module's schema, not from the input."
+_RUNTIME_META = ("trace_id", "model", "latency_ms")  # facts of the run that recorded an example
+
+
+def _as_demo(data: Any, module: Module) -> dict[str, Any] | None:
+    """``data`` with a demo rationale, if it then satisfies the module's data contract."""
+    if not isinstance(data, dict):
+        return None
+    data = dict(data)
+    if "rationale" in data or "rationale" in as_dict(module.data_schema.get("properties")):
+        data["rationale"] = DEMO_RATIONALE
+    return None if check(module.validators.data, data, "data") else data
+
+
+def demo_answer(module: Module, cases: list[GoldenCase] | None = None) -> dict[str, Any]:
+    """A valid but plainly marked placeholder envelope for ``module``: data built from its data
+    schema; where the schema needs more than that (a pattern, a conditional field), the data of
+    the module's first success example; failing both, a failure envelope."""
+    meta = {"confidence": DEMO_CONFIDENCE, "risk": "low", "explain": DEMO_EXPLAIN}
+    data = _as_demo(sample(module.data_schema, module.schema), module)
+    if data is None:
+        examples = (c.example for c in (load_cases(module)[0] if cases is None else cases))
+        for example in examples:
+            if isinstance(example, dict) and example.get("ok", True) is not False:
+                data = _as_demo(example.get("data"), module)
+                if data is not None:
+                    break
+    if data is not None:
+        return {"ok": True, "meta": meta, "data": data}
+    error = sample(module.schema.get("error") or {"required": ["message"]}, module.schema)
+    error = {**as_dict(error), "message": f"{DEMO_EXPLAIN} and no golden case matches this input"}
+    return {"ok": False, "meta": {**meta, "confidence": 0.0}, "error": error}
 
 
 def offline_answer(
     module: Module, value: Any, case: GoldenCase | None = None, cases: list[GoldenCase] | None = None
 ) -> str:
-    """The raw model text the offline provider answers ``module`` with for input ``value``."""
+    """The raw model text the offline provider answers ``module`` with for input ``value``: the
+    golden example for this exact input, else the demo answer. The example's recorded model,
+    latency and trace id are dropped: whoever runs the call stamps its own."""
     example = case.example if case is not None else example_for(module, value, cases)
-    if example is None:
-        return NO_EXAMPLE_REPLY  # not JSON: the contract turns it into E1000, as for a real model
+    if not isinstance(example, dict):
+        example = demo_answer(module, cases)
+    meta = example.get("meta")
+    if isinstance(meta, dict):
+        example = {**example, "meta": {k: v for k, v in meta.items() if k not in _RUNTIME_META}}
     return orjson.dumps(example).decode()
 
 

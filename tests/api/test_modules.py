@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
+import yaml
 
+from tests.conftest import ROOT
 from tests.fake_upstream import DROP, FakeUpstream, Fault
-from tests.proxy_server import RunningProxy
+from tests.proxy_server import RunningProxy, running_proxy
 
 
 def envelope(confidence: float, risk: str = "low", **data: Any) -> str:
@@ -246,3 +249,24 @@ async def test_catalogue_routes(proxy: RunningProxy) -> None:
     assert {m["id"] for m in listing["data"]} >= {"code-simplifier", "code-reviewer", "idea-explorer"}
     assert one["tier"] == "exec" and one["enums"]["strategy"] == "strict"
     assert caps["spec_versions"][0] == "2.2"
+
+
+async def test_an_unknown_module_is_the_callers_mistake_and_other_methods_get_405(tmp_path: Path) -> None:
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    async with running_proxy(tmp_path, policy) as px, aiohttp.ClientSession() as session:
+        resp = await session.post(px.url + "/v1/modules/nope/execute", json={"input": {}})
+        envelope = await resp.json()
+        assert resp.status == 404 and envelope["error"]["code"] == "E4006"
+        assert "System failure" not in envelope["meta"]["explain"]
+        assert envelope["meta"]["explain"].startswith("Caller error")
+        for method, path, allow in [
+            ("GET", "/v1/modules/code-reviewer/execute", "POST"),
+            ("PUT", "/v1/modules/code-reviewer/execute", "POST"),
+            ("POST", "/v1/modules", "GET, HEAD"),
+            ("DELETE", "/v1/modules/code-reviewer", "GET, HEAD"),
+        ]:
+            resp = await session.request(method, px.url + path)
+            body = await resp.json()
+            assert resp.status == 405, (method, path)
+            assert resp.headers["Allow"] == allow
+            assert body["error"]["code"] == "method_not_allowed" and body["error"]["type"]

@@ -22,7 +22,8 @@ def own_routes() -> set[tuple[str, str]]:
     return {
         (route.method, route.resource.canonical)  # type: ignore[union-attr]
         for route in app.router.routes()
-        if route.method != "HEAD" and not route.resource.canonical.startswith("/v1/{")  # type: ignore[union-attr]
+        # "*": the 405 refusals of the other methods on the proxy's own routes, not operations
+        if route.method not in ("HEAD", "*") and not route.resource.canonical.startswith("/v1/{")  # type: ignore[union-attr]
     }
 
 

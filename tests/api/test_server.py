@@ -233,7 +233,7 @@ def test_run_with_a_policy_uses_the_same_pipeline(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["meta"]["model"] == "demo/large"
+    assert json.loads(result.stdout)["meta"]["model"] == "offline/large"
     assert "decision: escalated" in result.stderr
 
 

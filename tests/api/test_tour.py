@@ -32,14 +32,23 @@ async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
         assert raw.headers["x-cognitive-decision"] == "accept"
         assert json.loads(raw.parse().choices[0].message.content or "")["ok"] is True
 
-        review = {"code": "def add(a, b):\n    return a+b\n", "language": "python"}
+        review = json.loads((ROOT / "modules/code-reviewer/tests/case_minor_issues.input.json").read_text())
         raw = await client.chat.completions.with_raw_response.create(
             model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(review)}]
         )
         assert raw.headers["x-cognitive-decision"] == "escalated"
-        assert raw.headers["x-cognitive-model"] == "demo/large"
+        assert raw.headers["x-cognitive-model"] == "offline/large"
         attempts = raw.parse().model_extra["cognitive"]["attempts"]
         assert [a["outcome"] for a in attempts] == ["escalate", "accept"]
+
+        mine = {"code": "def add(a, b):\n    return a+b\n", "language": "python"}
+        raw = await client.chat.completions.with_raw_response.create(
+            model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(mine)}]
+        )
+        assert raw.headers["x-cognitive-decision"] == "review"
+        assert json.loads(raw.parse().choices[0].message.content or "")["meta"]["explain"] == (
+            "offline demo: no model was called"
+        )
 
         models = [m.id for m in (await client.models.list()).data]
         assert {"gpt-4o-mini", "gpt-4o", "module:code-reviewer"} <= set(models)

@@ -135,7 +135,25 @@ async def test_repairs_and_contract_errors(px: RunningProxy, fake_upstream: Fake
     assert m.value("cognitive_repairs_total", module="code-reviewer", kind="enum_normalized") == 1
     assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1000") == 1
     assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1002") == 1
-    assert m.value("cognitive_decisions_total", module="code-reviewer", decision="reject") == 1
+
+
+async def test_a_caller_input_error_is_an_outcome_not_a_decision(px: RunningProxy) -> None:
+    """A refused input is the caller's mistake: no decision was made, no model was asked."""
+    assert await module_call(px, value={"language": "python"}) == 400
+    m = await scrape(px)
+    assert m.value("cognitive_decisions_total", module="code-reviewer") == 0
+    assert m.value("cognitive_confidence_count", module="code-reviewer") == 0
+    assert (
+        m.value("cognitive_requests_total", module="code-reviewer", status="400", outcome="invalid_input")
+        == 1
+    )
+    async with aiohttp.ClientSession() as session:
+        await session.post(px.url + "/v1/modules/nope/execute", json={"input": {}})
+        await session.post(px.url + "/v1/modules/code-reviewer/execute", json={"no": "input"})
+    m = await scrape(px)
+    assert m.value("cognitive_requests_total", module="other", status="404", outcome="unknown_module") == 1
+    assert m.value("cognitive_requests_total", module="code-reviewer", outcome="invalid_input") == 2
+    assert m.value("cognitive_decisions_total") == 0
 
 
 async def test_failover_upstream_outcome_and_breaker_gauge(

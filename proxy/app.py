@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.api import chat, meta, modules, openapi, passthrough, responses
+from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
@@ -148,9 +149,10 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
+    guard = [browser_guard_middleware] if guards_browsers(settings) else []
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, trace_middleware, observe_middleware, auth_middleware],
+        middlewares=[error_middleware, trace_middleware, observe_middleware, *guard, auth_middleware],
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()

@@ -43,6 +43,8 @@ from proxy.settings import (
     DEFAULT_POOL_SIZE,
     DEFAULT_RELOAD_INTERVAL_S,
     Settings,
+    host_names,
+    origins,
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
@@ -263,6 +265,20 @@ SERVE_OPTIONS = (
         DEFAULT_RELOAD_INTERVAL_S,
         "seconds between checks of policy and module files; 0: SIGHUP only",
     ),
+    ServeOption(
+        "--allowed-hosts",
+        "ALLOWED_HOSTS",
+        str,
+        None,
+        "comma-separated Host names served besides localhost/127.0.0.1/[::1] on a keyless loopback bind",
+    ),
+    ServeOption(
+        "--allowed-origins",
+        "ALLOWED_ORIGINS",
+        str,
+        None,
+        "comma-separated browser Origins allowed on a keyless loopback bind (others: 403)",
+    ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
 )
@@ -329,6 +345,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         admin_port=_admin_port(args),
         spool_dir=Path(args.spool_dir) if args.spool_dir else None,
         reload_interval_s=args.reload_interval,
+        allowed_hosts=host_names(args.allowed_hosts),
+        allowed_origins=origins(args.allowed_origins),
     )
 
 

@@ -36,6 +36,11 @@ class Settings:
     listener). Lets the API stay on loopback while probes and Prometheus reach the pod IP."""
     spool_dir: Path | None = None
     """Where the Redis outbox appends records not yet delivered, so a restart loses none."""
+    allowed_hosts: frozenset[str] = frozenset()
+    """Host names (lower case, no port) served besides loopback names when the browser guard
+    applies (loopback bind, no client keys)."""
+    allowed_origins: frozenset[str] = frozenset()
+    """``Origin`` values (lower case) a browser page may send when the browser guard applies."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""
@@ -67,3 +72,14 @@ def read_key_file(path: Path) -> frozenset[str]:
     """Client API keys, one per line; blank lines and ``#`` comments are ignored."""
     lines = path.read_text(encoding="utf-8").splitlines()
     return frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def host_names(text: str | None) -> frozenset[str]:
+    """``--allowed-hosts``: comma-separated names, any port (a port given is ignored)."""
+    names = (part.strip().lower() for part in (text or "").split(","))
+    return frozenset(name if name.startswith("[") else name.partition(":")[0] for name in names if name)
+
+
+def origins(text: str | None) -> frozenset[str]:
+    """``--allowed-origins``: comma-separated ``scheme://host[:port]`` values."""
+    return frozenset(part.strip().lower().rstrip("/") for part in (text or "").split(",") if part.strip())

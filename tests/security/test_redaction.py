@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from tests.fake_upstream import Fault, FakeUpstream
+from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import raw_http, request_bytes

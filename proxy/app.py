@@ -13,6 +13,7 @@ from aiohttp import web
 from proxy import __version__
 from proxy.api import chat, meta, modules, openapi, passthrough, responses
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
+from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
@@ -152,12 +153,21 @@ def build_app(settings: Settings) -> web.Application:
     guard = [browser_guard_middleware] if guards_browsers(settings) else []
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, trace_middleware, observe_middleware, *guard, auth_middleware],
+        middlewares=[
+            error_middleware,
+            trace_middleware,
+            observe_middleware,
+            *guard,
+            auth_middleware,
+            budget_middleware,
+        ],
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()
     app[METRICS].info.labels(__version__).set(1)
+    budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
+    app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)

@@ -11,6 +11,11 @@ DEFAULT_POOL_SIZE = 100
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
 DEFAULT_RELOAD_INTERVAL_S = 2.0
+MiB = 1024 * 1024
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 96 * MiB
+"""The shipped container limit (deploy/k8s: 192Mi) minus the proxy's measured baseline RSS
+(~60 MiB: interpreter, aiohttp, prometheus, modules) minus 36 MiB for everything else in
+flight (response bodies, connection buffers, allocator slack)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,9 @@ class Settings:
     """Bodies the proxy reads itself (chat, modules, resendable passthrough requests)."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """Bodies streamed through to a provider (file and audio uploads); never held in memory."""
+    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    """Memory all request bodies in flight may take at once, buffered and parsed (see
+    ``proxy.api.budget``); beyond it a request waits briefly, then gets 503."""
     pool_size: int = DEFAULT_POOL_SIZE
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -50,6 +58,8 @@ class Settings:
             raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, not {self.max_body_bytes}")
+        if self.max_inflight_body_bytes <= 0:
+            raise ValueError(f"max_inflight_body_bytes must be positive, not {self.max_inflight_body_bytes}")
         if self.pool_size <= 0:
             raise ValueError(f"pool_size must be positive, not {self.pool_size}")
         if self.reload_interval_s < 0:

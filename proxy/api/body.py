@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.api.budget import RESERVATION, parse_cost
+from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
 from proxy.api.errors import (
     FAILURE_ANSWERS,
     RETRY_STATUSES,
@@ -29,33 +29,35 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The whole request body, reserved in the body budget before it is buffered (the declared
-    length up front, then whatever arrives beyond it); 413 past ``--max-body-bytes``."""
+async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
+    """The whole request body, reserved in the body budget before it is buffered (``copies``
+    times the declared length up front, then whatever arrives beyond it); 413 past
+    ``--max-body-bytes``."""
     limit = request.app[SETTINGS].max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
     reservation = request[RESERVATION]
     reserved = declared or 0
-    await reservation.grow(reserved)
-    buffer = bytearray()
+    await reservation.grow(copies * reserved)
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.content.iter_any():
-        size = len(buffer) + len(chunk)
+        size += len(chunk)
         if size > limit:  # a chunked body, or one that inflates (Content-Encoding)
             raise _too_large(limit)
         if size > reserved:
-            await reservation.grow(size - reserved)
+            await reservation.grow(copies * (size - reserved))
             reserved = size
-        buffer += chunk
-    return bytes(buffer)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def read_json(request: web.Request) -> tuple[bytes, Any]:
     """The raw body and its parsed value, the parse reserved in the body budget first; 400 in
     OpenAI's format when the body is not JSON."""
-    raw = await read_body(request)
-    await request[RESERVATION].grow(parse_cost(raw))
+    raw = await read_body(request, READ_COPIES + PARSED_COPIES)
+    await request[RESERVATION].grow(values_cost(raw))
     try:
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

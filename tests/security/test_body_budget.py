@@ -20,13 +20,17 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, pr
 from tests.security.conftest import security_policy
 from tests.security.harness import raw_http, request_bytes
 
-BUDGET = 1_000_000
+BUDGET = 4_000_000
 HELD = 600_000
+"""Declared by a slow client: reserves 4x (two copies while read, two once parsed) = 2.4 MB."""
+SECOND = 500_000
+"""Reserves 2 MB: does not fit beside ``HELD``, fits alone."""
+COPIES = 4
 DEADLINE_S = 10.0
 
 
 def chat_body(size: int) -> bytes:
-    """A valid chat request of about ``size`` bytes (one long message: costs ~2x its bytes)."""
+    """A valid chat request of about ``size`` bytes (one long message: costs ~4x its bytes)."""
     return orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * size}]})
 
 
@@ -72,13 +76,13 @@ async def test_a_body_beyond_the_budget_waits_then_gets_503_and_the_budget_is_re
         # A client that declares a large body and sends it slowly holds its share meanwhile.
         head = chat_request(b"")
         head = head.replace(b"Content-Length: 0", f"Content-Length: {HELD}".encode())
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(head + b'{"model"')
             await writer.drain()
-            await wait_for_in_use(served.url, lambda v: v >= HELD)
+            await wait_for_in_use(served.url, lambda v: v >= COPIES * HELD)
 
-            refused = await raw_http("127.0.0.1", port, chat_request(chat_body(300_000)))
+            refused = await raw_http("127.0.0.1", port, chat_request(chat_body(SECOND)))
             assert refused.status == 503
             assert refused.headers["Retry-After"] == "1"
             assert orjson.loads(refused.body)["error"]["code"] == "body_budget_exhausted"
@@ -86,7 +90,7 @@ async def test_a_body_beyond_the_budget_waits_then_gets_503_and_the_budget_is_re
             writer.close()
             await writer.wait_closed()
         await wait_for_in_use(served.url, lambda v: v == 0)
-        served_later = await raw_http("127.0.0.1", port, chat_request(chat_body(300_000)))
+        served_later = await raw_http("127.0.0.1", port, chat_request(chat_body(SECOND)))
         assert served_later.status == 200
         assert await in_use(served.url) == 0
     assert fake_upstream.count("/v1/chat/completions") == 1
@@ -97,10 +101,10 @@ async def test_a_body_costlier_than_the_whole_budget_is_413_without_waiting(
 ) -> None:
     async with budgeted(fake_upstream, tmp_path) as served:
         port = int(served.url.rsplit(":", 1)[1])
-        declared = await raw_http("127.0.0.1", port, chat_request(chat_body(BUDGET + 10)))
+        declared = await raw_http("127.0.0.1", port, chat_request(chat_body(BUDGET // COPIES + 10)))
         assert declared.status == 413
         assert orjson.loads(declared.body)["error"]["code"] == "request_too_large"
-        # 40k small keys: 400 kB of text, ~5 MB once parsed.
+        # 40k small keys: 400 kB of text (1.6 MB as copies) but ~10 MB of values once parsed.
         keys = orjson.dumps({"model": "gpt-4o-mini", "messages": [], **{f"k{i}": 1 for i in range(40_000)}})
         assert len(keys) < BUDGET
         parsed = await raw_http("127.0.0.1", port, chat_request(keys))
@@ -112,7 +116,7 @@ async def test_a_body_costlier_than_the_whole_budget_is_413_without_waiting(
 async def test_a_chunked_body_is_accounted_as_it_arrives(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
     async with budgeted(fake_upstream, tmp_path) as served:
         port = int(served.url.rsplit(":", 1)[1])
-        body = chat_body(BUDGET + 10)
+        body = chat_body(BUDGET // COPIES + 10)
         chunked = (
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
             b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -17,7 +17,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from proxy import __version__
 from proxy.app import build_app
@@ -35,7 +34,9 @@ from proxy.policy.decide import Meta
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import Policy
 from proxy.policy.report import explain, summary
+from proxy.server import run as run_server
 from proxy.settings import (
+    DEFAULT_CLIENT_READ_TIMEOUT_S,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -229,6 +230,20 @@ SERVE_OPTIONS = (
         "seconds an idle client keep-alive connection stays open",
     ),
     ServeOption(
+        "--client-read-timeout",
+        "CLIENT_READ_TIMEOUT",
+        float,
+        DEFAULT_CLIENT_READ_TIMEOUT_S,
+        "seconds for a request head to arrive, and the longest stall in a body; 408 beyond",
+    ),
+    ServeOption(
+        "--max-connections",
+        "MAX_CONNECTIONS",
+        int,
+        0,
+        "open client connections at most (503 and close beyond); 0: derived from the open-file limit",
+    ),
+    ServeOption(
         "--drain-timeout",
         "DRAIN_TIMEOUT",
         float,
@@ -347,6 +362,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_inflight_body_bytes=args.max_inflight_body_bytes,
         pool_size=args.pool_size,
         idle_timeout_s=args.idle_timeout,
+        client_read_timeout_s=args.client_read_timeout,
+        max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
         redis_url=args.redis_url or None,
@@ -382,16 +399,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop = uvloop.new_event_loop()
     except ImportError:  # uvloop is optional (the `fast` extra)
         pass
-    web.run_app(
+    run_server(
         build_app(settings),
-        host=settings.host,
-        port=settings.port,
-        shutdown_timeout=settings.drain_timeout_s,
-        keepalive_timeout=settings.idle_timeout_s,
-        handler_cancellation=True,  # a client that hangs up cancels its upstream call
-        access_log=None,
-        print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
+        settings,
         loop=loop,
+        on_started=lambda: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
     )
     return EXIT_OK
 

@@ -11,6 +11,9 @@ DEFAULT_POOL_SIZE = 100
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
 DEFAULT_RELOAD_INTERVAL_S = 2.0
+DEFAULT_CLIENT_READ_TIMEOUT_S = 10.0
+"""A request head within this, and no body stall longer (HTTP servers use 10-60 s; 10 s is
+ample for a loopback or in-cluster client and frees a slow client's descriptor quickly)."""
 MiB = 1024 * 1024
 DEFAULT_MAX_INFLIGHT_BODY_BYTES = 96 * MiB
 """The shipped container limit (deploy/k8s: 192Mi) minus the proxy's measured baseline RSS
@@ -33,6 +36,10 @@ class Settings:
     ``proxy.api.budget``); beyond it a request waits briefly, then gets 503."""
     pool_size: int = DEFAULT_POOL_SIZE
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    client_read_timeout_s: float = DEFAULT_CLIENT_READ_TIMEOUT_S
+    """Deadline for a request head, and for each stall while a body arrives (see proxy.server)."""
+    max_connections: int = 0
+    """Open client connections at most; 0: what the open-file limit leaves (proxy.server)."""
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -62,6 +69,10 @@ class Settings:
             raise ValueError(f"max_inflight_body_bytes must be positive, not {self.max_inflight_body_bytes}")
         if self.pool_size <= 0:
             raise ValueError(f"pool_size must be positive, not {self.pool_size}")
+        if self.client_read_timeout_s <= 0:
+            raise ValueError(f"client_read_timeout_s must be positive, not {self.client_read_timeout_s}")
+        if self.max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0, not {self.max_connections}")
         if self.reload_interval_s < 0:
             raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
         if not 0 <= self.port <= 65535:

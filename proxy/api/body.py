@@ -13,9 +13,11 @@ from proxy.api.errors import (
     FAILURE_ANSWERS,
     RETRY_STATUSES,
     ApiError,
+    ClientReadTimeout,
     error_body,
     failure_answer,
     json_response,
+    request_timeout,
     retry_after_value,
 )
 from proxy.api.state import SETTINGS
@@ -42,14 +44,17 @@ async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
     await reservation.grow(copies * reserved)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:  # a chunked body, or one that inflates (Content-Encoding)
-            raise _too_large(limit)
-        if size > reserved:
-            await reservation.grow(copies * (size - reserved))
-            reserved = size
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:  # a chunked body, or one that inflates (Content-Encoding)
+                raise _too_large(limit)
+            if size > reserved:
+                await reservation.grow(copies * (size - reserved))
+                reserved = size
+            chunks.append(chunk)
+    except ClientReadTimeout as exc:
+        raise request_timeout() from exc
     return b"".join(chunks)
 
 

@@ -24,6 +24,7 @@ from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
+from proxy.server import EdgeRunner, admin_guard
 from proxy.settings import Settings
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import RedisOutbox
@@ -212,7 +213,7 @@ async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.admin_port is None:
         yield
         return
-    runner = web.AppRunner(build_admin_app(app), access_log=None)
+    runner = EdgeRunner(build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.admin_bind_host, settings.admin_port).start()
     log.info("proxy.admin_listening", host=settings.admin_bind_host, port=settings.admin_port)

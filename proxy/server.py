@@ -42,6 +42,9 @@ FD_HEADROOM = 64
 Redis, log and policy files, DNS."""
 DEFAULT_MAX_CONNECTIONS = 10_000
 """Used when the open-file limit is unlimited or larger than this needs."""
+ADMIN_MAX_CONNECTIONS = 64
+"""The admin listener's own cap: probes and Prometheus need a handful, and a flood of the API
+port must not starve the probes (nor the other way round)."""
 _REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
 
 
@@ -52,7 +55,8 @@ def max_connections(settings: Settings) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return DEFAULT_MAX_CONNECTIONS
-    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - settings.pool_size - FD_HEADROOM))
+    spare = soft - settings.pool_size - FD_HEADROOM - ADMIN_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, spare))
 
 
 def raw_answer(error: ApiError) -> bytes:
@@ -80,14 +84,14 @@ def too_many_connections() -> ApiError:
 
 
 class ConnectionGuard:
-    """Open client connections against the cap, and the read deadline every connection uses."""
+    """One listener's open connections against its cap, and the read deadline they use."""
 
-    def __init__(self, limit: int, read_timeout_s: float, metrics: Metrics) -> None:
+    def __init__(self, listener: str, limit: int, read_timeout_s: float, metrics: Metrics) -> None:
         self.limit = limit
         self.read_timeout_s = read_timeout_s
         self.metrics = metrics
         self.open = 0
-        metrics.open_connections.set_function(lambda: self.open)
+        metrics.open_connections.labels(listener).set_function(lambda: self.open)
 
     def admit(self) -> bool:
         if self.open >= self.limit:
@@ -197,15 +201,20 @@ class EdgeServer(web.Server):
 class EdgeRunner(web.AppRunner):
     """``AppRunner`` serving through ``EdgeServer``."""
 
-    def __init__(self, app: web.Application, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._settings = settings
+        self._guard = guard
 
     async def _make_server(self) -> web.Server:
-        guard = ConnectionGuard(
-            max_connections(self._settings), self._settings.client_read_timeout_s, self.app[METRICS]
-        )
-        return EdgeServer(await super()._make_server(), guard)
+        return EdgeServer(await super()._make_server(), self._guard)
+
+
+def api_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
+    return ConnectionGuard("api", max_connections(settings), settings.client_read_timeout_s, metrics)
+
+
+def admin_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
+    return ConnectionGuard("admin", ADMIN_MAX_CONNECTIONS, settings.client_read_timeout_s, metrics)
 
 
 def run(
@@ -240,7 +249,7 @@ def run(
 async def _serve(app: web.Application, settings: Settings, on_started: Callable[[], None]) -> None:
     runner = EdgeRunner(
         app,
-        settings,
+        api_guard(settings, app[METRICS]),
         handle_signals=True,
         shutdown_timeout=settings.drain_timeout_s,
         keepalive_timeout=settings.idle_timeout_s,

@@ -161,7 +161,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.open_connections = Gauge("cognitive_open_connections", "Open client connections.", registry=r)
+        self.open_connections = Gauge(
+            "cognitive_open_connections",
+            "Open client connections, by listener (api, admin).",
+            ["listener"],
+            registry=r,
+        )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.

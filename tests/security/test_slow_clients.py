@@ -18,7 +18,7 @@ import orjson
 import yaml
 
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, free_port, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import request_bytes
 
@@ -152,7 +152,7 @@ async def test_connections_beyond_the_cap_are_refused_and_counted(
             await writer.wait_closed()
         refused = 'cognitive_connections_refused_total{reason="max_connections"}'
         assert await metric(served.url, refused) >= 1
-        assert await metric(served.url, "cognitive_open_connections") <= cap
+        assert await metric(served.url, 'cognitive_open_connections{listener="api"}') <= cap
         for _, writer in held:
             writer.close()
             await writer.wait_closed()
@@ -231,3 +231,22 @@ async def test_a_large_upload_under_backpressure_is_not_cut_by_the_read_timeout(
         upstream.close()
         await upstream.wait_closed()
     assert received and received[0] >= upload
+
+
+async def test_the_admin_listener_has_the_read_deadline_too(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    admin = free_port()
+    async with serve(
+        fake_upstream, tmp_path, "--client-read-timeout", "0.5", "--admin-port", str(admin)
+    ) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", admin)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 10.0.0.5")
+            status, _ = await read_answer(reader)
+            assert status == 408
+            assert await closed(reader)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        assert await metric(served.url, 'cognitive_open_connections{listener="admin"}') == 0

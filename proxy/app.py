@@ -12,6 +12,8 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.api import chat, meta, modules, openapi, passthrough, responses
+from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
+from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
@@ -22,6 +24,7 @@ from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
+from proxy.server import EdgeRunner, admin_guard
 from proxy.settings import Settings
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import RedisOutbox
@@ -148,14 +151,24 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
+    guard = [browser_guard_middleware] if guards_browsers(settings) else []
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, trace_middleware, observe_middleware, auth_middleware],
+        middlewares=[
+            error_middleware,
+            trace_middleware,
+            observe_middleware,
+            *guard,
+            auth_middleware,
+            budget_middleware,
+        ],
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()
     app[METRICS].info.labels(__version__).set(1)
+    budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
+    app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
@@ -205,7 +218,7 @@ async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.admin_port is None:
         yield
         return
-    runner = web.AppRunner(build_admin_app(app), access_log=None)
+    runner = EdgeRunner(build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.admin_bind_host, settings.admin_port).start()
     log.info("proxy.admin_listening", host=settings.admin_bind_host, port=settings.admin_port)

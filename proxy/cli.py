@@ -20,7 +20,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from proxy import __version__
 from proxy.app import build_app
@@ -40,14 +39,19 @@ from proxy.policy.decide import Meta
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import Policy
 from proxy.policy.report import explain, summary
+from proxy.server import run as run_server
 from proxy.settings import (
+    DEFAULT_CLIENT_READ_TIMEOUT_S,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_POOL_SIZE,
     DEFAULT_RELOAD_INTERVAL_S,
     Settings,
+    host_names,
+    origins,
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
@@ -250,6 +254,13 @@ SERVE_OPTIONS = (
         DEFAULT_MAX_UPLOAD_BYTES,
         "largest body streamed through to a provider (uploads); 413 beyond",
     ),
+    ServeOption(
+        "--max-inflight-body-bytes",
+        "MAX_INFLIGHT_BODY_BYTES",
+        int,
+        DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        "memory all request bodies in flight may take, buffered and parsed; beyond: wait, then 503",
+    ),
     ServeOption("--pool-size", "POOL_SIZE", int, DEFAULT_POOL_SIZE, "upstream connections kept in the pool"),
     ServeOption(
         "--idle-timeout",
@@ -257,6 +268,20 @@ SERVE_OPTIONS = (
         float,
         DEFAULT_IDLE_TIMEOUT_S,
         "seconds an idle client keep-alive connection stays open",
+    ),
+    ServeOption(
+        "--client-read-timeout",
+        "CLIENT_READ_TIMEOUT",
+        float,
+        DEFAULT_CLIENT_READ_TIMEOUT_S,
+        "seconds for a request head to arrive, and the longest stall in a body; 408 beyond",
+    ),
+    ServeOption(
+        "--max-connections",
+        "MAX_CONNECTIONS",
+        int,
+        0,
+        "open client connections at most (503 and close beyond); 0: derived from the open-file limit",
     ),
     ServeOption(
         "--drain-timeout",
@@ -302,6 +327,20 @@ SERVE_OPTIONS = (
         float,
         DEFAULT_RELOAD_INTERVAL_S,
         "seconds between checks of policy and module files; 0: SIGHUP only",
+    ),
+    ServeOption(
+        "--allowed-hosts",
+        "ALLOWED_HOSTS",
+        str,
+        None,
+        "comma-separated Host names served besides localhost/127.0.0.1/[::1] on a keyless loopback bind",
+    ),
+    ServeOption(
+        "--allowed-origins",
+        "ALLOWED_ORIGINS",
+        str,
+        None,
+        "comma-separated browser Origins allowed on a keyless loopback bind (others: 403)",
     ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
@@ -360,8 +399,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         port=args.port,
         max_body_bytes=args.max_body_bytes,
         max_upload_bytes=args.max_upload_bytes,
+        max_inflight_body_bytes=args.max_inflight_body_bytes,
         pool_size=args.pool_size,
         idle_timeout_s=args.idle_timeout,
+        client_read_timeout_s=args.client_read_timeout,
+        max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
         redis_url=args.redis_url or None,
@@ -369,6 +411,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         admin_port=_admin_port(args),
         spool_dir=Path(args.spool_dir) if args.spool_dir else None,
         reload_interval_s=args.reload_interval,
+        allowed_hosts=host_names(args.allowed_hosts),
+        allowed_origins=origins(args.allowed_origins),
     )
 
 
@@ -420,16 +464,11 @@ def listen_error(exc: OSError, host: str, port: int) -> str:
 
 
 def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None:
-    web.run_app(
+    run_server(
         build_app(settings),
-        host=settings.host,
-        port=settings.port,
-        shutdown_timeout=settings.drain_timeout_s,
-        keepalive_timeout=settings.idle_timeout_s,
-        handler_cancellation=True,  # a client that hangs up cancels its upstream call
-        access_log=None,
-        print=lambda _: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
+        settings,
         loop=loop,
+        on_started=lambda: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
     )
 
 

@@ -11,6 +11,14 @@ DEFAULT_POOL_SIZE = 100
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_DRAIN_TIMEOUT_S = 25.0
 DEFAULT_RELOAD_INTERVAL_S = 2.0
+DEFAULT_CLIENT_READ_TIMEOUT_S = 10.0
+"""A request head within this, and no body stall longer (HTTP servers use 10-60 s; 10 s is
+ample for a loopback or in-cluster client and frees a slow client's descriptor quickly)."""
+MiB = 1024 * 1024
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 96 * MiB
+"""The shipped container limit (deploy/k8s: 192Mi) minus the proxy's measured baseline RSS
+(~60 MiB: interpreter, aiohttp, prometheus, modules) minus 36 MiB for everything else in
+flight (response bodies, connection buffers, allocator slack)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +31,15 @@ class Settings:
     """Bodies the proxy reads itself (chat, modules, resendable passthrough requests)."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """Bodies streamed through to a provider (file and audio uploads); never held in memory."""
+    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    """Memory all request bodies in flight may take at once, buffered and parsed (see
+    ``proxy.api.budget``); beyond it a request waits briefly, then gets 503."""
     pool_size: int = DEFAULT_POOL_SIZE
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    client_read_timeout_s: float = DEFAULT_CLIENT_READ_TIMEOUT_S
+    """Deadline for a request head, and for each stall while a body arrives (see proxy.server)."""
+    max_connections: int = 0
+    """Open client connections at most; 0: what the open-file limit leaves (proxy.server)."""
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -36,6 +51,11 @@ class Settings:
     listener). Lets the API stay on loopback while probes and Prometheus reach the pod IP."""
     spool_dir: Path | None = None
     """Where the Redis outbox appends records not yet delivered, so a restart loses none."""
+    allowed_hosts: frozenset[str] = frozenset()
+    """Host names (lower case, no port) served besides loopback names when the browser guard
+    applies (loopback bind, no client keys)."""
+    allowed_origins: frozenset[str] = frozenset()
+    """``Origin`` values (lower case) a browser page may send when the browser guard applies."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""
@@ -45,8 +65,14 @@ class Settings:
             raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, not {self.max_body_bytes}")
+        if self.max_inflight_body_bytes <= 0:
+            raise ValueError(f"max_inflight_body_bytes must be positive, not {self.max_inflight_body_bytes}")
         if self.pool_size <= 0:
             raise ValueError(f"pool_size must be positive, not {self.pool_size}")
+        if self.client_read_timeout_s <= 0:
+            raise ValueError(f"client_read_timeout_s must be positive, not {self.client_read_timeout_s}")
+        if self.max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0, not {self.max_connections}")
         if self.reload_interval_s < 0:
             raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
         if not 0 <= self.port <= 65535:
@@ -67,3 +93,14 @@ def read_key_file(path: Path) -> frozenset[str]:
     """Client API keys, one per line; blank lines and ``#`` comments are ignored."""
     lines = path.read_text(encoding="utf-8").splitlines()
     return frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def host_names(text: str | None) -> frozenset[str]:
+    """``--allowed-hosts``: comma-separated names, any port (a port given is ignored)."""
+    names = (part.strip().lower() for part in (text or "").split(","))
+    return frozenset(name if name.startswith("[") else name.partition(":")[0] for name in names if name)
+
+
+def origins(text: str | None) -> frozenset[str]:
+    """``--allowed-origins``: comma-separated ``scheme://host[:port]`` values."""
+    return frozenset(part.strip().lower().rstrip("/") for part in (text or "").split(",") if part.strip())

@@ -1,4 +1,5 @@
-"""Reading request bodies (bounded by the app's ``client_max_size``) and upstream failures."""
+"""Reading request bodies (bounded by ``--max-body-bytes`` and the in-flight body budget) and
+upstream failures."""
 
 from __future__ import annotations
 
@@ -7,26 +8,70 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
 from proxy.api.errors import (
     FAILURE_ANSWERS,
     RETRY_STATUSES,
     ApiError,
+    ClientReadTimeout,
     error_body,
     failure_answer,
     json_response,
+    request_timeout,
     retry_after_value,
 )
+from proxy.api.state import SETTINGS
 from proxy.upstream.base import ProviderError
 from proxy.upstream.router import RungFailed, real_failures, retry_after_s
 
 
-async def read_object(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; 400 in OpenAI's format when it is not one."""
-    raw = await request.read()  # aiohttp stops at client_max_size with 413, never reads past it
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"Request body too large: this proxy reads at most {limit} bytes", code="request_too_large"
+    )
+
+
+async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
+    """The whole request body, reserved in the body budget before it is buffered (``copies``
+    times the declared length up front, then whatever arrives beyond it); 413 past
+    ``--max-body-bytes``."""
+    limit = request.app[SETTINGS].max_body_bytes
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    reservation = request[RESERVATION]
+    reserved = declared or 0
+    await reservation.grow(copies * reserved)
+    chunks: list[bytes] = []
+    size = 0
     try:
-        value = orjson.loads(raw)
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:  # a chunked body, or one that inflates (Content-Encoding)
+                raise _too_large(limit)
+            if size > reserved:
+                await reservation.grow(copies * (size - reserved))
+                reserved = size
+            chunks.append(chunk)
+    except ClientReadTimeout as exc:
+        raise request_timeout() from exc
+    return b"".join(chunks)
+
+
+async def read_json(request: web.Request) -> tuple[bytes, Any]:
+    """The raw body and its parsed value, the parse reserved in the body budget first; 400 in
+    OpenAI's format when the body is not JSON."""
+    raw = await read_body(request, READ_COPIES + PARSED_COPIES)
+    await request[RESERVATION].grow(values_cost(raw))
+    try:
+        return raw, orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+async def read_object(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; 400 in OpenAI's format when it is not one."""
+    _, value = await read_json(request)
     if not isinstance(value, dict):
         raise ApiError(400, "The request body must be a JSON object", code="invalid_json")
     return value

@@ -53,6 +53,21 @@ class ApiError(Exception):
         )
 
 
+class ClientReadTimeout(TimeoutError):
+    """The client stalled while sending its request body (``--client-read-timeout``).
+
+    A ``TimeoutError``: aiohttp then drops the rest of the body quietly and closes."""
+
+
+def request_timeout() -> ApiError:
+    return ApiError(
+        408,
+        "The request was not received in time (--client-read-timeout); the connection is closed",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
@@ -116,6 +131,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except ApiError as exc:
         return exc.response()
+    except ClientReadTimeout:
+        return request_timeout().response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

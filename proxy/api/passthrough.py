@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.api.body import passthrough_failure
+from proxy.api.body import passthrough_failure, read_body
 from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
@@ -262,7 +262,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         )
     replay = body is not None or resendable(request, template)
     if replay and body is None and request.method not in SAFE_METHODS:
-        body = await request.read()  # bounded by --max-body-bytes
+        body = await read_body(request)  # bounded by --max-body-bytes and the body budget
     targets = (
         tuple(Target(n, PASSTHROUGH_MODEL) for n in names)
         if replay

@@ -7,8 +7,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.body import read_json
 from proxy.api.chat import MODULE_PREFIX, module_input
-from proxy.api.errors import ApiError, json_response
+from proxy.api.errors import json_response
 from proxy.api.middleware import TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.passthrough import forward
@@ -39,11 +40,7 @@ def chat_messages(body: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: web.Request) -> web.StreamResponse:
     """A module named by ``model: "module:<name>"`` (or ``X-Cognitive-Module``) runs like it does
     over chat completions and answers a Responses object whose output text is the envelope."""
-    raw = await request.read()
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+    raw, body = await read_json(request)
     model = body.get("model") if isinstance(body, dict) else None
     name = request.headers.get("X-Cognitive-Module", "").strip() or (
         model[len(MODULE_PREFIX) :] if isinstance(model, str) and model.startswith(MODULE_PREFIX) else ""

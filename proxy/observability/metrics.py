@@ -155,6 +155,23 @@ class Metrics:
             "Review records dropped: the Redis outbox was full, or Redis refused the write.",
             registry=r,
         )
+        self.inflight_body_bytes = Gauge(
+            "cognitive_inflight_body_bytes",
+            "Memory reserved by request bodies in flight, buffered and parsed (the body budget in use).",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "cognitive_connections_refused_total",
+            "Client connections refused (max_connections) or closed for a slow request (read_timeout).",
+            ["reason"],
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "cognitive_open_connections",
+            "Open client connections, by listener (api, admin).",
+            ["listener"],
+            registry=r,
+        )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.

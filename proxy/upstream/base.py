@@ -10,6 +10,7 @@ import orjson
 
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
+from proxy.redact import redact_text
 
 FailureKind = Literal[
     "connect", "timeout", "rate_limited", "client_error", "server_error", "malformed", "circuit_open"
@@ -30,6 +31,9 @@ class ProviderError(Exception):
         body: bytes = b"",
         headers: dict[str, str] | None = None,
     ) -> None:
+        # The message is quoted in the proxy's own answers and logs; the raw ``body`` is kept
+        # verbatim for relaying an upstream's own 4xx answer.
+        message = redact_text(message)
         super().__init__(message)
         self.kind: FailureKind = kind
         self.message = message

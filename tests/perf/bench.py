@@ -11,6 +11,11 @@ asyncio client. It prints p50/p99 latency, the overhead (proxy minus direct), th
 ratio proxy/direct, the proxy's CPU milliseconds per request and its RSS after the load.
 Everything shares the machine's cores, so read ratios, not absolute numbers.
 
+First, the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) while
+``LARGE_BODIES`` bodies of ``LARGE_BODY_BYTES`` are sent at once, for two shapes: many small
+keys (costly once parsed) and one long string. ``--memory-only`` runs just that section
+(no wrk needed).
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -100,7 +105,7 @@ def upstream_main(port: int) -> None:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024 * 1024)  # the memory section's 10 MB bodies
     app.router.add_post("/v1/chat/completions", chat)
     try:
         import uvloop
@@ -174,11 +179,61 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+LARGE_BODIES = 8
+LARGE_BODY_BYTES = 10 * 1024 * 1024 - 1024
+"""Just under the default --max-body-bytes (10 MiB), so the proxy reads every body."""
+
+
+def large_body(shape: str) -> bytes:
+    """A ~10 MB chat request: ``keys`` carries many small keys, ``string`` one long message."""
+    base = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
+    if shape == "string":
+        base["messages"] = [{"role": "user", "content": "x" * LARGE_BODY_BYTES}]
+        return json.dumps(base).encode()
+    item = len('"k0000000":1,')
+    base["metadata"] = {f"k{i:07d}": 1 for i in range(LARGE_BODY_BYTES // item)}
+    return json.dumps(base, separators=(",", ":")).encode()
+
+
+async def send_at_once(url: str, body: bytes, count: int) -> dict[int, int]:
+    """POST ``body`` ``count`` times concurrently; answers counted by status."""
+    import aiohttp
+
+    statuses: dict[int, int] = {}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one() -> None:
+            try:
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                    statuses[resp.status] = statuses.get(resp.status, 0) + 1
+            except aiohttp.ClientError:
+                statuses[0] = statuses.get(0, 0) + 1  # 0: the connection broke
+
+        await asyncio.gather(*(one() for _ in range(count)))
+    return statuses
+
+
+def memory_section(url: str, pid: int) -> None:
+    """Baseline RSS, then peak RSS while large bodies arrive at once, per body shape."""
+    print(f"proxy baseline RSS: {rss_mb(pid):.1f} MB")
+    for shape in ("keys", "string"):
+        body = large_body(shape)
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        statuses = asyncio.run(send_at_once(url, body, LARGE_BODIES))
+        answers = ", ".join(f"{status}: {n}" for status, n in sorted(statuses.items()))
+        print(
+            f"{LARGE_BODIES} x {len(body) / 1e6:.1f} MB bodies ({shape}) at once: peak RSS "
+            f"{rss_mb(pid, 'VmHWM'):.1f} MB (answers {answers})"
+        )
 
 
 async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
@@ -251,6 +306,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
+    parser.add_argument("--memory-only", action="store_true", help="only the large-body memory section")
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream)
@@ -258,7 +314,7 @@ def main() -> int:
     if args.parse:
         parse_bench()
         return 0
-    if shutil.which("wrk") is None:
+    if not args.memory_only and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -295,6 +351,9 @@ def main() -> int:
             wait_port(proxy_port)
             direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            memory_section(through, proxy.pid)
+            if args.memory_only:
+                return 0
             module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
             wrk(through, CHAT_BODY, 4, 2, tmpdir)  # warm-up (imports, pools, JIT-free but caches)
             wrk(module, MODULE_BODY, 4, 2, tmpdir)

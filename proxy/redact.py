@@ -1,0 +1,45 @@
+"""Credentials never leave the process: one redaction for log lines and for every text the
+proxy itself writes into a response from foreign text (upstream error messages).
+
+Values under keys that look like credentials (the context protocol's sanitisation list —
+password, token, secret, key — plus authorization and cookie) are replaced at any depth, and
+bearer tokens and provider keys (``sk-...``) inside strings are masked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REDACTED = "[REDACTED]"
+# "token" as a name (access_token, x-auth-token), not as a count (max_tokens, prompt_tokens).
+_SECRET_KEY = re.compile(
+    r"(password|passwd|secret|credential|authorization|cookie|api[_-]?key|(^|[_-])key$|(^|[_-])token$)", re.I
+)
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
+_INLINE_KEY = re.compile(r"\b(sk|sk-ant|pk|rk)-[A-Za-z0-9_-]{8,}")
+# Keys the proxy itself logs that merely contain "key" but are not secrets.
+_SAFE_KEYS = frozenset({"trace_id", "module", "route", "kinds", "event"})
+_MAX_DEPTH = 8  # log values are the proxy's own small structures; deeper is not walked
+
+
+def redact_text(text: str) -> str:
+    """``text`` with bearer tokens and provider keys masked."""
+    return _INLINE_KEY.sub(REDACTED, _BEARER.sub(rf"\g<1>{REDACTED}", text))
+
+
+def is_secret_key(key: Any) -> bool:
+    return isinstance(key, str) and key not in _SAFE_KEYS and bool(_SECRET_KEY.search(key))
+
+
+def scrub(value: Any, depth: int = 0) -> Any:
+    """``value`` with secrets masked: strings redacted, credential-named keys replaced."""
+    if depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: (REDACTED if is_secret_key(k) else scrub(v, depth + 1)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, depth + 1) for v in value]
+    return value

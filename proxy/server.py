@@ -1,0 +1,266 @@
+"""The listening edge: aiohttp's server with client read deadlines and a connection cap.
+
+aiohttp has no request-head timeout (an idle or half-sent connection is held for the keep-alive
+timeout) and no limit on open connections, so slow clients can exhaust file descriptors. Each
+connection gets a deadline while the proxy waits for request bytes:
+
+* the request head must be complete within ``--client-read-timeout`` of its first byte (of the
+  connection opening, for the first request); else 408 and close;
+* a body may not stall longer than that between two reads; else the handler's read fails, the
+  answer is 408 and the connection closes. Time while the proxy itself stopped reading
+  (backpressure: the handler has not consumed what arrived) does not count.
+
+Idle keep-alive time between requests is governed by ``--idle-timeout`` as before. Beyond
+``--max-connections`` open connections a new one gets 503 and is closed. Refusals are counted
+in ``cognitive_connections_refused_total{reason}``.
+
+This subclasses aiohttp's ``RequestHandler`` and reads a few of its attributes (the parsed
+message queue, the current request, the paused flag): the tests in
+``tests/security/test_slow_clients.py`` pin that behaviour to the installed aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any, cast
+
+import orjson
+from aiohttp import web
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+
+from proxy.api.errors import ApiError, ClientReadTimeout, error_body, request_timeout
+from proxy.api.state import METRICS
+from proxy.observability.metrics import Metrics
+from proxy.settings import Settings
+
+FD_HEADROOM = 64
+"""Descriptors kept free besides client connections and the upstream pool: listening sockets,
+Redis, log and policy files, DNS."""
+DEFAULT_MAX_CONNECTIONS = 10_000
+"""Used when the open-file limit is unlimited or larger than this needs."""
+ADMIN_MAX_CONNECTIONS = 64
+"""The admin listener's own cap: probes and Prometheus need a handful, and a flood of the API
+port must not starve the probes (nor the other way round)."""
+_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+
+
+def max_connections(settings: Settings) -> int:
+    """``--max-connections``, or when 0: what the open-file limit leaves after the upstream pool."""
+    if settings.max_connections:
+        return settings.max_connections
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    spare = soft - settings.pool_size - FD_HEADROOM - ADMIN_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, spare))
+
+
+def raw_answer(error: ApiError) -> bytes:
+    """``error`` as a complete HTTP/1.1 response that closes the connection, for answers
+    written before (or instead of) a request reaching the application."""
+    body = orjson.dumps(error_body(error.message, error.type, error.code, error.param))
+    head = (
+        f"HTTP/1.1 {error.status} {_REASONS.get(error.status, 'Error')}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in error.headers.items() if name != "Connection")
+        + "Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def too_many_connections() -> ApiError:
+    return ApiError(
+        503,
+        "The proxy holds as many client connections as it allows (--max-connections); retry shortly",
+        "server_error",
+        "too_many_connections",
+        headers={"Retry-After": "1"},
+    )
+
+
+class ConnectionGuard:
+    """One listener's open connections against its cap, and the read deadline they use."""
+
+    def __init__(self, listener: str, limit: int, read_timeout_s: float, metrics: Metrics) -> None:
+        self.limit = limit
+        self.read_timeout_s = read_timeout_s
+        self.metrics = metrics
+        self.open = 0
+        metrics.open_connections.labels(listener).set_function(lambda: self.open)
+
+    def admit(self) -> bool:
+        if self.open >= self.limit:
+            self.refused("max_connections")
+            return False
+        self.open += 1
+        return True
+
+    def leave(self) -> None:
+        self.open -= 1
+
+    def refused(self, reason: str) -> None:
+        self.metrics.connections_refused.labels(reason).inc()
+
+
+class EdgeHandler(RequestHandler):
+    """aiohttp's connection protocol with the guard's cap and read deadline."""
+
+    def __init__(self, manager: web.Server, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._admitted = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._payload: StreamReader | None = None
+        """The body of the newest parsed request."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._guard.admit():
+            stream = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+            stream.write(raw_answer(too_many_connections()))
+            stream.close()
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._arm(restart=True)  # the first request head is due within the timeout
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        if self._admitted:
+            self._admitted = False
+            self._guard.leave()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        body_arriving = self._payload is not None and not self._payload.is_eof()
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count > heads and self._messages:
+            payload = self._messages[-1][1]
+            self._payload = payload if isinstance(payload, StreamReader) else None
+            body_arriving = True
+        if not body_arriving:
+            self._arm(restart=False)  # bytes of a head: its deadline runs from the first one
+        elif self._payload is not None and not self._payload.is_eof():
+            self._arm(restart=True)  # a body is arriving: the deadline is between reads
+        else:
+            self._disarm()  # the request is complete; the handler has it
+
+    def _arm(self, *, restart: bool) -> None:
+        if self._deadline is not None:
+            if not restart:
+                return
+            self._deadline.cancel()
+        self._deadline = self._loop.call_later(self._guard.read_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport is None:
+            return
+        if self._reading_paused:  # the proxy stopped reading, not the client
+            self._arm(restart=True)
+            return
+        self._guard.refused("read_timeout")
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            payload.set_exception(ClientReadTimeout())  # the handler answers 408
+            self.close()
+        elif self._current_request is None:
+            self.transport.write(raw_answer(request_timeout()))
+            self.force_close()
+        else:
+            self.close()  # a head stalled behind a request in progress: no keep-alive after it
+
+
+class EdgeServer(web.Server):
+    """aiohttp's server making ``EdgeHandler`` connections."""
+
+    def __init__(self, inner: web.Server, guard: ConnectionGuard) -> None:
+        super().__init__(
+            inner.request_handler,
+            request_factory=inner.request_factory,
+            handler_cancellation=inner.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **inner._kwargs,
+        )
+        self._guard = guard
+
+    def __call__(self) -> RequestHandler:
+        return EdgeHandler(self, guard=self._guard, loop=self._loop, **self._kwargs)
+
+
+class EdgeRunner(web.AppRunner):
+    """``AppRunner`` serving through ``EdgeServer``."""
+
+    def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._guard = guard
+
+    async def _make_server(self) -> web.Server:
+        return EdgeServer(await super()._make_server(), self._guard)
+
+
+def api_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
+    return ConnectionGuard("api", max_connections(settings), settings.client_read_timeout_s, metrics)
+
+
+def admin_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
+    return ConnectionGuard("admin", ADMIN_MAX_CONNECTIONS, settings.client_read_timeout_s, metrics)
+
+
+def run(
+    app: web.Application,
+    settings: Settings,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    on_started: Callable[[], None] = lambda: None,
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then drain for ``--drain-timeout`` (as
+    ``web.run_app`` does, with the edge server)."""
+    loop = loop or asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(_serve(app, settings, on_started))
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with suppress(asyncio.CancelledError):
+                loop.run_until_complete(main)
+        rest = asyncio.all_tasks(loop)
+        for task in rest:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _serve(app: web.Application, settings: Settings, on_started: Callable[[], None]) -> None:
+    runner = EdgeRunner(
+        app,
+        api_guard(settings, app[METRICS]),
+        handle_signals=True,
+        shutdown_timeout=settings.drain_timeout_s,
+        keepalive_timeout=settings.idle_timeout_s,
+        handler_cancellation=True,  # a client that hangs up cancels its upstream call
+        access_log=None,
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        on_started()
+        while True:
+            await asyncio.sleep(3600)
+    finally:
+        await runner.cleanup()

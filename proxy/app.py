@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 import aiohttp
 import structlog
@@ -15,6 +17,7 @@ from proxy.api import chat, meta, modules, openapi, passthrough, responses
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
+from proxy.api.target import target_form_middleware
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
@@ -28,6 +31,7 @@ from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
+from proxy.upstream.http import upstream_session
 from proxy.upstream.registry import build_providers
 from proxy.upstream.router import Router
 
@@ -35,6 +39,11 @@ log = structlog.get_logger("proxy.app")
 
 ADMIN_MAX_BODY_BYTES = 1024
 """The admin routes take no body: anything larger is refused unread (413)."""
+
+SERVER_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({"auto_decompress": False})
+"""Options of the proxy's HTTP server (``web.run_app``/``AppRunner``). Request bodies are never
+inflated by aiohttp: passthrough forwards the client's bytes with their ``Content-Encoding``, and
+the routes the proxy parses inflate them under the body limit (``api.body``)."""
 
 
 def load_runtime(
@@ -61,7 +70,7 @@ def load_runtime(
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     connector = aiohttp.TCPConnector(limit=settings.pool_size, keepalive_timeout=30)
-    async with aiohttp.ClientSession(
+    async with upstream_session(
         connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
     ) as session:
         app[SESSION] = session
@@ -150,7 +159,13 @@ def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, trace_middleware, observe_middleware, auth_middleware],
+        middlewares=[
+            error_middleware,
+            target_form_middleware,
+            trace_middleware,
+            observe_middleware,
+            auth_middleware,
+        ],
     )
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
@@ -174,7 +189,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
-    app.router.add_route("*", "/v1/{tail:.*}", passthrough.catch_all)
+    # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
+    app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all)
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import orjson
@@ -16,13 +17,57 @@ from proxy.api.errors import (
     json_response,
     retry_after_value,
 )
+from proxy.api.state import SETTINGS
 from proxy.upstream.base import ProviderError
 from proxy.upstream.router import RungFailed, real_failures, retry_after_s
+
+# zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_IDENTITY = frozenset({"", "identity"})
+
+
+def inflate(request: web.Request, raw: bytes) -> bytes:
+    """``raw`` decoded as its ``Content-Encoding`` says, never past the body limit: a small gzip
+    that inflates beyond ``--max-body-bytes`` is refused with 413 without being inflated further.
+    aiohttp does not inflate request bodies itself (``app.SERVER_OPTIONS``)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in _IDENTITY:
+        return raw
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise ApiError(
+            415,
+            f"Unsupported Content-Encoding {encoding!r}: use gzip or deflate",
+            code="unsupported_encoding",
+        )
+    limit = request.app[SETTINGS].max_body_bytes
+    decoder = zlib.decompressobj(wbits)
+    try:
+        out = decoder.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(
+            400, f"The request body is not valid {encoding}: {exc}", code="invalid_encoding"
+        ) from exc
+    if len(out) > limit:
+        raise ApiError(
+            413,
+            f"Request body too large: it inflates past the limit of {limit} bytes",
+            code="request_too_large",
+        )
+    if not decoder.eof:
+        raise ApiError(400, f"The request body is truncated {encoding}", code="invalid_encoding")
+    return out
+
+
+async def read_bytes(request: web.Request) -> bytes:
+    """The request's body as sent, inflated (see ``inflate``)."""
+    # aiohttp stops at client_max_size with 413, never reads past it.
+    return inflate(request, await request.read())
 
 
 async def read_object(request: web.Request) -> dict[str, Any]:
     """The request's JSON object; 400 in OpenAI's format when it is not one."""
-    raw = await request.read()  # aiohttp stops at client_max_size with 413, never reads past it
+    raw = await read_bytes(request)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

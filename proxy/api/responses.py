@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.body import inflate
 from proxy.api.chat import MODULE_PREFIX, module_input
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import TRACE_KEY
@@ -39,9 +40,9 @@ def chat_messages(body: dict[str, Any]) -> dict[str, Any]:
 async def create_response(request: web.Request) -> web.StreamResponse:
     """A module named by ``model: "module:<name>"`` (or ``X-Cognitive-Module``) runs like it does
     over chat completions and answers a Responses object whose output text is the envelope."""
-    raw = await request.read()
+    raw = await request.read()  # the client's bytes, forwarded as sent on passthrough
     try:
-        body = orjson.loads(raw)
+        body = orjson.loads(inflate(request, raw))
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     model = body.get("model") if isinstance(body, dict) else None

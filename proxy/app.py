@@ -70,8 +70,13 @@ def load_runtime(
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     connector = aiohttp.TCPConnector(limit=settings.pool_size, keepalive_timeout=30)
+    # The session never inflates (passthrough relays the upstream's bytes), so providers are asked
+    # for identity; a passthrough request carries the client's own Accept-Encoding instead.
     async with upstream_session(
-        connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        headers={"Accept-Encoding": "identity"},
     ) as session:
         app[SESSION] = session
         yield

@@ -14,7 +14,8 @@ OpenAI routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/emb
 ``POST /v1/audio/transcriptions`` and ``POST /v1/files`` (multipart, streamed: only byte counts are kept),
 ``GET /v1/files/{file_id}``; any other ``/v1/...`` path answers the OpenAI 404 error. Every OpenAI answer
 carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``; every answer carries
-``Set-Cookie: <fake.set_cookie>`` while that attribute is set. Anthropic: ``POST /v1/messages``.
+``Set-Cookie: <fake.set_cookie>`` while that attribute is set, and is compressed as the request's
+``Accept-Encoding`` allows while ``fake.compress`` is true. Anthropic: ``POST /v1/messages``.
 
 Every route with a ``model`` consumes one scripted reply per request (faults apply as for chat); a content
 string is the answer text for chat, ``/v1/responses`` and ``/v1/messages`` and is ignored elsewhere.
@@ -255,7 +256,10 @@ class FakeUpstream:
         self.cancelled = 0
         self.in_flight = 0
         self.set_cookie: str | None = None
-        """When set, every OpenAI answer carries ``Set-Cookie: <this>``."""
+        """When set, every answer carries ``Set-Cookie: <this>``."""
+        self.compress = False
+        """When set, answers are compressed as the request's ``Accept-Encoding`` allows (as
+        OpenAI's edge does)."""
         self.files: dict[str, dict[str, Any]] = {}
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
@@ -363,7 +367,10 @@ class FakeUpstream:
             )
             self.requests.append(record)
             request[_RECORD] = record
-            return await handler(request)
+            response = await handler(request)
+            if self.compress and not response.prepared:
+                response.enable_compression()  # must come before the headers are prepared
+            return response
         finally:
             self.in_flight -= 1
 
@@ -373,6 +380,7 @@ class FakeUpstream:
             response.headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
         if self.set_cookie is not None:
             response.headers["Set-Cookie"] = self.set_cookie
+
 
     def _update_record(self, request: web.Request, body: dict[str, Any]) -> None:
         """Replace the recorded ``json`` of this request (kept in place in ``requests``)."""

@@ -10,7 +10,9 @@ appended by yarl. What is refused, with 400:
   percent-encodings (``%zz``, ``%4``);
 * encoded separators and controls left after decoding the unreserved characters: ``%2F``,
   ``%5C``, ``%00``..``%1F``, ``%7F``, so that no upstream can read one as a separator;
-* empty segments (``//``) and dot segments (``.``/``..``, ``%2e%2e`` included). Resolving them
+* percent-encodings that are not UTF-8 (``%C0%AE``, an overlong ``.``);
+* empty segments (``//``) and dot segments (``.``/``..``, ``%2e%2e`` and ``..;x`` included: some
+  servers drop ``;`` parameters before resolving). Resolving them
   instead would let ``/v1/x/../chat/completions`` reach the provider's chat endpoint past the
   proxy's own handler and its model checks; no OpenAI client sends them.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 from yarl import URL
@@ -76,7 +79,12 @@ def _segment(raw: str) -> str:
     if not _PCHAR.fullmatch(tail):
         raise _refuse("the path holds a character outside RFC 3986 pchar")
     out.append(tail)
-    return "".join(out)
+    segment = "".join(out)
+    try:
+        unquote_to_bytes(segment).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _refuse("a percent-encoding in the path that is not UTF-8") from None
+    return segment
 
 
 def parse_target(raw_target: str) -> ClientTarget:
@@ -93,7 +101,7 @@ def parse_target(raw_target: str) -> ClientTarget:
     inner = segments[:-1] if segments[-1] == "" else segments
     if any(s == "" for s in inner):
         raise _refuse("empty path segments (//)")
-    if any(s in _DOT_SEGMENTS for s in segments):
+    if any(s.split(";", 1)[0] in _DOT_SEGMENTS for s in segments):
         raise _refuse("dot segments (. or ..) in the path")
     return ClientTarget("/" + "/".join(segments), query)
 

@@ -115,6 +115,10 @@ TRAVERSALS = [
     "/v1/%zz",
     "/v1/a%2",
     "/v1/files#frag",
+    "/v1/..;/admin",
+    "/v1/files/.;x=1",
+    "/v1/%C0%AE%C0%AE/admin",
+    "/v1/%FF",
 ]
 
 
@@ -257,3 +261,20 @@ async def test_gzip_on_parsed_routes_is_inflated_under_the_body_limit(
         await send(served, request_bytes("POST", "/v1/chat/completions", headers=odd, body=b"x"))
     ).status == 415
     assert len(fake_upstream.requests) == 1
+
+
+async def test_compressed_answers_reach_only_clients_that_asked(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """The upstream session does not inflate (passthrough relays bytes), so it asks providers for
+    ``identity`` unless the client asked for more; chat answers stay readable JSON."""
+    fake_upstream.compress = True
+    chat = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]})
+    json_type = {"Content-Type": "application/json"}
+    answer = await send(served, request_bytes("POST", "/v1/chat/completions", headers=json_type, body=chat))
+    assert answer.status == 200 and orjson.loads(answer.body)["choices"], answer
+    plain = await send(served, request_bytes("GET", "/v1/files/file-1"))
+    assert "Content-Encoding" not in plain.headers and orjson.loads(plain.body)["error"]
+    asked = await send(served, request_bytes("GET", "/v1/files/file-1", headers={"Accept-Encoding": "gzip"}))
+    assert asked.headers["Content-Encoding"] == "gzip" and orjson.loads(gzip.decompress(asked.body))["error"]
+    assert [r.headers["accept-encoding"] for r in fake_upstream.requests] == ["identity", "identity", "gzip"]

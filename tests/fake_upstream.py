@@ -381,7 +381,6 @@ class FakeUpstream:
         if self.set_cookie is not None:
             response.headers["Set-Cookie"] = self.set_cookie
 
-
     def _update_record(self, request: web.Request, body: dict[str, Any]) -> None:
         """Replace the recorded ``json`` of this request (kept in place in ``requests``)."""
         record = request[_RECORD]

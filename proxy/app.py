@@ -17,6 +17,7 @@ from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
+from proxy.api.target import target_form_middleware
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
@@ -24,13 +25,14 @@ from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
-from proxy.server import EdgeRunner, admin_guard
+from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard
 from proxy.settings import Settings
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
+from proxy.upstream.http import upstream_session
 from proxy.upstream.registry import build_providers
 from proxy.upstream.router import Router
 
@@ -64,8 +66,13 @@ def load_runtime(
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     connector = aiohttp.TCPConnector(limit=settings.pool_size, keepalive_timeout=30)
-    async with aiohttp.ClientSession(
-        connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+    # The session never inflates (passthrough relays the upstream's bytes), so providers are asked
+    # for identity; a passthrough request carries the client's own Accept-Encoding instead.
+    async with upstream_session(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        headers={"Accept-Encoding": "identity"},
     ) as session:
         app[SESSION] = session
         yield
@@ -156,6 +163,7 @@ def build_app(settings: Settings) -> web.Application:
         client_max_size=settings.max_body_bytes,
         middlewares=[
             error_middleware,
+            target_form_middleware,
             trace_middleware,
             observe_middleware,
             *guard,
@@ -187,7 +195,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
-    app.router.add_route("*", "/v1/{tail:.*}", passthrough.catch_all)
+    # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
+    app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all)
     return app
 
 
@@ -218,7 +227,9 @@ async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.admin_port is None:
         yield
         return
-    runner = EdgeRunner(build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None)
+    runner = EdgeRunner(
+        build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None, **SERVER_OPTIONS
+    )
     await runner.setup()
     await web.TCPSite(runner, settings.admin_bind_host, settings.admin_port).start()
     log.info("proxy.admin_listening", host=settings.admin_bind_host, port=settings.admin_port)

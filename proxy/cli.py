@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 from proxy import __version__
@@ -56,6 +55,7 @@ from proxy.settings import (
 )
 from proxy.state.memory import MemoryBreakerStore
 from proxy.upstream.breaker import Breakers
+from proxy.upstream.http import upstream_session
 from proxy.upstream.offline import offline_answer
 from proxy.upstream.registry import build_providers
 from proxy.upstream.router import Router
@@ -207,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _run_with_policy(module: Module, value: Any, policy: Policy) -> ModuleAnswer:
     """The server's module path, without the server: same pipeline, providers and decisions."""
-    async with aiohttp.ClientSession() as session:
+    async with upstream_session() as session:
         router = Router(Breakers(MemoryBreakerStore()))
         return await run_module(Call(module, value, policy, build_providers(policy, session), router))
 
@@ -662,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcome]:
     """Golden cases answered by the policy's providers, through the server's pipeline."""
     cases, outcomes = load_cases(module)
-    async with aiohttp.ClientSession() as session:
+    async with upstream_session() as session:
         providers = build_providers(policy, session)
         router = Router(Breakers(MemoryBreakerStore()))
         for case in cases:

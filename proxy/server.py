@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import Any, cast
+from types import MappingProxyType
+from typing import Any, Final, cast
 
 import orjson
 from aiohttp import web
@@ -209,6 +210,12 @@ class EdgeRunner(web.AppRunner):
         return EdgeServer(await super()._make_server(), self._guard)
 
 
+SERVER_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({"auto_decompress": False})
+"""Options of the proxy's HTTP server (``web.run_app``/``AppRunner``). Request bodies are never
+inflated by aiohttp: passthrough forwards the client's bytes with their ``Content-Encoding``, and
+the routes the proxy parses inflate them under the body limit (``api.body``)."""
+
+
 def api_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
     return ConnectionGuard("api", max_connections(settings), settings.client_read_timeout_s, metrics)
 
@@ -255,6 +262,7 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
         keepalive_timeout=settings.idle_timeout_s,
         handler_cancellation=True,  # a client that hangs up cancels its upstream call
         access_log=None,
+        **SERVER_OPTIONS,
     )
     await runner.setup()
     try:

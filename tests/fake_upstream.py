@@ -13,7 +13,9 @@ OpenAI routes: ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST /v1/emb
 ``POST /v1/moderations``, ``POST /v1/responses`` (plain or ``stream: true``),
 ``POST /v1/audio/transcriptions`` and ``POST /v1/files`` (multipart, streamed: only byte counts are kept),
 ``GET /v1/files/{file_id}``; any other ``/v1/...`` path answers the OpenAI 404 error. Every OpenAI answer
-carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``. Anthropic: ``POST /v1/messages``.
+carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``; every answer carries
+``Set-Cookie: <fake.set_cookie>`` while that attribute is set, and is compressed as the request's
+``Accept-Encoding`` allows while ``fake.compress`` is true. Anthropic: ``POST /v1/messages``.
 
 Every route with a ``model`` consumes one scripted reply per request (faults apply as for chat); a content
 string is the answer text for chat, ``/v1/responses`` and ``/v1/messages`` and is ignored elsewhere.
@@ -145,6 +147,8 @@ class RecordedRequest:
     headers: dict[str, str]
     json: Any
     query: str
+    target: str = ""
+    """The request target exactly as received (path and query, still percent-encoded)."""
 
     @property
     def model(self) -> str | None:
@@ -251,6 +255,11 @@ class FakeUpstream:
         self.requests: list[RecordedRequest] = []
         self.cancelled = 0
         self.in_flight = 0
+        self.set_cookie: str | None = None
+        """When set, every answer carries ``Set-Cookie: <this>``."""
+        self.compress = False
+        """When set, answers are compressed as the request's ``Accept-Encoding`` allows (as
+        OpenAI's edge does)."""
         self.files: dict[str, dict[str, Any]] = {}
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
@@ -353,18 +362,24 @@ class FakeUpstream:
             multipart = request.content_type.startswith("multipart/")
             body = None if multipart else _parse_json(await request.read())
             headers = {k.lower(): v for k, v in request.headers.items()}
-            record = RecordedRequest(request.method, request.path, headers, body, request.query_string)
+            record = RecordedRequest(
+                request.method, request.path, headers, body, request.query_string, request.raw_path
+            )
             self.requests.append(record)
             request[_RECORD] = record
-            return await handler(request)
+            response = await handler(request)
+            if self.compress and not response.prepared:
+                response.enable_compression()  # must come before the headers are prepared
+            return response
         finally:
             self.in_flight -= 1
 
-    @staticmethod
-    async def _openai_headers(request: web.Request, response: web.StreamResponse) -> None:
+    async def _openai_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/messages":
             response.headers.update(OPENAI_RATE_LIMIT_HEADERS)
             response.headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
+        if self.set_cookie is not None:
+            response.headers["Set-Cookie"] = self.set_cookie
 
     def _update_record(self, request: web.Request, body: dict[str, Any]) -> None:
         """Replace the recorded ``json`` of this request (kept in place in ``requests``)."""

@@ -20,6 +20,7 @@ import yaml
 from aiohttp import web
 
 from proxy.app import build_app
+from proxy.server import SERVER_OPTIONS
 from proxy.settings import Settings
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream
@@ -77,7 +78,7 @@ async def running_proxy(
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(json.loads(json.dumps(policy))))
     app = build_app(Settings(policy_path=policy_path, module_dirs=modules, port=0, **settings))
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

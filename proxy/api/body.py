@@ -3,6 +3,7 @@ upstream failures."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import orjson
@@ -23,6 +24,43 @@ from proxy.api.errors import (
 from proxy.api.state import SETTINGS
 from proxy.upstream.base import ProviderError
 from proxy.upstream.router import RungFailed, real_failures, retry_after_s
+
+# zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_IDENTITY = frozenset({"", "identity"})
+
+
+def inflate(request: web.Request, raw: bytes) -> bytes:
+    """``raw`` decoded as its ``Content-Encoding`` says, never past the body limit: a small gzip
+    that inflates beyond ``--max-body-bytes`` is refused with 413 without being inflated further.
+    aiohttp does not inflate request bodies itself (``app.SERVER_OPTIONS``)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in _IDENTITY:
+        return raw
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise ApiError(
+            415,
+            f"Unsupported Content-Encoding {encoding!r}: use gzip or deflate",
+            code="unsupported_encoding",
+        )
+    limit = request.app[SETTINGS].max_body_bytes
+    decoder = zlib.decompressobj(wbits)
+    try:
+        out = decoder.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(
+            400, f"The request body is not valid {encoding}: {exc}", code="invalid_encoding"
+        ) from exc
+    if len(out) > limit:
+        raise ApiError(
+            413,
+            f"Request body too large: it inflates past the limit of {limit} bytes",
+            code="request_too_large",
+        )
+    if not decoder.eof:
+        raise ApiError(400, f"The request body is truncated {encoding}", code="invalid_encoding")
+    return out
 
 
 def _too_large(limit: int) -> ApiError:
@@ -59,12 +97,17 @@ async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
 
 
 async def read_json(request: web.Request) -> tuple[bytes, Any]:
-    """The raw body and its parsed value, the parse reserved in the body budget first; 400 in
-    OpenAI's format when the body is not JSON."""
-    raw = await read_body(request, READ_COPIES + PARSED_COPIES)
-    await request[RESERVATION].grow(values_cost(raw))
+    """The body as the client sent it (forwarded as is on passthrough) and its parsed value
+    (inflated per ``Content-Encoding`` under the body limit), both reserved in the body budget
+    first; 400 in OpenAI's format when the body is not JSON."""
+    copies = READ_COPIES + PARSED_COPIES
+    raw = await read_body(request, copies)
+    body = inflate(request, raw)
+    if len(body) > len(raw):  # the inflated copy is held and parsed too
+        await request[RESERVATION].grow(copies * (len(body) - len(raw)))
+    await request[RESERVATION].grow(values_cost(body))
     try:
-        return raw, orjson.loads(raw)
+        return raw, orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
 

@@ -20,7 +20,7 @@ from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
 from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
-from proxy.policy.model import Policy, Target
+from proxy.policy.model import ANY_MODEL, Policy, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError, Relayed
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
@@ -32,19 +32,34 @@ MODULE_PREFIX = "module:"
 
 def resolve_model(policy: Policy, name: str) -> tuple[Target, ...] | None:
     """A passthrough model name -> the targets to try: an alias (to a rung or provider/model),
-    a rung name, or ``provider/model`` of a configured provider."""
+    a rung name, a ``provider/model`` the policy names, or any ``provider/model`` of a provider
+    with ``allow_any_model`` (sharing that provider's one ``provider/*`` breaker state)."""
     name = policy.aliases.get(name, name)
     index = policy.rung_index(name)
     if index is not None:
         return policy.ladder[index].targets
     provider, _, model = name.partition("/")
-    if model and provider in policy.providers:
+    config = policy.providers.get(provider)
+    if not model or config is None:
+        return None
+    if name in policy.known_targets:
         return (Target(provider, model),)
+    if config.allow_any_model:
+        return (Target(provider, model, state=f"{provider}/{ANY_MODEL}"),)
     return None
 
 
 def model_names(runtime: Runtime) -> list[str]:
-    return sorted(runtime.policy.aliases) + [MODULE_PREFIX + n for n in runtime.registry.names()]
+    """What a chat request may name: aliases, rungs, the ``provider/model`` targets of the
+    policy, ``provider/*`` of ``allow_any_model`` providers, and modules."""
+    policy = runtime.policy
+    return (
+        sorted(policy.aliases)
+        + [rung.name for rung in policy.ladder]
+        + sorted(policy.known_targets)
+        + sorted(f"{p.name}/{ANY_MODEL}" for p in policy.providers.values() if p.allow_any_model)
+        + [MODULE_PREFIX + n for n in runtime.registry.names()]
+    )
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.body import inflate
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import TRACE_KEY
 from proxy.policy.model import ProviderConfig
@@ -42,7 +43,7 @@ async def answer_offline(
         )
     raw = body if body is not None else await request.read()
     try:
-        payload = orjson.loads(raw)
+        payload = orjson.loads(inflate(request, raw))
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(payload, dict):

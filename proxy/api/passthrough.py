@@ -1,13 +1,15 @@
 """Every other ``/v1/*`` path: a transparent reverse proxy to the provider the policy chooses.
 
 Bodies stream both ways (a 100 MB upload goes through with flat memory; SSE answers are
-forwarded as they arrive). The provider's key is injected and the client's ``Authorization``
-dropped; hop-by-hop headers are removed; everything else (``OpenAI-Organization``,
-``OpenAI-Project``, ``OpenAI-Beta``, ``Idempotency-Key``, query strings) goes through, and the
-upstream's headers (``x-ratelimit-*``, ``retry-after``, request ids) and error bodies come back
-unchanged. Requests that are safe to resend (GET/HEAD/DELETE, JSON bodies of idempotent-in-effect
-endpoints, anything carrying an ``Idempotency-Key``) fail over between the route's providers;
-uploads are never replayed.
+forwarded as they arrive), as the client's bytes: a compressed upload keeps its
+``Content-Encoding``. The request target is validated and normalised first (``api.target``: 400
+for absolute-form, dot segments, encoded separators) and the upstream URL is the provider's
+``base_url`` with that path, so no client input reaches the upstream's host. Only the request
+headers in ``FORWARDED_HEADERS`` (and ``OpenAI-*``) go upstream, with the provider's key injected;
+the upstream's headers (``x-ratelimit-*``, ``retry-after``, request ids) and error bodies come back
+but for ``Set-Cookie`` and hop-by-hop headers. Requests that are safe to resend (GET/HEAD/DELETE,
+JSON bodies of idempotent-in-effect endpoints, anything carrying an ``Idempotency-Key``) fail over
+between the route's providers; uploads are never replayed.
 """
 
 from __future__ import annotations
@@ -21,20 +23,41 @@ import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
-from yarl import URL
 
 from proxy.api.body import passthrough_failure, read_body
 from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
+from proxy.api.target import ClientTarget, parse_target, upstream_url
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
-from proxy.upstream.http import api_key, status_error
+from proxy.upstream.http import auth_headers, status_error
 from proxy.upstream.router import RungFailed, Try, real_failures, retry_after_s
 
 log = structlog.get_logger("proxy.passthrough")
 
+# Request headers sent upstream; everything else a client sends stays here (cookies, its own key
+# in Authorization/X-Api-Key/api-key, X-Forwarded-For, Origin, ...). The provider's key and the
+# policy's ``providers.<name>.headers`` are added after, and X-Request-Id is the trace id.
+FORWARDED_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "idempotency-key",
+        "traceparent",
+        "tracestate",
+    }
+)
+FORWARDED_PREFIX = "openai-"
+"""OpenAI-Organization, OpenAI-Project, OpenAI-Beta and the API's future OpenAI-* headers."""
+# Response headers never returned to the client: an upstream's cookies would be set on the
+# proxy's origin for every client of it.
+DROPPED_RESPONSE_HEADERS = frozenset({"set-cookie", "set-cookie2", "content-length"})
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what the proxy sets itself.
 HOP_BY_HOP = frozenset(
     {
@@ -113,6 +136,12 @@ def path_template(path: str) -> str:
     return "/v1/" + "/".join(s if s in _STATIC_SEGMENTS else "{id}" for s in segments)
 
 
+def forwarded(name: str) -> bool:
+    """Whether a client's request header goes upstream on passthrough."""
+    lower = name.lower()
+    return lower in FORWARDED_HEADERS or lower.startswith(FORWARDED_PREFIX)
+
+
 def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
     """The providers a path goes to, in failover order: the longest matching route prefix, else
     the default provider."""
@@ -129,16 +158,10 @@ def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
 
 
 def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallContext) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    connection_tokens = {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
-    for name, value in request.headers.items():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in connection_tokens or lower == "authorization":
-            continue
-        headers.add(name, value)
-    key = api_key(config, ctx)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    headers: CIMultiDict[str] = CIMultiDict(
+        (name, value) for name, value in request.headers.items() if forwarded(name)
+    )
+    headers.update(auth_headers(config, ctx))
     for name, value in config.headers.items():
         headers[name] = value
     headers["X-Request-Id"] = ctx.trace_id
@@ -147,8 +170,10 @@ def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallCont
 
 def returned_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
+    connection_tokens = {t.strip().lower() for t in upstream.get("Connection", "").split(",")}
+    dropped = HOP_BY_HOP | DROPPED_RESPONSE_HEADERS | connection_tokens
     for name, value in upstream.items():
-        if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
+        if name.lower() not in dropped:
             out.add(name, value)
     return out
 
@@ -156,7 +181,7 @@ def returned_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     method: str
-    path_qs: str
+    target: ClientTarget
     body: bytes | None
     """The buffered body of a resendable request; None when the body streams from the client."""
 
@@ -208,7 +233,7 @@ async def _open(
     upstream's body and headers, so the router can retry or fail over; when nothing is left that
     answer goes back to the client as the upstream sent it."""
     config = provider.config
-    url = URL(config.base_url.removesuffix("/v1") + outgoing.path_qs, encoded=True)
+    url = upstream_url(config.base_url, outgoing.target)
     data: Any = None
     if outgoing.body is not None:
         data = outgoing.body
@@ -241,14 +266,15 @@ async def _open(
 async def forward(request: web.Request, body: bytes | None = None) -> web.StreamResponse:
     """Proxy ``request`` (whose body may already have been read into ``body``) upstream."""
     runtime: Runtime = runtime_of(request)
-    template = path_template(request.path)
+    target = parse_target(request.raw_path)
+    template = path_template(target.path)
     record = request[RECORD_KEY]
     record.route = template
-    names = providers_for(runtime.policy, request.path)
+    names = providers_for(runtime.policy, target.path)
     if not names:
         raise ApiError(
             404,
-            f"{request.method} {request.path} is not handled by this proxy and the policy "
+            f"{request.method} {target.path} is not handled by this proxy and the policy "
             "names no passthrough provider (passthrough.provider)",
             code="not_found",
         )
@@ -268,7 +294,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         if replay
         else (Target(names[0], PASSTHROUGH_MODEL),)
     )
-    outgoing = Outgoing(request.method, request.raw_path, body if replay else None)
+    outgoing = Outgoing(request.method, target, body if replay else None)
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
     started = time.perf_counter()
 

@@ -187,6 +187,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
             base_url=raw.get("base_url", "").rstrip("/"),
             api_key_env=raw.get("api_key_env"),
             forward_client_key=raw.get("forward_client_key", False),
+            allow_any_model=raw.get("allow_any_model", False),
             headers=MappingProxyType(dict(raw.get("headers", {}))),
             options=MappingProxyType(dict(raw.get("options", {}))),
         )

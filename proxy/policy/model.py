@@ -20,18 +20,33 @@ class ProviderConfig:
     api_key_env: str | None = None
     forward_client_key: bool = False
     """Send the client's own bearer key upstream instead of ``api_key_env`` (off by default)."""
+    allow_any_model: bool = False
+    """Passthrough chat may name any ``<provider>/<model>`` of this provider, not only the models
+    the policy names; such models share one breaker state, ``<provider>/*``."""
     headers: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     """Provider-specific settings (the offline provider's script, an Anthropic version)."""
+
+
+ANY_MODEL = "*"
+"""The model part of the one breaker state an ``allow_any_model`` provider keeps for the models
+the policy does not name."""
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
     provider: str
     model: str
+    state: str | None = None
+    """The breaker key, when not ``provider/model`` (``provider/*`` for a model the policy does
+    not name): per-target state stays bounded by the policy, whatever names clients send."""
 
     def __str__(self) -> str:
         return f"{self.provider}/{self.model}"
+
+    @property
+    def state_key(self) -> str:
+        return self.state or str(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,28 @@ from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_r
 _ERROR_BODY_LIMIT = 64 * 1024
 
 
+def upstream_session(**options: Any) -> aiohttp.ClientSession:
+    """A client session for providers and sinks. It has no cookie jar: a cookie an upstream sets
+    must never be replayed upstream on another client's request."""
+    return aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), **options)
+
+
 def api_key(config: ProviderConfig, ctx: CallContext) -> str | None:
     """The key sent upstream: the client's own only when the provider opts in, else the
     provider's ``api_key_env`` (read per call, so a rotated secret needs no restart)."""
     if config.forward_client_key:
         return ctx.client_key
     return os.environ.get(config.api_key_env) if config.api_key_env else None
+
+
+def auth_headers(config: ProviderConfig, ctx: CallContext) -> dict[str, str]:
+    """The header carrying the key of an OpenAI-wire provider: ``Authorization: Bearer <key>``,
+    or the raw key in ``options.auth_header`` (e.g. Azure's ``api-key``); none without a key."""
+    key = api_key(config, ctx)
+    if not key:
+        return {}
+    name = str(config.options.get("auth_header", "Authorization"))
+    return {"Authorization": f"Bearer {key}"} if name.lower() == "authorization" else {name: key}
 
 
 def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderError:

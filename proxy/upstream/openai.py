@@ -10,7 +10,7 @@ from yarl import URL
 
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, ProviderError, Relayed, usage_of
-from proxy.upstream.http import api_key, check_json_object, post, post_for_bytes, read_json
+from proxy.upstream.http import auth_headers, check_json_object, post, post_for_bytes, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
 _FORMATS = ("json_schema", "json_object", None)
@@ -60,12 +60,7 @@ class OpenAIProvider:
 
     def _headers(self, ctx: CallContext) -> dict[str, str]:
         headers = self._static_headers.copy()
-        key = api_key(self.config, ctx)
-        auth_header = str(self.config.options.get("auth_header", "Authorization"))
-        if key and auth_header.lower() != "authorization":
-            headers[auth_header] = key  # e.g. Azure's `api-key: <key>`
-        elif key:
-            headers["Authorization"] = f"Bearer {key}"
+        headers.update(auth_headers(self.config, ctx))
         if ctx.trace_id:
             headers["X-Request-Id"] = ctx.trace_id
         return headers

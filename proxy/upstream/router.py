@@ -173,13 +173,13 @@ class Router:
 
     async def _admit(self, target: Target, failover: Failover, deadline: float) -> Ticket:
         trial_ttl = min(failover.timeouts.per_try_s, max(deadline - self._clock(), 0.001))
-        return await self.breakers.admit(str(target), failover.breaker, trial_ttl)
+        return await self.breakers.admit(target.state_key, failover.breaker, trial_ttl)
 
     async def _record(
         self, rung: Sequence[Target], target: Target, ticket: Ticket, failover: Failover, *, failed: bool
     ) -> None:
-        protect = all(self.breakers.is_open(str(t)) for t in rung if t != target)
-        await self.breakers.record(str(target), ticket, failover.breaker, failed=failed, protect=protect)
+        protect = all(self.breakers.is_open(t.state_key) for t in rung if t != target)
+        await self.breakers.record(target.state_key, ticket, failover.breaker, failed=failed, protect=protect)
 
     async def _target(
         self,
@@ -193,7 +193,7 @@ class Router:
         failures: list[ProviderError],
         stop_on_client_error: bool,
     ) -> Routed[T] | None:
-        key = str(target)
+        key = target.state_key
         per_try = failover.timeouts.per_try_s
         ticket = await self._admit(target, failover, deadline)
         if ticket.admission == "open":

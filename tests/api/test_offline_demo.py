@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 import yaml
@@ -112,3 +114,14 @@ async def test_embeddings_moderations_responses_and_model_retrieval_work_offline
         with pytest.raises(openai.NotFoundError) as unsupported:
             await client.images.generate(prompt="a cat")
         assert "offline demo provider" in unsupported.value.message
+
+
+async def test_a_gzip_body_to_the_offline_passthrough_is_inflated(tmp_path: Path) -> None:
+    """The server leaves bodies compressed (passthrough forwards them as sent); the offline
+    provider reads them itself, so it inflates them under the body limit like every parsed route."""
+    async with running_proxy(tmp_path, demo_policy()) as px, aiohttp.ClientSession() as session:
+        body = gzip.compress(json.dumps({"model": "text-embedding-3-small", "input": "cat"}).encode())
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        async with session.post(px.base + "/embeddings", data=body, headers=headers) as resp:
+            assert resp.status == 200
+            assert len((await resp.json())["data"][0]["embedding"]) == 1536

@@ -28,10 +28,12 @@ async def test_plain_chat_is_proxied_with_the_provider_key(
 
 
 async def test_provider_slash_model_names_resolve(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    """``provider/model`` the policy names; others only on ``allow_any_model`` providers
+    (tests/security/test_models.py)."""
     await proxy.client().chat.completions.create(
-        model="up/any-model", messages=[{"role": "user", "content": "x"}]
+        model="up/strong", messages=[{"role": "user", "content": "x"}]
     )
-    assert fake_upstream.requests[0].json["model"] == "any-model"
+    assert fake_upstream.requests[0].json["model"] == "strong"
 
 
 async def test_fields_pass_through_untouched(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:

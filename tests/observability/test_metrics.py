@@ -183,14 +183,21 @@ async def test_failover_upstream_outcome_and_breaker_gauge(
     assert m.value("cognitive_circuit_open", target="up/backup") == 0
 
 
-async def test_labels_stay_bounded(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    await px.client().chat.completions.create(
-        model="up/made-up-model-123", messages=[{"role": "user", "content": "x"}]
-    )
-    assert await module_call(px, module="no-such-module") == 404
-    async with aiohttp.ClientSession() as session:
-        await session.get(px.url + "/some/random/path/42")
-    m = await scrape(px)
+async def test_labels_stay_bounded(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model the policy does not name (allowed by ``allow_any_model``) is ``other``."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    policy = routing_policy(fake_upstream)
+    policy["providers"]["up"]["allow_any_model"] = True
+    async with running_proxy(tmp_path, policy) as px:
+        await px.client().chat.completions.create(
+            model="up/made-up-model-123", messages=[{"role": "user", "content": "x"}]
+        )
+        assert await module_call(px, module="no-such-module") == 404
+        async with aiohttp.ClientSession() as session:
+            await session.get(px.url + "/some/random/path/42")
+        m = await scrape(px)
     assert m.value("cognitive_upstream_requests_total", provider="up", model="other", outcome="ok") == 1
     assert m.value("cognitive_requests_total", module="other", status="404") == 1
     assert m.value("cognitive_requests_total", route="unmatched", status="404") == 1

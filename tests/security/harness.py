@@ -20,7 +20,8 @@ READ_LIMIT = 16 * 1024 * 1024
 
 @dataclass
 class Canary:
-    """A loopback listener that fails the test if anything connects to it."""
+    """A loopback listener that fails the test if anything connects to it (on ``port``, or a free
+    port when 0)."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -38,7 +39,7 @@ class Canary:
             writer.close()
             await writer.wait_closed()
 
-        self._server = await asyncio.start_server(touched, self.host, 0)
+        self._server = await asyncio.start_server(touched, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 

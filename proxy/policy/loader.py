@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 import yaml
+from yarl import URL
 
 from proxy import schemas
 from proxy.contract.schema import Validator, check, compile_schema
@@ -124,6 +125,24 @@ def _review(raw: dict[str, Any]) -> ReviewPolicy:
     )
 
 
+def _base_url_problems(base_url: str) -> list[str]:
+    """A base URL names a host and a path only: credentials belong in ``api_key_env`` (userinfo
+    would be quoted in error texts, and aiohttp refuses it beside an ``Authorization`` header),
+    a query in ``options.query``."""
+    try:
+        url = URL(base_url)
+    except ValueError as exc:
+        return [f"not a URL ({exc})"]
+    problems = []
+    if not url.host:
+        problems.append("names no host")
+    if url.raw_user is not None or url.raw_password is not None:
+        problems.append("must not carry credentials (user:password@); put the key in api_key_env")
+    if url.raw_query_string or url.raw_fragment or "?" in base_url or "#" in base_url:
+        problems.append("must not carry a query or fragment; use options.query")
+    return problems
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -138,6 +157,8 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for name, provider in providers.items():
         if provider["kind"] in ("openai", "anthropic") and "base_url" not in provider:
             problems.append(f"providers.{name}.base_url: required for kind {provider['kind']}")
+        elif "base_url" in provider:
+            problems += [f"providers.{name}.base_url: {p}" for p in _base_url_problems(provider["base_url"])]
     for section in ("tiers", "modules"):
         for name, entry in as_dict(doc.get(section)).items():
             start = entry.get("start")

@@ -16,6 +16,8 @@ from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
 
 _ERROR_BODY_LIMIT = 64 * 1024
+_FIRST_NON_SUCCESS = 300
+"""Statuses from here on are failures: redirects are never followed (see ``post``)."""
 
 
 def upstream_session(**options: Any) -> aiohttp.ClientSession:
@@ -48,7 +50,7 @@ def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderE
     kind: FailureKind
     if status == 429:
         kind = "rate_limited"
-    elif status >= 500:
+    elif status >= 500 or status < 400:  # a redirect is the provider's fault, not the client's
         kind = "server_error"
     else:
         kind = "client_error"
@@ -75,14 +77,22 @@ async def post(
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
 
+    A redirect is a failure, never followed: aiohttp would resend the body and every header but
+    ``Authorization`` to the new origin, and the key may be in ``x-api-key``, ``api-key`` or a
+    policy header.
+
     ``timeout`` bounds connecting and each read, so a stream that stalls fails too.
     """
     client_timeout = _timeout(timeout)
     try:
         async with session.post(
-            url, data=orjson.dumps(payload), headers=headers, timeout=client_timeout
+            url,
+            data=orjson.dumps(payload),
+            headers=headers,
+            timeout=client_timeout,
+            allow_redirects=False,
         ) as resp:
-            if resp.status >= 400:
+            if resp.status >= _FIRST_NON_SUCCESS:
                 body = await resp.content.read(_ERROR_BODY_LIMIT)
                 raise status_error(resp.status, body, dict(resp.headers))
             yield resp
@@ -96,9 +106,9 @@ async def post_for_bytes(
     """``post`` for a whole answer, without the context-manager machinery (the passthrough's hot path)."""
     try:
         async with session.post(
-            url, data=orjson.dumps(payload), headers=headers, timeout=_timeout(timeout)
+            url, data=orjson.dumps(payload), headers=headers, timeout=_timeout(timeout), allow_redirects=False
         ) as resp:
-            if resp.status >= 400:
+            if resp.status >= _FIRST_NON_SUCCESS:
                 body = await resp.content.read(_ERROR_BODY_LIMIT)
                 raise status_error(resp.status, body, dict(resp.headers))
             return await resp.read()
@@ -106,8 +116,15 @@ async def post_for_bytes(
         raise transport_error(exc, url, timeout) from exc
 
 
+def shown(url: URL) -> URL:
+    """``url`` as the proxy's own texts may quote it: no userinfo, no query (a provider may take
+    its key as ``?key=``)."""
+    return url.with_user(None).with_query(None).with_fragment(None)
+
+
 def transport_error(exc: BaseException, url: URL, timeout: float) -> ProviderError:
     """A failure below HTTP (no answer in time, connection refused or broken) as a typed error."""
+    url = shown(url)
     if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
         return ProviderError("timeout", f"no answer from {url} within {timeout:g}s")
     if isinstance(exc, aiohttp.ClientPayloadError):

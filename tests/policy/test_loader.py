@@ -120,3 +120,22 @@ def test_removed_breaker_failures_key_is_read_as_consecutive_failures_with_a_war
     both = {**MINIMAL, "failover": {"circuit_breaker": {"failures": 4, "consecutive_failures": 4}}}
     with pytest.raises(PolicyError, match=r"circuit_breaker\.failures: removed; it is consecutive_failures"):
         parse_policy(both)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "problem"),
+    [
+        ("http://user:secret@127.0.0.1:1/v1", "credentials"),
+        ("http://user@127.0.0.1:1/v1", "credentials"),
+        ("http://127.0.0.1:1/v1?key=secret", "query"),
+        ("http://127.0.0.1:1/v1#x", "query"),
+        ("http:///v1", "host"),
+        ("http://[::1/v1", "not a URL"),
+    ],
+)
+def test_a_base_url_with_credentials_a_query_or_no_host_is_refused(base_url: str, problem: str) -> None:
+    """userinfo in ``base_url`` made every call a 500 (aiohttp refuses it beside an
+    ``Authorization`` header) and would be quoted in error texts; a query is ``options.query``."""
+    doc = {**MINIMAL, "providers": {"p": {"kind": "openai", "base_url": base_url}}}
+    with pytest.raises(PolicyError, match=rf"providers\.p\.base_url: .*{problem}"):
+        parse_policy(doc)

@@ -189,6 +189,7 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/v1/modules/{name}", modules.get_module)
     app.router.add_route("*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/capabilities", meta.capabilities)
+    app.router.add_route("*", "/v1/capabilities", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/healthz", meta.healthz)
     app.router.add_get("/readyz", meta.readyz)
     app.router.add_get("/metrics", meta.metrics)

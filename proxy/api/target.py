@@ -103,7 +103,38 @@ def parse_target(raw_target: str) -> ClientTarget:
         raise _refuse("empty path segments (//)")
     if any(s.split(";", 1)[0] in _DOT_SEGMENTS for s in segments):
         raise _refuse("dot segments (. or ..) in the path")
-    return ClientTarget("/" + "/".join(segments), query)
+    path = "/" + "/".join(segments)
+    own = own_route_named(path)
+    if own is not None:
+        raise _refuse(f"{path} names the proxy's own route {own}: send exactly {own}")
+    return ClientTarget(path, query)
+
+
+OWN_ROUTES = (
+    ("chat", "completions"),
+    ("responses",),
+    ("modules",),
+    ("modules", "*"),
+    ("modules", "*", "execute"),
+    ("capabilities",),
+)
+"""The routes the proxy serves itself under ``/v1/`` (``*``: one segment), which the
+passthrough must never reach on a provider in another spelling."""
+
+
+def own_route_named(path: str) -> str | None:
+    """The proxy's own route that ``path`` names without being it, as a server ignoring a
+    trailing slash, ``;`` parameters or case would read it (``/v1/chat/completions/``,
+    ``/v1/Chat/completions;x``); None when it names none, or is written exactly (its other
+    methods, e.g. ``GET /v1/chat/completions``, are the provider's)."""
+    segments = [s.split(";", 1)[0].lower() for s in path.split("/")[2:]]
+    if segments and segments[-1] == "":
+        segments.pop()
+    for route in OWN_ROUTES:
+        if len(route) == len(segments) and all(r in ("*", s) for r, s in zip(route, segments, strict=True)):
+            canonical = "/".join(["", API_ROOT, *segments])
+            return None if canonical == path else canonical
+    return None
 
 
 def upstream_url(base_url: str, target: ClientTarget) -> URL:

@@ -278,3 +278,54 @@ async def test_compressed_answers_reach_only_clients_that_asked(
     asked = await send(served, request_bytes("GET", "/v1/files/file-1", headers={"Accept-Encoding": "gzip"}))
     assert asked.headers["Content-Encoding"] == "gzip" and orjson.loads(gzip.decompress(asked.body))["error"]
     assert [r.headers["accept-encoding"] for r in fake_upstream.requests] == ["identity", "identity", "gzip"]
+
+
+# -- the proxy's own routes cannot be reached on the provider through the passthrough ----------------
+
+OWN_ROUTE_ALIASES = [
+    "/v1/chat/completions/",
+    "/v1/chat/completions;x",
+    "/v1/chat;x/completions",
+    "/v1/Chat/Completions",
+    "/v1/CHAT/completions/",
+    "/v1/responses/",
+    "/v1/Responses",
+    "/v1/modules/code-reviewer/execute/",
+    "/v1/capabilities/",
+]
+
+
+async def test_own_routes_written_otherwise_are_not_forwarded(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """``POST /v1/chat/completions/`` (or ``;x``, or another case) missed the proxy's chat handler
+    and went to the provider's chat endpoint with the provider key and any model name: servers
+    that ignore a trailing slash, ``;`` parameters or case then answered past the model checks
+    (``allow_any_model``) and the module routing."""
+    body = orjson.dumps({"model": "up/not-in-the-policy", "messages": [{"role": "user", "content": "hi"}]})
+    for target in OWN_ROUTE_ALIASES:
+        answer = await send(
+            served, request_bytes("POST", target, headers={"Content-Type": "application/json"}, body=body)
+        )
+        assert refused_target(answer), (target, answer)
+        assert "/v1/" in orjson.loads(answer.body)["error"]["message"]
+    assert fake_upstream.requests == []
+
+
+async def test_the_proxys_own_paths_answer_405_for_other_methods(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """``/v1/capabilities`` exists only on the proxy: other methods are 405 with ``Allow``, never
+    forwarded. Paths shared with the OpenAI API keep their other methods on the passthrough
+    (``GET /v1/chat/completions`` lists stored completions, ``DELETE /v1/models/{id}`` deletes a
+    fine-tuned model)."""
+    for method in ("DELETE", "POST", "PUT"):
+        answer = await send(served, request_bytes(method, "/v1/capabilities"))
+        assert answer.status == 405 and answer.headers["Allow"] == "GET, HEAD", (method, answer)
+    assert fake_upstream.requests == []
+    await send(served, request_bytes("GET", "/v1/chat/completions"))
+    await send(served, request_bytes("DELETE", "/v1/models/ft:gpt-4o:org:x"))
+    assert [(r.method, r.target) for r in fake_upstream.requests] == [
+        ("GET", "/v1/chat/completions"),
+        ("DELETE", "/v1/models/ft:gpt-4o:org:x"),
+    ]

@@ -11,7 +11,6 @@ numbers and are refused on every path. Every stage is linear in the length of th
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -126,23 +125,11 @@ def scan(text: str) -> Scan:
     return out
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid JSON number")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-
-
 def _loads(text: str) -> Any:
-    """Strict JSON. Callers check the nesting depth first (the stdlib decoder recurses)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        # orjson refuses integers beyond 64 bits; the stdlib decoder (NaN refused) takes them.
-        value, end = _DECODER.raw_decode(text)
-        if text[end:].strip():
-            raise ValueError("extra data after the JSON value") from None
-        return value
+    """Strict JSON, as orjson reads it: NaN, Infinity, numbers beyond a double and lone surrogates
+    are refused. No lenient fallback: the stdlib decoder takes the last two, and an envelope
+    holding them cannot be written back to the caller (orjson refuses to encode them: a 500)."""
+    return orjson.loads(text)
 
 
 def _describe(value: Any) -> str:

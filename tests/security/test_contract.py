@@ -180,3 +180,42 @@ async def test_a_deeply_nested_model_answer_is_an_e1000_envelope(
         assert env["error"]["code"] == "E1000", env
         assert "too deeply nested" in env["error"]["message"]
         assert status == 200  # a failure of the model's output is an answer: ok false, HTTP 200
+
+
+# -- JSON the proxy cannot write back ------------------------------------------------------------------
+
+UNWRITABLE = {
+    "a lone surrogate": '"rationale": "looks fine \\ud800"',
+    "an integer of 400 digits": '"line": 1' + "0" * 400,
+}
+
+
+async def test_an_answer_holding_json_the_proxy_cannot_write_is_e1000_not_500(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """orjson refuses a lone surrogate and a number beyond a double; the parser fell back to the
+    stdlib decoder, which takes both, and the accepted envelope then failed to serialise: 500 on
+    execute, chat and responses. Such an answer is E1000 (200, ``ok: false``) like any text that
+    is not JSON the proxy can carry."""
+    from tests.security.test_contract_honesty import success_case
+
+    _, value, example = success_case("code-reviewer")
+    text = json.dumps(example)
+    line = f'"line": {example["data"]["issues"][0]["line"]}'
+    rationale = f'"rationale": {json.dumps(example["data"]["rationale"])}'
+    for what, evil in UNWRITABLE.items():
+        answer = text.replace(rationale if "rationale" in evil else line, evil, 1)
+        assert answer != text
+        fake_upstream.set_default_reply("cheap", answer)
+        fake_upstream.set_default_reply("strong", answer)
+        status, env = await execute(served, "code-reviewer", value)
+        assert status == 200, (what, status, env)
+        assert env["ok"] is False and env["error"]["code"] == "E1000", (what, env)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{served.url}/v1/chat/completions",
+                json={"model": "module:code-reviewer", "messages": [{"role": "user", "content": json.dumps(value)}]},
+            ) as resp,
+        ):
+            assert resp.status == 200, (what, await resp.text())

@@ -25,12 +25,14 @@ import asyncio
 import resource
 from collections.abc import Callable, Mapping
 from contextlib import suppress
+from http import HTTPStatus
 from types import MappingProxyType
 from typing import Any, Final, cast
 
 import orjson
 from aiohttp import web
 from aiohttp.streams import StreamReader
+from aiohttp.web_request import BaseRequest
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.api.errors import ApiError, ClientReadTimeout, error_body, request_timeout
@@ -150,6 +152,38 @@ class EdgeHandler(RequestHandler):
             self._arm(restart=True)  # a body is arriving: the deadline is between reads
         else:
             self._disarm()  # the request is complete; the handler has it
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request its parser refused (400: smuggling shapes, duplicate
+        ``Host``, oversized lines, ``*``) or to a failure outside the application, in the proxy's
+        error format. aiohttp's own page quotes the offending bytes; this names only the kind."""
+        super().handle_error(request, status, exc, message)  # logs; raises if bytes were sent
+        if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+            error = ApiError(
+                status,
+                "Internal error in the proxy; see its log",
+                "server_error",
+                "internal_error",
+                headers={"Connection": "close"},
+            )
+        else:
+            kind = type(exc).__name__ if exc is not None else HTTPStatus(status).phrase
+            error = ApiError(
+                status,
+                f"The request is not valid HTTP/1.1 ({kind}): check the request line, headers and "
+                "framing (one Host, never Transfer-Encoding with Content-Length, lines under 8 KiB)",
+                code="malformed_request",
+                headers={"Connection": "close"},  # the parser's state is lost: nothing after it is read
+            )
+        response = error.response()
+        response.force_close()
+        return response
 
     def _arm(self, *, restart: bool) -> None:
         if self._deadline is not None:

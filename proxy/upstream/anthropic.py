@@ -23,6 +23,9 @@ from proxy.upstream.http import api_key, post, read_json
 from proxy.wire import DONE, sse_frame
 
 DEFAULT_VERSION = "2023-06-01"
+SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
+"""What translating an answer of the wrong shape raises (``"usage": "x"``, a string token count,
+an event that is not an object): the provider's fault, ``malformed``, never the proxy's 500."""
 
 
 class AnthropicProvider:
@@ -60,7 +63,11 @@ class AnthropicProvider:
     ) -> dict[str, Any]:
         payload = self._request(body, model, stream=False)
         async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
-            return from_messages_response(await read_json(resp), model)
+            answer = await read_json(resp)
+        try:
+            return from_messages_response(answer, model)
+        except SHAPE_ERRORS as exc:
+            raise ProviderError("malformed", f"Anthropic answer of an unexpected shape: {exc}") from exc
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         return await relay_from_complete(self, body, model, ctx, timeout)
@@ -79,10 +86,10 @@ class AnthropicProvider:
                 for name, data in events:
                     try:
                         chunks = translator.feed(name, orjson.loads(data))
-                    except orjson.JSONDecodeError as exc:
-                        raise ProviderError("malformed", f"bad Anthropic stream event {name!r}") from exc
                     except StreamError as exc:
                         raise ProviderError("server_error", f"Anthropic stream error: {exc.message}") from exc
+                    except SHAPE_ERRORS as exc:  # orjson.JSONDecodeError is a ValueError
+                        raise ProviderError("malformed", f"bad Anthropic stream event {name!r}") from exc
                     for chunk in chunks:
                         yield sse_frame(chunk)
         yield DONE

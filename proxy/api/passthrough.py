@@ -157,9 +157,18 @@ def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
     return (policy.passthrough.provider,) if policy.passthrough.provider else ()
 
 
+def connection_tokens(headers: Mapping[str, str]) -> set[str]:
+    """The header names listed in ``Connection`` (in every such header): for this hop only."""
+    values = [v for k, v in headers.items() if k.lower() == "connection"]
+    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
+
+
 def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallContext) -> CIMultiDict[str]:
+    hop = connection_tokens(request.headers)
     headers: CIMultiDict[str] = CIMultiDict(
-        (name, value) for name, value in request.headers.items() if forwarded(name)
+        (name, value)
+        for name, value in request.headers.items()
+        if forwarded(name) and name.lower() not in hop
     )
     headers.update(auth_headers(config, ctx))
     for name, value in config.headers.items():
@@ -170,8 +179,7 @@ def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallCont
 
 def returned_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
-    connection_tokens = {t.strip().lower() for t in upstream.get("Connection", "").split(",")}
-    dropped = HOP_BY_HOP | DROPPED_RESPONSE_HEADERS | connection_tokens
+    dropped = HOP_BY_HOP | DROPPED_RESPONSE_HEADERS | connection_tokens(upstream)
     for name, value in upstream.items():
         if name.lower() not in dropped:
             out.add(name, value)

@@ -329,3 +329,20 @@ async def test_the_proxys_own_paths_answer_405_for_other_methods(
         ("GET", "/v1/chat/completions"),
         ("DELETE", "/v1/models/ft:gpt-4o:org:x"),
     ]
+
+
+async def test_headers_the_client_names_in_connection_stay_here(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """RFC 9110 §7.6.1: a header named in ``Connection`` is for this hop only, even when it is on
+    the allow-list (``OpenAI-*``); the response side already drops the upstream's."""
+    await send(
+        served,
+        request_bytes(
+            "GET",
+            "/v1/files/file-1",
+            headers={"Connection": "OpenAI-Organization, keep-alive", "OpenAI-Organization": "org-hop"},
+        ),
+    )
+    (sent,) = fake_upstream.requests
+    assert "openai-organization" not in sent.headers

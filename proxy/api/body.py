@@ -60,6 +60,12 @@ def inflate(request: web.Request, raw: bytes) -> bytes:
         )
     if not decoder.eof:
         raise ApiError(400, f"The request body is truncated {encoding}", code="invalid_encoding")
+    if decoder.unused_data:  # a second gzip member, or junk: never silently dropped
+        raise ApiError(
+            400,
+            f"The request body holds bytes after its {encoding} stream (send one stream)",
+            code="invalid_encoding",
+        )
     return out
 
 

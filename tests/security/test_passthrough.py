@@ -346,3 +346,17 @@ async def test_headers_the_client_names_in_connection_stay_here(
     )
     (sent,) = fake_upstream.requests
     assert "openai-organization" not in sent.headers
+
+
+async def test_bytes_after_the_compressed_body_are_refused_on_parsed_routes(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """Only the first gzip member was inflated and the rest ignored: a second member (or any
+    trailing bytes) was silently dropped from what the proxy parsed and acted on."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    first = gzip.compress(b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]')
+    second = gzip.compress(b', "n": 2}')
+    for body in (first + second, gzip.compress(b'{"model": "gpt-4o-mini", "messages": []}') + b"trailing"):
+        answer = await send(served, request_bytes("POST", "/v1/chat/completions", headers=headers, body=body))
+        assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "invalid_encoding", answer
+    assert fake_upstream.requests == []

@@ -43,6 +43,14 @@ PARSE_SUGGESTION = (
 # linear, but a multi-megabyte answer still costs tens of milliseconds that would stall every
 # other request (and /healthz) on the event loop. Shorter answers are cheaper inline than a hop.
 OFF_LOOP_CHARS = 64 * 1024
+WHOLE_ANSWER_TIERS = frozenset({"exec"})
+"""Tiers whose envelope must be the whole answer (or alone in one fence). An envelope with prose
+around it may quote the (prompt-injected) input rather than be the model's own answer: on a tier
+that acts on the answer, that is refused rather than guessed."""
+NOT_ALONE = (
+    "not alone: prose surrounds the envelope, which may quote the input; the exec tier takes only "
+    "an answer that is the envelope itself (or the envelope alone in one fenced block)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +132,8 @@ def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = N
         parsed = parse_json_object(raw_text)
     except ParseFailure as exc:
         return parse_failure(exc.reason)
+    if not parsed.alone and module.tier in WHOLE_ANSWER_TIERS:
+        return parse_failure(NOT_ALONE)
     return check_answer(parsed.value, module, extracted=parsed.method)
 
 

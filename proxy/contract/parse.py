@@ -29,6 +29,8 @@ _AT_TOP = re.compile(r"[{\[]|`{3,}")  # openers, and fence markers (only meaning
 _INSIDE = re.compile(r'[{}\[\]"]')
 _IN_STRING = re.compile(r'["\\]')
 _CLOSES = {"}": "{", "]": "["}
+_FENCE_OPENER = re.compile(r"`{3,}[A-Za-z0-9_+-]*")  # ```json, ```JSON, ```
+_FENCE_CLOSER = re.compile(r"`{3,}")
 
 
 class ParseFailure(ValueError):
@@ -45,6 +47,9 @@ class Parsed:
     method: Method
     span: tuple[int, int] = (0, 0)
     """Where the object is in the text given to ``parse_json_object``: ``text[start:end]``."""
+    alone: bool = True
+    """Whether the object is the whole answer, or alone in one fenced block; False when prose
+    surrounds it (it may be a quotation of the input rather than the model's own answer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,4 +189,18 @@ def parse_json_object(text: str) -> Parsed:
     if not objects:
         raise ParseFailure(f"no JSON object found in the model output ({strict_error})")
     value, span = objects[0]
-    return Parsed(value, "fence" if span.fenced else "prose", (offset + span.start, offset + span.end))
+    return Parsed(
+        value,
+        "fence" if span.fenced else "prose",
+        (offset + span.start, offset + span.end),
+        _alone(body, span),
+    )
+
+
+def _alone(body: str, span: Span) -> bool:
+    """Whether only whitespace, or one fence around it, surrounds the object (linear: the
+    patterns have no nested repetition)."""
+    before, after = body[: span.start].strip(), body[span.end :].strip()
+    if not before and not after:
+        return True
+    return bool(span.fenced and _FENCE_OPENER.fullmatch(before) and _FENCE_CLOSER.fullmatch(after))

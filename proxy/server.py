@@ -32,8 +32,8 @@ from typing import Any, Final, cast
 import orjson
 from aiohttp import web
 from aiohttp.streams import StreamReader
-from aiohttp.web_request import BaseRequest
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from proxy.api.errors import ApiError, ClientReadTimeout, error_body, request_timeout
 from proxy.api.state import METRICS

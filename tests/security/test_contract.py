@@ -215,7 +215,10 @@ async def test_an_answer_holding_json_the_proxy_cannot_write_is_e1000_not_500(
             aiohttp.ClientSession() as session,
             session.post(
                 f"{served.url}/v1/chat/completions",
-                json={"model": "module:code-reviewer", "messages": [{"role": "user", "content": json.dumps(value)}]},
+                json={
+                    "model": "module:code-reviewer",
+                    "messages": [{"role": "user", "content": json.dumps(value)}],
+                },
             ) as resp,
         ):
             assert resp.status == 200, (what, await resp.text())

@@ -74,9 +74,13 @@ def chat(stream: bool) -> bytes:
     )
 
 
-async def test_an_anthropic_answer_of_the_wrong_shape_is_a_502(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_an_anthropic_answer_of_the_wrong_shape_is_a_502(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     async with anthropic_like(BAD_MESSAGES + BAD_EVENTS) as base:
-        policy = security_policy(fake_upstream, failover={"retries": 0, "timeout": {"per_try_s": 5, "total_s": 10}})
+        policy = security_policy(
+            fake_upstream, failover={"retries": 0, "timeout": {"per_try_s": 5, "total_s": 10}}
+        )
         policy["providers"]["anth"]["base_url"] = base
         path = tmp_path / "policy.yaml"
         path.write_text(yaml.safe_dump(policy))

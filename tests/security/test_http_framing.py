@@ -39,8 +39,7 @@ MALFORMED = {
         f"GET /v1/{MARKER}{'a' * 9000} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     ).encode(),
     "a header past the line limit": (
-        f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-{MARKER}: {'a' * 9000}\r\n"
-        "Connection: close\r\n\r\n"
+        f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-{MARKER}: {'a' * 9000}\r\nConnection: close\r\n\r\n"
     ).encode(),
     "asterisk-form on GET": b"GET * HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     "a chunk size that is not hex": (

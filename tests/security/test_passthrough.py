@@ -358,5 +358,7 @@ async def test_bytes_after_the_compressed_body_are_refused_on_parsed_routes(
     second = gzip.compress(b', "n": 2}')
     for body in (first + second, gzip.compress(b'{"model": "gpt-4o-mini", "messages": []}') + b"trailing"):
         answer = await send(served, request_bytes("POST", "/v1/chat/completions", headers=headers, body=body))
-        assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "invalid_encoding", answer
+        assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "invalid_encoding", (
+            answer
+        )
     assert fake_upstream.requests == []

@@ -85,4 +85,6 @@ class AnthropicProvider:
                         raise ProviderError("server_error", f"Anthropic stream error: {exc.message}") from exc
                     for chunk in chunks:
                         yield sse_frame(chunk)
-        yield DONE
+        # [DONE] only for a stream that reached message_stop: a truncated one must not look whole.
+        if translator.stopped:
+            yield DONE

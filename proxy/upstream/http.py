@@ -63,10 +63,16 @@ def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderE
     )
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
+def client_timeout(
+    connect_s: float, read_s: float | None, total_s: float | None = None
+) -> aiohttp.ClientTimeout:
+    """``ClientTimeout`` is frozen: one per distinct bound instead of one per request."""
+    return aiohttp.ClientTimeout(total=total_s, sock_connect=connect_s, sock_read=read_s)
+
+
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:
-    # ClientTimeout is frozen: one per distinct value instead of one per request.
-    return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    return client_timeout(seconds, seconds)
 
 
 @asynccontextmanager
@@ -75,7 +81,8 @@ async def post(
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
 
-    ``timeout`` bounds connecting and each read, so a stream that stalls fails too.
+    ``timeout`` bounds connecting and each read (for a stream: ``stream_idle_s``, so a stream that
+    stalls fails too); the router bounds the whole attempt.
     """
     client_timeout = _timeout(timeout)
     try:

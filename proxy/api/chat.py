@@ -264,9 +264,7 @@ async def _open_stream(
     """Start a stream and read it up to its first real chunk: failures up to here (a drop, a stall,
     a truncation, a malformed first chunk) may be retried and fail over; nothing reached the client."""
     # The socket's read bound is a backstop; the attempt (router) and idle_s (copy) are the bounds.
-    chunks = cast(
-        AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, max(timeout, idle_s))
-    )
+    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, max(timeout, idle_s)))
     check = StreamCheck("chat")
     try:
         head = await first_chunk(chunks, check)

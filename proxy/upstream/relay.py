@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ async def send(
         raise transport_error(exc, url, timeout.sock_read or timeout.sock_connect or 0.0) from exc
 
 
-async def body_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def body_chunks(resp: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
     """A response's body as it arrives; a broken or stalled read is a ``ProviderError``."""
     try:
         async for chunk in resp.content.iter_any():

@@ -21,9 +21,7 @@ from typing import Any, Literal
 import orjson
 
 WireFormat = Literal["chat", "responses"]
-IncompleteReason = Literal[
-    "truncated", "dropped", "stalled", "too_long", "upstream_error", "malformed_chunk"
-]
+IncompleteReason = Literal["truncated", "dropped", "stalled", "too_long", "upstream_error", "malformed_chunk"]
 """Why a stream that had started did not end complete (the ``reason`` label): it ended cleanly
 but not as its format ends, the connection broke, no byte came within ``stream_idle_s``, it ran
 past ``stream_total_s``, the provider sent an error the proxy translates (Anthropic), or a chunk

@@ -43,7 +43,16 @@ import pytest_asyncio
 from aiohttp import BodyPartReader, web
 
 FaultKind = Literal[
-    "status", "slow", "drop", "malformed", "stream_break", "cut", "truncate", "stall", "malformed_chunk", "drip"
+    "status",
+    "slow",
+    "drop",
+    "malformed",
+    "stream_break",
+    "cut",
+    "truncate",
+    "stall",
+    "malformed_chunk",
+    "drip",
 ]
 STREAM_FAULTS = frozenset({"stream_break", "truncate", "stall", "malformed_chunk", "drip"})
 """Faults applied to a streamed answer as it is written (``drip`` applies to plain answers too)."""
@@ -116,7 +125,6 @@ class Fault:
     def stream_break(cls) -> Fault:
         """For streamed requests: send two chunks, then drop the connection (plain drop otherwise)."""
         return cls("stream_break")
-
 
     @classmethod
     def truncate(cls, at: int) -> Fault:
@@ -572,7 +580,9 @@ class FakeUpstream:
             await resp.write(data[i : i + 1])
             await asyncio.sleep(interval)
 
-    async def _dripped(self, request: web.Request, answer: web.Response, interval: float) -> web.StreamResponse:
+    async def _dripped(
+        self, request: web.Request, answer: web.Response, interval: float
+    ) -> web.StreamResponse:
         """``answer`` sent one byte every ``interval`` seconds."""
         resp = web.StreamResponse(status=answer.status, headers=answer.headers)
         resp.headers.pop("Content-Length", None)

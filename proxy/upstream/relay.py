@@ -86,7 +86,7 @@ async def first_chunk(chunks: AsyncIterator[bytes], check: StreamCheck | None) -
                 return head
             continue
         check.feed(chunk)
-        if check.malformed:
+        if check.first_malformed:
             raise ProviderError("malformed", f"the stream's first event is not JSON: {head[:200]!r}")
         if check.events:
             return head

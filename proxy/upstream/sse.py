@@ -51,6 +51,8 @@ class StreamCheck:
         self.events = 0
         """Data-carrying events seen (the first one is the stream's first real chunk)."""
         self.malformed = 0
+        self.first_malformed = False
+        """The first data-carrying event was not JSON."""
         self.complete = False
         self._pending = b""
         self._open_choices: set[int] = set()
@@ -102,6 +104,7 @@ class StreamCheck:
             value: Any = orjson.loads(payload)
         except orjson.JSONDecodeError:
             self.malformed += 1
+            self.first_malformed = self.events == 1
             return
         if not isinstance(value, dict):
             return

@@ -17,9 +17,9 @@ carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``; every answer
 ``Set-Cookie: <fake.set_cookie>`` while that attribute is set, and is compressed as the request's
 ``Accept-Encoding`` allows while ``fake.compress`` is true. Anthropic: ``POST /v1/messages``.
 
-Stream faults strike a streamed answer as it is written, per attempt: ``Fault.truncate(n)`` (a clean end
-after ``n`` frames, no end marker), ``Fault.stall(n, s)``, ``Fault.malformed_chunk(n)``, ``Fault.drip(interval)``
-(also for plain answers), ``STREAM_BREAK``; ``DROP`` is a drop before the headers.
+Stream faults strike a streamed answer as it is written, per attempt: ``Fault.truncate(n)`` (a clean
+end after ``n`` frames, no end marker), ``Fault.stall(n, s)``, ``Fault.malformed_chunk(n)``,
+``Fault.drip(interval)`` (also for plain answers), ``STREAM_BREAK``; ``DROP`` drops before the headers.
 
 Every route with a ``model`` consumes one scripted reply per request (faults apply as for chat); a content
 string is the answer text for chat, ``/v1/responses`` and ``/v1/messages`` and is ignored elsewhere.

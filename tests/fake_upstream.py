@@ -17,6 +17,10 @@ carries ``OPENAI_RATE_LIMIT_HEADERS`` and a fresh ``x-request-id``; every answer
 ``Set-Cookie: <fake.set_cookie>`` while that attribute is set, and is compressed as the request's
 ``Accept-Encoding`` allows while ``fake.compress`` is true. Anthropic: ``POST /v1/messages``.
 
+Stream faults strike a streamed answer as it is written, per attempt: ``Fault.truncate(n)`` (a clean
+end after ``n`` frames, no end marker), ``Fault.stall(n, s)``, ``Fault.malformed_chunk(n)``,
+``Fault.drip(interval)`` (also for plain answers), ``STREAM_BREAK``; ``DROP`` drops before the headers.
+
 Every route with a ``model`` consumes one scripted reply per request (faults apply as for chat); a content
 string is the answer text for chat, ``/v1/responses`` and ``/v1/messages`` and is ignored elsewhere.
 """
@@ -42,7 +46,21 @@ from typing import Any, Literal
 import pytest_asyncio
 from aiohttp import BodyPartReader, web
 
-FaultKind = Literal["status", "slow", "drop", "malformed", "stream_break", "cut"]
+FaultKind = Literal[
+    "status",
+    "slow",
+    "drop",
+    "malformed",
+    "stream_break",
+    "cut",
+    "truncate",
+    "stall",
+    "malformed_chunk",
+    "drip",
+]
+STREAM_FAULTS = frozenset({"stream_break", "truncate", "stall", "malformed_chunk", "drip"})
+"""Faults applied to a streamed answer as it is written (``drip`` applies to plain answers too)."""
+MALFORMED_FRAME = b"data: {this is not json\n\n"
 DEFAULT_CONTENT = "Hello from the fake upstream."
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ErrorFactory = Callable[[int, str, Mapping[str, str]], web.Response]
@@ -78,6 +96,8 @@ class Fault:
     retry_after: float | None = None
     delay: float = 0.0
     body: str | None = None
+    at: int = 0
+    """Stream faults: the frame index where the fault strikes (0: before the first frame)."""
 
     @classmethod
     def http(cls, status: int, retry_after: float | None = None, body: str | None = None) -> Fault:
@@ -109,6 +129,28 @@ class Fault:
     def stream_break(cls) -> Fault:
         """For streamed requests: send two chunks, then drop the connection (plain drop otherwise)."""
         return cls("stream_break")
+
+    @classmethod
+    def truncate(cls, at: int) -> Fault:
+        """For streamed requests: send ``at`` frames, then end the answer cleanly, with no
+        ``finish_reason``, ``[DONE]``, ``response.completed`` or ``message_stop``."""
+        return cls("truncate", at=at)
+
+    @classmethod
+    def stall(cls, at: int, delay: float) -> Fault:
+        """For streamed requests: send ``at`` frames, pause ``delay`` seconds, then send the rest."""
+        return cls("stall", at=at, delay=delay)
+
+    @classmethod
+    def malformed_chunk(cls, at: int) -> Fault:
+        """For streamed requests: a frame whose data is not JSON (``MALFORMED_FRAME``) before frame ``at``;
+        the stream then goes on normally."""
+        return cls("malformed_chunk", at=at)
+
+    @classmethod
+    def drip(cls, interval: float) -> Fault:
+        """Send the answer (a plain body or a stream) one byte every ``interval`` seconds."""
+        return cls("drip", delay=interval)
 
 
 DROP = Fault.drop()
@@ -243,6 +285,7 @@ def _pieces(content: str) -> list[str]:
 
 _RECORD = web.RequestKey("fake_upstream_record", RecordedRequest)
 _CUT = web.RequestKey("fake_upstream_cut", bool)
+_DRIP = web.RequestKey("fake_upstream_drip", float)
 
 
 class FakeUpstream:
@@ -368,6 +411,8 @@ class FakeUpstream:
             self.requests.append(record)
             request[_RECORD] = record
             response = await handler(request)
+            if _DRIP in request and isinstance(response, web.Response) and not response.prepared:
+                return await self._dripped(request, response, request[_DRIP])
             if self.compress and not response.prepared:
                 response.enable_compression()  # must come before the headers are prepared
             return response
@@ -404,13 +449,13 @@ class FakeUpstream:
 
     async def _consume(
         self, request: web.Request, auth: Callable[[web.Request], web.Response | None], error: ErrorFactory
-    ) -> tuple[web.StreamResponse | None, dict[str, Any], str, bool]:
-        """Check auth, take the next reply: (early answer or None, JSON body, content, break the stream?)."""
+    ) -> tuple[web.StreamResponse | None, dict[str, Any], str, Fault | None]:
+        """Check auth, take the next reply: (early answer or None, JSON body, content, stream fault)."""
         if denied := auth(request):
-            return denied, {}, "", False
+            return denied, {}, "", None
         body = await self._json_body(request)
-        early, content, brk = await self._take_reply(request, body, error)
-        return early, body, content, brk
+        early, content, fault = await self._take_reply(request, body, error)
+        return early, body, content, fault
 
     @staticmethod
     async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -419,18 +464,20 @@ class FakeUpstream:
 
     async def _take_reply(
         self, request: web.Request, body: Mapping[str, Any], error: ErrorFactory = openai_error
-    ) -> tuple[web.StreamResponse | None, str, bool]:
-        """Take ``body["model"]``'s next reply: (early answer or None, content, break the stream?)."""
+    ) -> tuple[web.StreamResponse | None, str, Fault | None]:
+        """Take ``body["model"]``'s next reply: (early answer or None, content, stream fault)."""
         model = str(body.get("model", ""))
         reply = self.next_reply(model)
         if isinstance(reply, str):
-            return None, reply, False
-        brk = reply.kind == "stream_break" and bool(body.get("stream"))
-        if not brk and (answer := await self._fault(request, reply, error)) is not None:
-            return answer, "", False
+            return None, reply, None
+        streamed = reply.kind in STREAM_FAULTS and bool(body.get("stream"))
+        if reply.kind == "drip":
+            request[_DRIP] = reply.delay
+        elif not streamed and (answer := await self._fault(request, reply, error)) is not None:
+            return answer, "", None
         default = self.default_reply(model)
         fallback = default if isinstance(default, str) else DEFAULT_CONTENT
-        return None, fallback if reply.body is None else reply.body, brk
+        return None, fallback if reply.body is None else reply.body, reply if streamed else None
 
     async def _read_upload(self, request: web.Request) -> dict[str, Any] | web.Response:
         """Stream a multipart body chunk by chunk, keeping only form fields and file sizes; record them.
@@ -481,6 +528,8 @@ class FakeUpstream:
         if fault.kind == "cut":
             request[_CUT] = True
             return None
+        if fault.kind in ("truncate", "stall", "malformed_chunk"):
+            return None  # stream faults: a plain answer is sent whole
         if fault.kind not in ("status", "malformed"):
             return self._drop(request)
         headers = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
@@ -496,18 +545,55 @@ class FakeUpstream:
             request.transport.close()
         return web.Response()  # aiohttp fails to write it to the closed transport and moves on quietly
 
-    async def _stream(self, request: web.Request, frames: list[bytes], brk: bool) -> web.StreamResponse:
-        """Write each frame separately (``chunk_delay`` apart); ``brk`` drops the connection after two."""
+    async def _stream(
+        self, request: web.Request, frames: list[bytes], fault: Fault | None
+    ) -> web.StreamResponse:
+        """Write each frame separately (``chunk_delay`` apart), misbehaving as ``fault`` says."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        kind = fault.kind if fault is not None else None
+        at = 2 if kind == "stream_break" else (fault.at if fault is not None else 0)
+        if kind == "malformed_chunk":
+            frames = [*frames[:at], MALFORMED_FRAME, *frames[at:]]
         try:
+            await resp.prepare(request)
             for i, frame in enumerate(frames):
-                if brk and i == 2:
+                if i == at and kind == "stream_break":
                     self._drop(request)
                     return resp
+                if i == at and kind == "truncate":
+                    break
+                if i == at and kind == "stall" and fault is not None:
+                    await asyncio.sleep(fault.delay)
                 if i and self.chunk_delay:
                     await asyncio.sleep(self.chunk_delay)
-                await resp.write(frame)
+                if kind == "drip" and fault is not None:
+                    await self._drip(resp, frame, fault.delay)
+                else:
+                    await resp.write(frame)
+            await resp.write_eof()
+        except ConnectionResetError:
+            self.cancelled += 1
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return resp
+
+    @staticmethod
+    async def _drip(resp: web.StreamResponse, data: bytes, interval: float) -> None:
+        for i in range(len(data)):
+            await resp.write(data[i : i + 1])
+            await asyncio.sleep(interval)
+
+    async def _dripped(
+        self, request: web.Request, answer: web.Response, interval: float
+    ) -> web.StreamResponse:
+        """``answer`` sent one byte every ``interval`` seconds."""
+        resp = web.StreamResponse(status=answer.status, headers=answer.headers)
+        resp.headers.pop("Content-Length", None)
+        body = answer.body if isinstance(answer.body, bytes) else b""
+        try:
+            await resp.prepare(request)
+            await self._drip(resp, body, interval)
             await resp.write_eof()
         except ConnectionResetError:
             self.cancelled += 1
@@ -585,7 +671,7 @@ class FakeUpstream:
         )
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        early, body, content, brk = await self._consume(request, self._openai_auth, openai_error)
+        early, body, content, fault = await self._consume(request, self._openai_auth, openai_error)
         if early is not None:
             return early
         input_tokens, output_tokens = _tokens(_responses_prompt_text(body)), _tokens(content)
@@ -661,7 +747,7 @@ class FakeUpstream:
             f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
             for n, e in enumerate(events)
         ]
-        return await self._stream(request, frames, brk)
+        return await self._stream(request, frames, fault)
 
     async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
         if denied := self._openai_auth(request):
@@ -712,7 +798,7 @@ class FakeUpstream:
         return web.json_response(file)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        early, body, content, brk = await self._consume(request, self._openai_auth, openai_error)
+        early, body, content, fault = await self._consume(request, self._openai_auth, openai_error)
         if early is not None:
             return early
         model, stream = str(body.get("model", "")), bool(body.get("stream"))
@@ -759,12 +845,12 @@ class FakeUpstream:
         if include_usage:
             chunks.append({**chunk({}), "choices": [], "usage": usage})
         frames = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-        return await self._stream(request, frames, brk)
+        return await self._stream(request, frames, fault)
 
     # -- Anthropic ---------------------------------------------------------------------------------
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        early, body, content, brk = await self._consume(request, self._anthropic_auth, anthropic_error)
+        early, body, content, fault = await self._consume(request, self._anthropic_auth, anthropic_error)
         if early is not None:
             return early
         model, stream = str(body.get("model", "")), bool(body.get("stream"))
@@ -803,7 +889,7 @@ class FakeUpstream:
             {"type": "message_stop"},
         ]
         frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events]
-        return await self._stream(request, frames, brk)
+        return await self._stream(request, frames, fault)
 
 
 @pytest_asyncio.fixture

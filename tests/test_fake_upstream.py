@@ -17,6 +17,7 @@ from tests.fake_upstream import (
     DEFAULT_CONTENT,
     DROP,
     MALFORMED,
+    MALFORMED_FRAME,
     OPENAI_RATE_LIMIT_HEADERS,
     RATE_LIMITED,
     STREAM_BREAK,
@@ -643,3 +644,68 @@ async def test_api_key_is_enforced_on_the_new_openai_routes() -> None:
         assert fake.files == {}
         async with client(fake, api_key="sk-upstream") as sdk:
             assert (await sdk.responses.create(model="m", input="x")).output_text == DEFAULT_CONTENT
+
+
+# -- stream faults (#11) ---------------------------------------------------------------------------
+
+STREAM_PATHS = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
+
+
+async def _stream_bytes(fake: FakeUpstream, path: str) -> bytes:
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "m", "messages": MESSAGES, "input": "hi", "stream": True}
+        async with http.post(fake.url + path, json=body, headers=ANTHROPIC_HEADERS) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+
+@pytest.mark.parametrize("path", STREAM_PATHS)
+async def test_truncate_ends_cleanly_after_n_frames_without_the_end_marker(
+    fake_upstream: FakeUpstream, path: str
+) -> None:
+    fake_upstream.script("m", Fault.truncate(2), Fault.truncate(0))
+    cut = await _stream_bytes(fake_upstream, path)
+    assert cut.count(b"\n\n") == 2
+    for end in (b"[DONE]", b'finish_reason": "stop', b"response.completed", b"message_stop"):
+        assert end not in cut
+    assert await _stream_bytes(fake_upstream, path) == b""
+
+
+@pytest.mark.parametrize("path", STREAM_PATHS)
+async def test_malformed_chunk_is_inserted_and_the_stream_goes_on(
+    fake_upstream: FakeUpstream, path: str
+) -> None:
+    whole = await _stream_bytes(fake_upstream, path)
+    fake_upstream.script("m", Fault.malformed_chunk(1))
+    body = await _stream_bytes(fake_upstream, path)
+    frames = body.split(b"\n\n")
+    assert frames[1] + b"\n\n" == MALFORMED_FRAME
+    assert body.count(b"\n\n") == whole.count(b"\n\n") + 1
+
+
+async def test_stall_pauses_after_n_frames_then_sends_the_rest(fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("m", Fault.stall(1, 0.3))
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        async with http.post(fake_upstream.openai_base + "/chat/completions", json=body) as resp:
+            first = await resp.content.readuntil(b"\n\n")
+            assert b"chat.completion.chunk" in first
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 0.05)
+            rest = await resp.read()
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_drip_sends_the_answer_one_byte_at_a_time(fake_upstream: FakeUpstream, stream: bool) -> None:
+    fake_upstream.script("m", Fault.drip(0.001))
+    reads: list[bytes] = []
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "m", "messages": MESSAGES, "stream": stream}
+        async with http.post(fake_upstream.openai_base + "/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            async for chunk in resp.content.iter_any():
+                reads.append(chunk)
+    whole = b"".join(reads)
+    assert whole.endswith(b"data: [DONE]\n\n") if stream else json.loads(whole)["object"] == "chat.completion"
+    assert len(reads) > 10  # arrived in many small pieces, not as one body

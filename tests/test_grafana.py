@@ -56,6 +56,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "cognitive_upstream_requests_total": frozenset({"provider", "model", "outcome"}),
     "cognitive_upstream_latency_seconds": frozenset({"provider", "model"}),
     "cognitive_failovers_total": frozenset({"from_target", "to_target", "reason"}),
+    "cognitive_stream_incomplete_total": frozenset({"provider", "model", "reason"}),
     "cognitive_circuit_open": frozenset({"target"}),
     "cognitive_proxy_overhead_seconds": frozenset({"route"}),
     "cognitive_tokens_total": frozenset({"provider", "model", "kind"}),
@@ -531,6 +532,10 @@ async def drive_traffic(
     got["streamed passthrough"] = "".join(
         [c.choices[0].delta.content or "" async for c in stream if c.choices]
     )
+    fake.script("cheap", Fault.truncate(2))  # cut after two chunks: ends with an SSE error event
+    body = {"model": "gpt-4o-mini", "messages": messages, "stream": True}
+    async with session.post(px.base + "/chat/completions", json=body) as resp:
+        got["truncated stream"] = (await resp.read()).decode()[-120:]
 
     if failover:  # up/cheap answers 500, up/backup answers; one failure opens cheap's breaker (open_s 300)
         await step(
@@ -570,6 +575,7 @@ EXPECTED_SERIES = [
     'cognitive_upstream_latency_seconds_count{provider="up", model="strong"}',
     'cognitive_failovers_total{from_target="up/cheap", to_target="up/backup", reason="server_error"}',
     'cognitive_circuit_open{target="up/cheap"} == 1',
+    'cognitive_stream_incomplete_total{provider="up", model="cheap", reason="truncated"}',
     'cognitive_proxy_overhead_seconds_count{route="/v1/chat/completions"}',
     *(
         f'cognitive_tokens_total{{provider="up", model="cheap", kind="{k}"}}'

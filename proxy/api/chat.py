@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -15,14 +16,17 @@ from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.relay import serve
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
 from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
-from proxy.upstream.base import CallContext, Provider, ProviderError, Relayed
+from proxy.upstream.base import CallContext, Provider, Relayed
+from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
+from proxy.upstream.sse import StreamCheck
 from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
 
 log = structlog.get_logger("proxy.api")
@@ -155,7 +159,8 @@ async def _passthrough(
         )
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
     router = request.app[ROUTER]
-    deadline = time.monotonic() + runtime.policy.timeouts.total_s
+    started = time.monotonic()
+    deadline = started + runtime.policy.timeouts.total_s
     trace_id = request[TRACE_KEY]
 
     record = request[RECORD_KEY]
@@ -197,11 +202,12 @@ async def _passthrough(
                 "Content-Type": "application/json",
             },
         )
+    timeouts = runtime.policy.timeouts
     try:
-        opened = await route(partial(_open_stream, body=body, ctx=ctx))
+        opened = await route(partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s))
     except RungFailed as exc:
         return passthrough_failure(exc, trace_id)
-    first, chunks = opened.value
+    stream = opened.value
     record.fields["target"] = str(opened.target)
     usage = UsageSniffer()
     response = web.StreamResponse(
@@ -212,34 +218,32 @@ async def _passthrough(
             "Cache-Control": "no-cache",
         }
     )
-    await response.prepare(request)
     streaming_since = time.perf_counter()
     try:
-        await response.write(first)
-        usage.feed(first)
-        async for chunk in chunks:
-            usage.feed(chunk)
-            await response.write(chunk)
-    except ProviderError as exc:
-        # Bytes already reached the client: never retried; the stream ends with an error event.
-        await response.write(
-            sse_frame(
-                {
-                    "error": {
-                        "message": f"Upstream stream failed: {exc.message}",
-                        "type": "server_error",
-                        "code": "upstream_stream_error",
-                    }
-                }
-            )
+        await serve(
+            request,
+            response,
+            opened.target,
+            stream.head,
+            stream.chunks,
+            stream.check,
+            idle_s=timeouts.idle_s,
+            until=None if timeouts.stream_total_s is None else started + timeouts.stream_total_s,
+            sniff=usage.feed,
         )
     finally:
-        await chunks.aclose()
+        await stream.chunks.aclose()
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
         record_usage(metrics, runtime.policy, opened.target, usage.usage)
-    await response.write_eof()
     return response
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    head: bytes
+    chunks: AsyncGenerator[bytes, None]
+    check: StreamCheck
 
 
 async def _relay(
@@ -249,18 +253,25 @@ async def _relay(
 
 
 async def _open_stream(
-    provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
-) -> tuple[bytes, AsyncGenerator[bytes, None]]:
-    """Start a stream and wait for its first bytes: failures up to here may fail over."""
-    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, timeout))
+    provider: Provider,
+    target: Target,
+    timeout: float,
+    *,
+    body: dict[str, Any],
+    ctx: CallContext,
+    idle_s: float,
+) -> _Opened:
+    """Start a stream and read it up to its first real chunk: failures up to here (a drop, a stall,
+    a truncation, a malformed first chunk) may be retried and fail over; nothing reached the client."""
+    # The socket's read bound is a backstop; the attempt (router) and idle_s (copy) are the bounds.
+    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, max(timeout, idle_s)))
+    check = StreamCheck("chat")
     try:
-        first = await anext(chunks)
-    except StopAsyncIteration:
-        first = b""
+        head = await first_chunk(chunks, check)
     except BaseException:
         await chunks.aclose()
         raise
-    return first, chunks
+    return _Opened(head, chunks, check)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

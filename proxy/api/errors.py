@@ -73,6 +73,17 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def stream_error_event(message: str, code: str, *, named: bool = False) -> bytes:
+    """The SSE event that ends a stream the proxy could not finish: the OpenAI error object as the
+    event's data (the OpenAI SDKs raise on a ``data`` holding ``error``); ``named`` streams (the
+    Responses API) get ``event: error`` and the Responses error fields too."""
+    error = error_body(message, "server_error", code)
+    if not named:
+        return b"data: " + orjson.dumps(error) + b"\n\n"
+    event = {"type": "error", "code": code, "message": message, "param": None, **error}
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
 @dataclass(frozen=True, slots=True)
 class FailureAnswer:
     status: int

@@ -15,7 +15,7 @@ between the route's providers; uploads are never replayed.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,12 +28,15 @@ from proxy.api.body import passthrough_failure, read_body
 from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
+from proxy.api.relay import serve
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.api.target import ClientTarget, parse_target, upstream_url
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
-from proxy.upstream.http import auth_headers, status_error
+from proxy.upstream.http import auth_headers, client_timeout, status_error
+from proxy.upstream.relay import body_chunks, first_chunk, send
 from proxy.upstream.router import RungFailed, Try, real_failures, retry_after_s
+from proxy.upstream.sse import StreamCheck, wire_format
 
 log = structlog.get_logger("proxy.passthrough")
 
@@ -227,6 +230,19 @@ def resendable(request: web.Request, template: str) -> bool:
     return template in IDEMPOTENT_IN_EFFECT and request.content_type == "application/json"
 
 
+@dataclass(slots=True)
+class _Answer:
+    """An upstream answer up to its first bytes (its first real event when it is a judged stream)."""
+
+    resp: aiohttp.ClientResponse
+    head: bytes
+    chunks: AsyncGenerator[bytes, None]
+    check: StreamCheck | None
+    started: float
+    """When the attempt's bound started (``time.monotonic``)."""
+    timeout: float
+
+
 async def _open(
     provider: Provider,
     target: Target,
@@ -236,10 +252,12 @@ async def _open(
     outgoing: Outgoing,
     session: aiohttp.ClientSession,
     ctx: CallContext,
-) -> aiohttp.ClientResponse:
-    """Send the request to ``target``'s provider. A retryable status (429, 5xx) raises, with the
-    upstream's body and headers, so the router can retry or fail over; when nothing is left that
-    answer goes back to the client as the upstream sent it."""
+    idle_s: float,
+) -> _Answer:
+    """Send the request to ``target``'s provider and read its answer up to the first bytes. A
+    retryable status (429, 5xx) raises, with the upstream's body and headers, so the router can
+    retry or fail over; when nothing is left that answer goes back to the client as the upstream
+    sent it. So does a stream that breaks, stalls or ends before its first real event."""
     config = provider.config
     url = upstream_url(config.base_url, outgoing.target)
     data: Any = None
@@ -247,28 +265,41 @@ async def _open(
         data = outgoing.body
     elif request.can_read_body:
         data = _limited(request, request.app[SETTINGS].max_upload_bytes)
-    client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    started = time.monotonic()
     try:
-        resp = await session.request(
+        resp = await send(
+            session,
             outgoing.method,
             url,
             data=data,
             headers=outgoing_headers(request, config, ctx),
-            timeout=client_timeout,
-            allow_redirects=False,
+            timeout=client_timeout(timeout, max(timeout, idle_s)),
         )
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise ProviderError("timeout", f"no answer from {config.name} within {timeout:g}s") from exc
-    except aiohttp.ClientError as exc:
+    except ProviderError as exc:
         refusal = _own_refusal(exc)
         if refusal is not None:
             raise refusal from None  # the client's body broke our limit: 413, not a provider failure
-        raise ProviderError("connect", f"cannot reach {config.name}: {exc}") from exc
+        raise
     if resp.status in _RETRYABLE_STATUS:
-        body = await resp.read()
-        resp.release()
+        try:
+            body = await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ProviderError("connect", f"{config.name} broke its {resp.status} answer") from exc
+        finally:
+            resp.release()
         raise status_error(resp.status, body, dict(resp.headers))
-    return resp
+    if outgoing.body is None:
+        started = time.monotonic()  # a streamed upload's sending time is the client's, not the attempt's
+    wire = wire_format(outgoing.target.path) if resp.content_type == "text/event-stream" else None
+    check = StreamCheck(wire) if wire is not None and resp.status == 200 else None
+    chunks = body_chunks(resp)
+    try:
+        head = await first_chunk(chunks, check)
+    except BaseException:
+        await chunks.aclose()
+        resp.release()
+        raise
+    return _Answer(resp, head, chunks, check, started, timeout)
 
 
 async def forward(request: web.Request, body: bytes | None = None) -> web.StreamResponse:
@@ -316,7 +347,9 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
                 retry=attempt.retry,
             )
 
-    async def operation(provider: Provider, target: Target, timeout: float) -> aiohttp.ClientResponse:
+    timeouts = runtime.policy.timeouts
+
+    async def operation(provider: Provider, target: Target, timeout: float) -> _Answer:
         return await _open(
             provider,
             target,
@@ -325,19 +358,27 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
             outgoing=outgoing,
             session=request.app[SESSION],
             ctx=ctx,
+            idle_s=timeouts.idle_s,
         )
 
-    deadline = time.monotonic() + runtime.policy.timeouts.total_s
+    now = time.monotonic()
+    deadline = now + timeouts.total_s
     failover = runtime.policy.failover if replay else _no_retries(runtime)
     try:
         routed = await request.app[ROUTER].call(
-            targets, runtime.providers, operation, failover, deadline, on_try
+            targets, runtime.providers, operation, failover, deadline, on_try, bound_attempts=replay
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
         return _failure(exc, request[TRACE_KEY])
-    upstream = routed.value
+    answer = routed.value
+    upstream = answer.resp
     record.fields["target"] = routed.target.provider
+    if answer.check is not None:  # a stream: stream_idle_s between chunks, stream_total_s overall
+        idle_s: float | None = timeouts.idle_s
+        until = None if timeouts.stream_total_s is None else now + timeouts.stream_total_s
+    else:  # a plain answer: its attempt's bound and the call's deadline cover the body too
+        idle_s, until = None, min(answer.started + answer.timeout, deadline)
     try:
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=returned_headers(upstream.headers)
@@ -345,12 +386,19 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         response.headers["X-Cognitive-Trace-Id"] = request[TRACE_KEY]
         if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
             response.content_length = upstream.content_length
-        await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
+        await serve(
+            request,
+            response,
+            routed.target,
+            answer.head,
+            answer.chunks,
+            answer.check,
+            idle_s=idle_s,
+            until=until,
+        )
         return response
     finally:
+        await answer.chunks.aclose()
         upstream.release()
         record.upstream_s += time.perf_counter() - started
 

@@ -122,6 +122,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.stream_incomplete = Counter(
+            "cognitive_stream_incomplete_total",
+            "Relayed answers that started but did not end complete (ended with an SSE error event), "
+            "and streams with a malformed chunk (reason=malformed_chunk, forwarded as is).",
+            ["provider", "model", "reason"],
+            registry=r,
+        )
         self.failovers = Counter(
             "cognitive_failovers_total",
             "Moves from a failed target to the next one.",

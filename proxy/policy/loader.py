@@ -92,6 +92,21 @@ def _breaker(raw: dict[str, Any], source: str) -> BreakerPolicy:
     )
 
 
+def _timeouts(raw: dict[str, Any]) -> Timeouts:
+    defaults = Timeouts()
+
+    def optional(name: str) -> float | None:
+        value = raw.get(name)
+        return None if value is None else float(value)
+
+    return Timeouts(
+        float(raw.get("per_try_s", defaults.per_try_s)),
+        float(raw.get("total_s", defaults.total_s)),
+        optional("stream_idle_s"),
+        optional("stream_total_s"),
+    )
+
+
 def _failover(raw: dict[str, Any], source: str) -> Failover:
     timeout = as_dict(raw.get("timeout"))
     backoff = as_dict(raw.get("backoff"))
@@ -101,7 +116,7 @@ def _failover(raw: dict[str, Any], source: str) -> Failover:
         retries=int(raw.get("retries", defaults.retries)),
         retry_on=frozenset(raw.get("retry_on", defaults.retry_on)),
         backoff=Backoff(float(backoff.get("base_ms", 100)), float(backoff.get("max_ms", 2000))),
-        timeouts=Timeouts(float(timeout.get("per_try_s", 30)), float(timeout.get("total_s", 90))),
+        timeouts=_timeouts(timeout),
         breaker=_breaker(as_dict(raw.get("circuit_breaker")), source),
         budget=RetryBudget(float(budget.get("percent", 20)), int(budget.get("min_concurrency", 3))),
     )

@@ -72,9 +72,18 @@ class Thresholds:
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     per_try_s: float = 30.0
-    """Bounds one provider attempt (connect and each read)."""
+    """Bounds one provider attempt: until its answer is read, or a stream's first chunk."""
     total_s: float = 90.0
-    """Bounds the whole call, retries, backoff, re-asks and escalations included."""
+    """Bounds the whole call, retries, backoff, re-asks, escalations and answer reads included;
+    a stream only up to its first chunk."""
+    stream_idle_s: float | None = None
+    """Longest gap between a stream's chunks after its first one; None: ``per_try_s``."""
+    stream_total_s: float | None = None
+    """Bounds a stream from its request to its last byte; None: unbounded (idle gaps only)."""
+
+    @property
+    def idle_s(self) -> float:
+        return self.per_try_s if self.stream_idle_s is None else self.stream_idle_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,4 +92,6 @@ class AnthropicProvider:
                         raise ProviderError("malformed", f"bad Anthropic stream event {name!r}") from exc
                     for chunk in chunks:
                         yield sse_frame(chunk)
-        yield DONE
+        # [DONE] only for a stream that reached message_stop: a truncated one must not look whole.
+        if translator.stopped:
+            yield DONE

@@ -372,6 +372,8 @@ class StreamTranslator:
         self._tool_index: dict[int, int] = {}  # Anthropic content block index -> OpenAI tool call index
         self._prompt_tokens = 0
         self._completion_tokens = 0
+        self.stopped = False
+        """``message_stop`` arrived: the Anthropic stream ended as it should."""
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         self._started = True
@@ -404,6 +406,7 @@ class StreamTranslator:
             reason = _finish_reason((data.get("delta") or {}).get("stop_reason"))
             return [self._chunk({}, reason)] if reason else []
         if kind == "message_stop":
+            self.stopped = True
             if not self.include_usage:
                 return []
             return [

@@ -65,10 +65,16 @@ def status_error(status: int, body: bytes, headers: dict[str, str]) -> ProviderE
     )
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
+def client_timeout(
+    connect_s: float, read_s: float | None, total_s: float | None = None
+) -> aiohttp.ClientTimeout:
+    """``ClientTimeout`` is frozen: one per distinct bound instead of one per request."""
+    return aiohttp.ClientTimeout(total=total_s, sock_connect=connect_s, sock_read=read_s)
+
+
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:
-    # ClientTimeout is frozen: one per distinct value instead of one per request.
-    return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    return client_timeout(seconds, seconds)
 
 
 @asynccontextmanager
@@ -81,7 +87,8 @@ async def post(
     ``Authorization`` to the new origin, and the key may be in ``x-api-key``, ``api-key`` or a
     policy header.
 
-    ``timeout`` bounds connecting and each read, so a stream that stalls fails too.
+    ``timeout`` bounds connecting and each read (for a stream: ``stream_idle_s``, so a stream that
+    stalls fails too); the router bounds the whole attempt.
     """
     client_timeout = _timeout(timeout)
     try:

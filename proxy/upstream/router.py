@@ -117,6 +117,18 @@ class RouterObserver(Protocol):
     def failover(self, from_target: Target, to_target: Target, reason: str) -> None: ...
 
 
+async def _attempt(
+    operation: Operation[T], provider: Provider, target: Target, timeout: float, bounded: bool
+) -> T:
+    if not bounded:
+        return await operation(provider, target, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            return await operation(provider, target, timeout)
+    except TimeoutError as exc:
+        raise ProviderError("timeout", f"{target} gave no full answer within {timeout:g}s") from exc
+
+
 class Router:
     def __init__(
         self,
@@ -144,8 +156,14 @@ class Router:
         on_try: Callable[[Try], None],
         *,
         stop_on_client_error: bool = False,
+        bound_attempts: bool = True,
     ) -> Routed[T]:
-        """Run ``operation`` on the first target that answers; raise ``RungFailed``."""
+        """Run ``operation`` on the first target that answers; raise ``RungFailed``.
+
+        Each attempt is bounded by ``per_try_s`` (and what is left of ``deadline``) as a whole, its
+        answer's body included, not only between reads: a body dripping a byte at a time fails it.
+        ``bound_attempts=False`` leaves the whole-attempt bound to the operation (a streamed
+        upload, whose sending time is the client's)."""
         failures: list[ProviderError] = []
         self.budget.requests += 1
         try:
@@ -160,6 +178,7 @@ class Router:
                     on_try,
                     failures,
                     stop_on_client_error,
+                    bound_attempts,
                 )
                 if result is not None:
                     return result
@@ -192,6 +211,7 @@ class Router:
         on_try: Callable[[Try], None],
         failures: list[ProviderError],
         stop_on_client_error: bool,
+        bound_attempts: bool,
     ) -> Routed[T] | None:
         key = target.state_key
         per_try = failover.timeouts.per_try_s
@@ -217,7 +237,7 @@ class Router:
             if retrying:
                 self.budget.retries += 1
             try:
-                value = await operation(provider, target, min(per_try, remaining))
+                value = await _attempt(operation, provider, target, min(per_try, remaining), bound_attempts)
             except ProviderError as exc:
                 failures.append(exc)
                 elapsed = self._clock() - started

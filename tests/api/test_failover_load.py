@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from tests.fake_upstream import UNAVAILABLE, FakeUpstream, FaultMix
+from tests.fake_upstream import UNAVAILABLE, FakeUpstream, Fault, FaultMix
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, running_proxy, upstream_policy
 
 CONCURRENCY = 16
@@ -125,3 +125,89 @@ async def test_a_provider_failing_every_request_is_skipped_within_min_requests_c
     # Requests already admitted when the breaker opens may still finish their try on a.
     assert dead_calls <= MIN_REQUESTS + CONCURRENCY, dead_calls
     assert result.transitions == 1, result.report("")
+
+
+@dataclass
+class StreamLoadResult:
+    """Streams by how they ended: ``complete`` ([DONE], no error event), ``marked`` (an SSE error
+    event), ``silent`` (a 200 that ended with neither: a cut the client cannot see), ``refused``
+    (no 200)."""
+
+    requests: int
+    complete: int
+    marked: int
+    silent: int
+    refused: int
+    attempts: int
+
+    def report(self, label: str) -> str:
+        return (
+            f"{label}: {self.complete}/{self.requests} complete ({self.complete / self.requests:.1%}), "
+            f"{self.marked} ended with an error event, {self.silent} silently cut, {self.refused} refused, "
+            f"{self.attempts / self.requests:.2f} attempts/request"
+        )
+
+
+def stream_ending(body: bytes) -> str:
+    """complete, marked or silent, from the SSE bytes a client received."""
+    events = [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+    if any(b'data: {"error"' in e for e in events):
+        return "marked"
+    if events and events[-1].strip() == b"data: [DONE]":
+        return "complete"
+    return "silent"
+
+
+async def stream_load(url: str, fake: FakeUpstream, requests: int) -> StreamLoadResult:
+    """``requests`` streamed chat completions, ``CONCURRENCY`` at a time."""
+    endings = {"complete": 0, "marked": 0, "silent": 0, "refused": 0}
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    before = fake.count("/v1/chat/completions")
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            queue.get_nowait()
+            body = {"model": "main", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                raw = await resp.read()
+                endings["refused" if resp.status != 200 else stream_ending(raw)] += 1
+
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer sk-client"}) as session:
+        await asyncio.gather(*(client(session) for _ in range(CONCURRENCY)))
+    attempts = fake.count("/v1/chat/completions") - before
+    return StreamLoadResult(requests, **endings, attempts=attempts)
+
+
+STREAMS = 1000
+# Half the truncations strike before the first chunk (retried and failed over), half after two
+# chunks (bytes already sent: the stream must end with an error event).
+TRUNCATIONS = ((Fault.truncate(0), 0.05), (Fault.truncate(2), 0.05))
+
+
+async def test_truncated_streams_on_one_provider_are_never_silently_cut(
+    chaos: tuple[str, FakeUpstream],
+) -> None:
+    url, fake = chaos
+    fake.set_fault_mix("m-a", FaultMix(TRUNCATIONS, seed=SEED))
+    result = await stream_load(url, fake, STREAMS)
+    print("\n" + result.report("10% truncation on provider a, b healthy"))
+    assert result.silent == 0, result.report("")
+    assert result.refused == 0, result.report("")
+    # Only the truncations after the first chunk (5% of a's streams) may fail; those before it are retried.
+    assert result.complete >= STREAMS * 0.92, result.report("")
+
+
+async def test_rate_limits_unavailable_and_truncation_on_both_providers(
+    chaos: tuple[str, FakeUpstream],
+) -> None:
+    url, fake = chaos
+    mix = ((Fault.http(429), 0.2), (UNAVAILABLE, 0.1), *TRUNCATIONS)
+    fake.set_fault_mix("m-a", FaultMix(mix, seed=SEED))
+    fake.set_fault_mix("m-b", FaultMix(mix, seed=SEED + 1))
+    result = await stream_load(url, fake, STREAMS)
+    print("\n" + result.report("20% 429s, 10% 503s, 10% truncated streams on both providers"))
+    assert result.silent == 0, result.report("")
+    assert result.complete + result.marked + result.refused == STREAMS
+    assert result.complete >= STREAMS * 0.9, result.report("")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import yaml
 from structlog.testing import capture_logs
 
 from proxy.policy.loader import PolicyError, load_policy, parse_policy
+from proxy.policy.model import Timeouts
+from proxy.schemas import load
 from tests.conftest import ROOT
 
 MINIMAL: dict[str, Any] = {
@@ -139,3 +142,19 @@ def test_a_base_url_with_credentials_a_query_or_no_host_is_refused(base_url: str
     doc = {**MINIMAL, "providers": {"p": {"kind": "openai", "base_url": base_url}}}
     with pytest.raises(PolicyError, match=rf"providers\.p\.base_url: .*{problem}"):
         parse_policy(doc)
+
+
+def test_timeout_schema_defaults_are_the_dataclass_defaults() -> None:
+    schema = load("policy.schema.json")["properties"]["failover"]["properties"]["timeout"]["properties"]
+    assert {f.name: f.default for f in fields(Timeouts)} == {k: v["default"] for k, v in schema.items()}
+    assert parse_policy(MINIMAL).timeouts == Timeouts()
+
+
+def test_stream_bounds_load_and_idle_defaults_to_per_try() -> None:
+    timeouts = parse_policy({**MINIMAL, "failover": {"timeout": {"per_try_s": 4}}}).timeouts
+    assert (timeouts.idle_s, timeouts.stream_total_s) == (4, None)
+    doc = {**MINIMAL, "failover": {"timeout": {"stream_idle_s": 2.5, "stream_total_s": 600}}}
+    timeouts = parse_policy(doc).timeouts
+    assert (timeouts.idle_s, timeouts.stream_total_s) == (2.5, 600)
+    with pytest.raises(PolicyError, match="stream_idle_s"):
+        parse_policy({**MINIMAL, "failover": {"timeout": {"stream_idle_s": 0}}})

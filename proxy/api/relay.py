@@ -1,0 +1,63 @@
+"""Serving a relayed answer to the client, shared by chat passthrough and the generic passthrough:
+the response is committed only once the answer's first real chunk is in (``upstream.relay``);
+an answer that then fails ends with the SSE error event and is counted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from aiohttp import web
+
+from proxy.api.errors import stream_error_event
+from proxy.api.state import METRICS, runtime_of
+from proxy.observability.instrument import target_labels
+from proxy.policy.model import Target
+from proxy.upstream.relay import StreamEnd, copy
+from proxy.upstream.sse import StreamCheck
+
+log = structlog.get_logger("proxy.api")
+
+STREAM_ERROR_CODE = "upstream_stream_error"
+
+
+async def serve(
+    request: web.Request,
+    response: web.StreamResponse,
+    target: Target,
+    head: bytes,
+    chunks: AsyncIterator[bytes],
+    check: StreamCheck | None,
+    *,
+    idle_s: float | None,
+    until: float | None,
+    sniff: Callable[[bytes], None] | None = None,
+) -> StreamEnd:
+    """Prepare ``response``, copy ``head`` and ``chunks`` into it and end it. A judged stream that
+    ends incomplete gets the SSE error event; any other answer cut after its first byte has its
+    connection closed (a short body, never one that looks whole)."""
+    await response.prepare(request)
+
+    async def write(data: bytes) -> None:
+        if sniff is not None:
+            sniff(data)
+        await response.write(data)
+
+    end = await copy(head, chunks, write, check, idle_s=idle_s, until=until)
+    metrics = request.app[METRICS]
+    provider, model = target_labels(runtime_of(request).policy, target)
+    if end.malformed and end.reason != "malformed_chunk":
+        metrics.stream_incomplete.labels(provider, model, "malformed_chunk").inc()
+    if end.reason is None:
+        await response.write_eof()
+        return end
+    metrics.stream_incomplete.labels(provider, model, end.reason).inc()
+    log.info("proxy.stream_incomplete", target=str(target), reason=end.reason, message=end.message)
+    if check is None:
+        if request.transport is not None:
+            request.transport.close()
+        return end
+    message = f"Upstream stream failed ({end.reason}): {end.message}"
+    await response.write(stream_error_event(message, STREAM_ERROR_CODE, named=check.wire == "responses"))
+    await response.write_eof()
+    return end

@@ -1,0 +1,93 @@
+"""Stream completeness per wire format, fed as TCP would split it (#11 findings 1 and 8)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.upstream.sse import MAX_EVENT_BYTES, StreamCheck, wire_format
+
+
+def chunk(finish: str | None = None, index: int = 0, content: str = "x") -> bytes:
+    choice = {"index": index, "delta": {"content": content}, "finish_reason": finish}
+    return b"data: " + orjson.dumps({"object": "chat.completion.chunk", "choices": [choice]}) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+WHOLE = chunk() + chunk() + chunk("stop") + DONE
+
+
+def fed(data: bytes, size: int, wire: str = "chat") -> StreamCheck:
+    check = StreamCheck(wire)  # type: ignore[arg-type]
+    for i in range(0, len(data), size):
+        check.feed(data[i : i + size])
+    return check
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64, 10_000])
+def test_events_split_anywhere_are_framed_the_same(size: int) -> None:
+    check = fed(WHOLE, size)
+    assert (check.events, check.malformed, check.ended_complete()) == (4, 0, True)
+
+
+@pytest.mark.parametrize("size", [1, 3, 10_000])
+def test_crlf_framing_is_accepted(size: int) -> None:
+    check = fed(WHOLE.replace(b"\n", b"\r\n"), size)
+    assert (check.events, check.malformed, check.ended_complete()) == (4, 0, True)
+
+
+def test_a_stream_cut_after_two_chunks_is_not_complete() -> None:
+    check = fed(chunk() + chunk(), 5)
+    assert check.events == 2 and not check.ended_complete()
+
+
+def test_a_finish_reason_without_done_is_complete() -> None:
+    assert fed(chunk() + chunk("stop"), 4).ended_complete()
+
+
+def test_every_choice_must_finish_when_there_is_no_done() -> None:
+    two = chunk(index=0) + chunk(index=1) + chunk("stop", index=0)
+    assert not fed(two, 9).ended_complete()
+    assert fed(two + chunk("length", index=1), 9).ended_complete()
+
+
+def test_a_last_event_without_its_blank_line_is_judged() -> None:
+    assert fed(chunk() + DONE.rstrip(b"\n"), 3).ended_complete()
+
+
+def test_comments_are_not_events() -> None:
+    check = fed(b": keep-alive\n\n: ping\n\n", 2)
+    assert check.events == 0 and not check.ended_complete()
+
+
+def test_malformed_data_is_counted_not_fatal() -> None:
+    check = fed(chunk() + b"data: {oops\n\n" + chunk("stop") + DONE, 6)
+    assert (check.malformed, check.first_malformed, check.ended_complete()) == (1, False, True)
+    assert fed(b"data: {oops\n\n" + chunk(), 100).first_malformed
+
+
+def test_an_upstream_error_event_ends_a_chat_stream() -> None:
+    assert fed(chunk() + b'data: {"error": {"message": "overloaded"}}\n\n', 4).ended_complete()
+
+
+def test_an_oversized_event_is_malformed_and_not_buffered() -> None:
+    check = StreamCheck("chat")
+    check.feed(b"data: " + b"x" * (MAX_EVENT_BYTES + 1))
+    assert check.malformed == 1 and not check.ended_complete()
+
+
+def responses_event(kind: str) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + orjson.dumps({"type": kind}) + b"\n\n"
+
+
+@pytest.mark.parametrize("end", ["response.completed", "response.failed", "response.incomplete", "error"])
+def test_a_responses_stream_ends_with_a_terminal_event(end: str) -> None:
+    body = responses_event("response.created") + responses_event("response.output_text.delta")
+    assert not fed(body, 5, "responses").ended_complete()
+    assert fed(body + responses_event(end), 5, "responses").ended_complete()
+
+
+def test_wire_formats_by_path() -> None:
+    assert wire_format("/v1/chat/completions") == wire_format("/v1/completions") == "chat"
+    assert wire_format("/v1/responses") == "responses"
+    assert wire_format("/v1/audio/speech") is None

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
+import yaml
 
+from proxy.contract.validate import validate_envelope
 from tests.api.test_modules import REVIEW_INPUT, envelope
-from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import RunningProxy
+from tests.conftest import ROOT
+from tests.fake_upstream import STREAM_BREAK, FakeUpstream
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
 from tests.stream.client import read_ndjson, read_sse, rendered, seq, sequenced
 
 RATIONALE = "The function returns its argument unchanged, so nothing needs simplifying here."
@@ -53,17 +59,19 @@ async def test_sse_stream_sends_meta_deltas_and_the_decided_final(
     assert fake_upstream.requests[-1].json["stream"] is True
 
 
-async def test_ndjson_stream_carries_the_same_chunks(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    fake_upstream.script("cheap", answer(0.92, rationale="Ünïcode räti – onale ✓ fine"))
+async def test_ndjson_stream_carries_the_same_chunks(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script("cheap", answer(0.92, rationale="Ünïcode räti - onale ✓ fine"))
     session, response = await execute(proxy, {"Accept": "application/x-ndjson"})
     async with session, response:
         assert response.headers["Content-Type"].startswith("application/x-ndjson")
         events = await read_ndjson(response)
     assert events[0][1]["streaming"] is True
     assert events[-1][1]["final"] is True
-    assert rendered(events)["data.rationale"] == "Ünïcode räti – onale ✓ fine"
+    assert rendered(events)["data.rationale"] == "Ünïcode räti - onale ✓ fine"
     delta = [c for _, c in events if "chunk" in c][-1]["chunk"]
-    assert delta["checkpoint"]["offset"] == len("Ünïcode räti – onale ✓ fine".encode())
+    assert delta["checkpoint"]["offset"] == len("Ünïcode räti - onale ✓ fine".encode())
 
 
 async def test_escalation_mid_stream_is_shown_then_reset_then_final(
@@ -74,9 +82,7 @@ async def test_escalation_mid_stream_is_shown_then_reset_then_final(
     session, response = await execute(proxy, SSE)
     async with session, response:
         events = await read_sse(response)
-    kinds = [
-        "progress" if "progress" in c else c["chunk"]["type"] if "chunk" in c else n for n, c in events
-    ]
+    kinds = ["progress" if "progress" in c else c["chunk"]["type"] if "chunk" in c else n for n, c in events]
     first_progress = kinds.index("progress")
     assert "delta" in kinds[:first_progress]  # the weak answer was streamed live
     progress = events[first_progress][1]["progress"]
@@ -87,10 +93,16 @@ async def test_escalation_mid_stream_is_shown_then_reset_then_final(
     assert "delta" in kinds[first_progress + 2 :]
     final = events[-1][1]
     assert final["final"] is True and final["cognitive"]["decision"] == "escalated"
-    assert final["data"]["rationale"] == rendered(events)["data.rationale"] == "The strong rung's careful answer."
+    assert (
+        final["data"]["rationale"]
+        == rendered(events)["data.rationale"]
+        == "The strong rung's careful answer."
+    )
 
 
-async def test_exhausted_ladder_ends_with_an_error_chunk(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_exhausted_ladder_ends_with_an_error_chunk(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.script("cheap", "not json at all")
     fake_upstream.script("strong", "still not json")
     session, response = await execute(proxy, SSE)
@@ -106,8 +118,6 @@ async def test_exhausted_ladder_ends_with_an_error_chunk(proxy: RunningProxy, fa
 async def test_provider_stream_break_fails_over_with_a_reset(
     proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    from tests.fake_upstream import STREAM_BREAK
-
     fake_upstream.set_default_reply("cheap", answer(0.92))
     fake_upstream.script("cheap", STREAM_BREAK)
     session, response = await execute(proxy, SSE)
@@ -140,3 +150,83 @@ async def test_openai_sdk_streams_module_deltas_over_chat(
     assert extra["cognitive"]["decision"] == "accept"
     assert last.system_fingerprint.startswith("cogproxy:decision=accept")
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+
+
+def _modules_with_modes(root: Path) -> Path:
+    """Copies of code-reviewer declaring ``response.mode`` sync, streaming and both."""
+    for mode in ("sync", "streaming", "both"):
+        target = root / "modules" / f"reviewer-{mode}"
+        shutil.copytree(ROOT / "modules" / "code-reviewer", target)
+        manifest = yaml.safe_load((target / "module.yaml").read_text())
+        manifest.update(name=f"reviewer-{mode}", response={"mode": mode})
+        (target / "module.yaml").write_text(yaml.safe_dump(manifest))
+    return root / "modules"
+
+
+@pytest.fixture
+async def moded(fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    fake_upstream.set_default_reply("cheap", answer(0.92))
+    modules = _modules_with_modes(tmp_path)
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), modules=(modules,)) as proxy:
+        yield proxy
+
+
+async def _call(proxy: RunningProxy, module: str, headers: dict[str, str], query: str = "") -> Any:
+    async with aiohttp.ClientSession() as session:
+        url = f"{proxy.base}/modules/{module}/execute{query}"
+        async with session.post(url, json={"input": REVIEW_INPUT}, headers=headers) as response:
+            if response.headers["Content-Type"].startswith("application/json"):
+                return response.status, dict(response.headers), await response.json()
+            return response.status, dict(response.headers), await read_sse(response)
+
+
+async def test_streaming_asked_of_a_sync_module_falls_back_with_w4010(moded: RunningProxy) -> None:
+    status, headers, body = await _call(moded, "reviewer-sync", SSE)
+    assert status == 200 and body["ok"] is True
+    assert headers["X-Cognitive-Warning"] == "STREAMING_UNAVAILABLE; fallback=sync; reason=module_sync_only"
+    assert body["_warnings"] == [
+        {
+            "code": "W4010",
+            "message": "Streaming requested but not available (module_sync_only), returned sync response",
+            "fallback_used": "sync",
+        }
+    ]
+    assert validate_envelope({k: v for k, v in body.items() if k != "_warnings"}) == []
+
+
+async def test_sync_asked_of_a_streaming_module_is_e4010(moded: RunningProxy) -> None:
+    status, _, body = await _call(moded, "reviewer-streaming", {"X-Cognitive-Response-Mode": "sync"})
+    assert status == 406 and body["error"]["code"] == "E4010"
+
+
+async def test_a_declared_streaming_module_streams_unasked(moded: RunningProxy) -> None:
+    status, headers, events = await _call(moded, "reviewer-streaming", {})
+    assert status == 200 and events[-1][1]["final"] is True and "X-Cognitive-Warning" not in headers
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "streams"),
+    [
+        ({}, "", False),
+        ({"X-Cognitive-Response-Mode": "streaming"}, "", True),
+        ({"Accept": "text/event-stream"}, "?response_mode=sync", False),
+        (
+            {"X-Cognitive-Response-Mode": "streaming", "Accept": "application/json"},
+            "?response_mode=sync",
+            True,
+        ),
+        ({}, "?response_mode=streaming", True),
+    ],
+)
+async def test_both_module_follows_the_client(
+    moded: RunningProxy, headers: dict[str, str], query: str, streams: bool
+) -> None:
+    status, got, body = await _call(moded, "reviewer-both", headers, query)
+    assert status == 200 and "X-Cognitive-Warning" not in got
+    assert isinstance(body, list) is streams
+
+
+async def test_a_malformed_response_mode_is_a_400(moded: RunningProxy) -> None:
+    status, _, body = await _call(moded, "reviewer-both", {"X-Cognitive-Response-Mode": "yes"})
+    assert status == 400 and body["error"]["code"] == "E1001"

@@ -18,19 +18,15 @@ from proxy.api.modules import answer_module, caller_error, module_not_found
 from proxy.api.state import METRICS, SETTINGS, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
-    _Position,
     framer_for,
     recovery_of,
     recovery_refused,
-    respond,
     resume,
-    start_stream,
+    stream_module_execute,
 )
-from proxy.contract.errors import Code, Origin, http_status
-from proxy.contract.inputs import check_input
+from proxy.contract.errors import Code
 from proxy.jsonshape import as_dict
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT
-from proxy.stream.chunks import meta_chunk
 from proxy.stream.negotiate import (
     MODE_HEADER,
     WARNING_HEADER,
@@ -111,14 +107,4 @@ async def execute(request: web.Request) -> web.StreamResponse:
             envelope = {**envelope, "_warnings": negotiated.warnings()}
             answer_headers[WARNING_HEADER] = negotiated.warning_header or ""
         return json_response(envelope, status=answer.status, headers=answer_headers)
-    refused = check_input(module, body["input"])
-    if refused is not None:  # before the stream opens: the caller's mistake keeps its 400
-        record.outcome = OUTCOME_INVALID_INPUT
-        refused["meta"]["trace_id"] = trace_id
-        code = str(as_dict(refused.get("error")).get("code"))
-        return json_response(refused, status=http_status(code, Origin.CALLER), headers=headers)
-    started = start_stream(request, runtime, module, body["input"], True)
-    first = meta_chunk(started.session.id, trace_id=trace_id)
-    return await respond(
-        request, started.session, first, _Position(0), framer, headers, producer=started.producer
-    )
+    return await stream_module_execute(request, runtime, module, body["input"], framer)

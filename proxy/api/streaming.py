@@ -42,6 +42,7 @@ from proxy.stream.emitter import ChunkEmitter
 from proxy.stream.fields import RATIONALE, streamable_fields
 from proxy.stream.negotiate import Transport
 from proxy.stream.sessions import Session, SessionHub, Source
+from proxy.wire import response_object, sse_event
 
 log = structlog.get_logger("proxy.api")
 
@@ -192,6 +193,86 @@ class ChatFramer(Framer):
 
     def end(self) -> bytes:
         return b"data: [DONE]\n\n"
+
+
+class ResponsesFramer(Framer):
+    """Responses API events: the primary field's deltas are ``response.output_text.delta``;
+    progress and snapshot chunks ride on ``response.in_progress`` events (as ``cognitive_chunk``);
+    ``response.completed`` carries the decided envelope as the output text, like a sync answer,
+    and ``cognitive``; a failed answer ends with ``response.failed``."""
+
+    def __init__(self, model: str, primary: str) -> None:
+        self._model = model
+        self._primary = primary
+        self._number = 0
+        self._shell = response_object(model, "")
+        self._item = self._shell["output"][0]
+        self._ids = {"item_id": self._item["id"], "output_index": 0, "content_index": 0}
+
+    def _event(self, event: dict[str, Any]) -> bytes:
+        event["sequence_number"] = self._number
+        self._number += 1
+        return sse_event(event)
+
+    def _pending(self) -> dict[str, Any]:
+        return {**self._shell, "status": "in_progress", "output": [], "usage": None}
+
+    def meta(self, chunk: dict[str, Any]) -> bytes:
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        started = {**self._item, "status": "in_progress", "content": []}
+        return (
+            self._event({"type": "response.created", "response": self._pending(), "cognitive_chunk": chunk})
+            + self._event({"type": "response.in_progress", "response": self._pending()})
+            + self._event({"type": "response.output_item.added", "output_index": 0, "item": started})
+            + self._event({"type": "response.content_part.added", **self._ids, "part": empty})
+        )
+
+    def event(self, kind: Kind, payload: bytes) -> bytes:
+        chunk = orjson.loads(payload)
+        inner = as_dict(chunk.get("chunk"))
+        if kind == "chunk" and inner.get("type") == "delta" and inner.get("field") == self._primary:
+            delta = {
+                "type": "response.output_text.delta",
+                **self._ids,
+                "delta": inner["delta"],
+                "logprobs": [],
+            }
+            return self._event({**delta, "cognitive_chunk": chunk})
+        if kind in ("chunk", "progress"):
+            pending = {"type": "response.in_progress", "response": self._pending(), "cognitive_chunk": chunk}
+            return self._event(pending)
+        cognitive = chunk.pop("cognitive", None)
+        envelope = {k: chunk[k] for k in ("ok", "meta", "data", "error", "partial_data") if k in chunk}
+        if kind == "error":
+            error = as_dict(chunk.get("error"))
+            failed = {
+                **self._pending(),
+                "status": "failed",
+                "error": {"code": str(error.get("code")), "message": str(error.get("message", ""))},
+                "cognitive": cognitive,
+                "envelope": envelope,
+            }
+            return self._event({"type": "response.failed", "response": failed, "cognitive_chunk": chunk})
+        usage = as_dict(chunk.get("usage"))
+        text = orjson.dumps(envelope).decode()
+        counts = {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+        }
+        final = response_object(self._model, text, counts)
+        item = {**final["output"][0], "id": self._item["id"]}
+        final.update(
+            id=self._shell["id"], created_at=self._shell["created_at"], cognitive=cognitive, output=[item]
+        )
+        return (
+            self._event({"type": "response.output_text.done", **self._ids, "text": text, "logprobs": []})
+            + self._event({"type": "response.content_part.done", **self._ids, "part": item["content"][0]})
+            + self._event({"type": "response.output_item.done", "output_index": 0, "item": item})
+            + self._event({"type": "response.completed", "response": final, "cognitive_chunk": chunk})
+        )
+
+    def heartbeat(self) -> bytes:
+        return b": keep-alive\n\n"
 
 
 # -- producing -------------------------------------------------------------------------------------
@@ -455,24 +536,57 @@ async def _checkpoint_matches(
     return stored == {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
 
 
-async def stream_module_chat(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, body: dict[str, Any]
-) -> web.StreamResponse:
-    """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
-    trace_id = request[TRACE_KEY]
+def input_refused(request: web.Request, module: Module, value: Any, check: bool) -> web.Response | None:
+    """The E1xxx answer for a bad input, checked before a stream opens so that the caller's
+    mistake keeps its 400; None when the input may be sent."""
     refused = check_input(module, value, schema=check)
-    if refused is not None:  # before the stream opens: the caller's mistake keeps its status
-        request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
-        refused["meta"]["trace_id"] = trace_id
-        code = str(as_dict(refused.get("error")).get("code"))
-        return json_response(
-            refused, status=http_status(code, Origin.CALLER), headers={"X-Cognitive-Trace-Id": trace_id}
-        )
-    include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
-    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
+    if refused is None:
+        return None
+    trace_id = request[TRACE_KEY]
+    request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
+    refused["meta"]["trace_id"] = trace_id
+    code = str(as_dict(refused.get("error")).get("code"))
+    return json_response(
+        refused,
+        status=http_status(code, Origin.CALLER),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+async def _start_and_follow(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, framer: Framer
+) -> web.StreamResponse:
+    refused = input_refused(request, module, value, check)
+    if refused is not None:
+        return refused
+    trace_id = request[TRACE_KEY]
     started = start_stream(request, runtime, module, value, check)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
     return await respond(
         request, started.session, first, _Position(0), framer, headers, producer=started.producer
     )
+
+
+async def stream_module_execute(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, framer: Framer
+) -> web.StreamResponse:
+    """A module answer streamed on ``/execute`` (SSE or NDJSON)."""
+    return await _start_and_follow(request, runtime, module, value, True, framer)
+
+
+async def stream_module_chat(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, body: dict[str, Any]
+) -> web.StreamResponse:
+    """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
+    include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
+    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
+    return await _start_and_follow(request, runtime, module, value, check, framer)
+
+
+async def stream_module_response(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+) -> web.StreamResponse:
+    """A module answer streamed as Responses API events (``ResponsesFramer``)."""
+    framer = ResponsesFramer(f"module:{module.name}", primary_field(module))
+    return await _start_and_follow(request, runtime, module, value, check, framer)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 import yaml
 
@@ -230,3 +231,49 @@ async def test_both_module_follows_the_client(
 async def test_a_malformed_response_mode_is_a_400(moded: RunningProxy) -> None:
     status, _, body = await _call(moded, "reviewer-both", {"X-Cognitive-Response-Mode": "yes"})
     assert status == 400 and body["error"]["code"] == "E1001"
+
+
+async def test_responses_api_streams_deltas_and_shows_an_escalation(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script("cheap", answer(0.3, rationale="A weak first guess."))
+    fake_upstream.script("strong", answer(0.95, rationale="The careful answer."))
+    stream = await proxy.client().responses.create(
+        model="module:code-reviewer", input=json.dumps(REVIEW_INPUT), stream=True
+    )
+    text, resets, completed = "", 0, None
+    async for event in stream:
+        chunk = (event.model_extra or {}).get("cognitive_chunk") or {}
+        if chunk.get("chunk", {}).get("type") == "snapshot":
+            text, resets = "", resets + 1  # what a client does on a reset
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        if event.type == "response.completed":
+            completed = event.response
+    assert resets == 1 and text == "The careful answer."
+    assert completed is not None
+    assert json.loads(completed.output_text)["data"]["rationale"] == "The careful answer."
+    assert completed.model_extra["cognitive"]["decision"] == "escalated"
+
+
+async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script(
+        "cheap",
+        '{"ok": true, "meta": {"confidence": 0.9, "risk": "low", "explain": "x"}, "data": {"rationale": "half',
+    )
+    fake_upstream.script("strong", "not json")
+    stream = await proxy.client().chat.completions.create(
+        model="module:code-reviewer",
+        messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}],
+        stream=True,
+    )
+    seen: list[Any] = []
+    with pytest.raises(openai.APIError) as info:
+        async for chunk in stream:
+            seen.append(chunk)
+    body = info.value.body
+    assert isinstance(body, dict) and (body["code"], body["type"]) == ("E1000", "cognitive_module_error")
+    assert "".join(c.choices[0].delta.content or "" for c in seen if c.choices) == "half"
+    assert any((c.model_extra or {}).get("cognitive_chunk", {}).get("progress") for c in seen)

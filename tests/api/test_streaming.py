@@ -261,7 +261,8 @@ async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(
 ) -> None:
     fake_upstream.script(
         "cheap",
-        '{"ok": true, "meta": {"confidence": 0.9, "risk": "low", "explain": "x"}, "data": {"rationale": "half',
+        '{"ok": true, "meta": {"confidence": 0.9, "risk": "low", "explain": "x"}, '
+        '"data": {"rationale": "half',
     )
     fake_upstream.script("strong", "not json")
     stream = await proxy.client().chat.completions.create(

@@ -21,6 +21,8 @@ from proxy.module.model import Module
 
 Mode = Literal["sync", "streaming"]
 Transport = Literal["sse", "ndjson"]
+TRANSPORTS: tuple[Transport, ...] = ("sse", "ndjson")
+"""What the proxy streams over (no WebSocket)."""
 MODE_HEADER = "X-Cognitive-Response-Mode"
 WARNING_HEADER = "X-Cognitive-Warning"
 SSE = "text/event-stream"

@@ -3,6 +3,7 @@ checkpoint mismatch, unknown session, another client key, recovery disabled; hea
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -123,6 +124,12 @@ async def test_a_resume_after_the_end_replays_the_rest_from_memory(
     assert [seq(c) for c in sequenced(rest)] == [seq(c) for c in sequenced(events)][3:]
     assert rest[-1][1] == events[-1][1]
     assert fake_upstream.count("/v1/chat/completions") == 1
+    async with aiohttp.ClientSession() as session:
+        metrics = await (await session.get(local.url + "/metrics")).text()
+    assert 'cognitive_stream_ttfd_seconds_count{module="code-reviewer"} 1.0' in metrics
+    assert 'cognitive_streams_total{module="code-reviewer",outcome="final"} 1.0' in metrics
+    assert 'cognitive_stream_resumptions_total{result="resumed"} 1.0' in metrics
+    assert "cognitive_stream_sessions 0.0" in metrics
 
 
 async def test_a_checkpoint_mismatch_restarts_at_seq_1_with_a_warning(
@@ -229,3 +236,22 @@ def test_stream_chunks_in_redis_expire(tmp_path: Path) -> None:
             assert 0 < client.ttl(key) <= 300, key
     finally:
         client.close()
+
+
+async def test_without_recovery_a_client_that_leaves_cancels_the_upstream_call(
+    slow_fake: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+    async with (
+        running_proxy(tmp_path, upstream_policy(slow_fake), stream_recovery=False) as proxy,
+        aiohttp.ClientSession() as session,
+    ):
+        response = await _post(session, _execute_url(proxy.url), SSE)
+        await read_sse(response, stop_after=2)
+        response.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while slow_fake.cancelled == 0:
+            assert loop.time() < deadline, "the upstream call went on after the client left"
+            await asyncio.sleep(0.01)

@@ -278,3 +278,19 @@ async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(
     assert isinstance(body, dict) and (body["code"], body["type"]) == ("E1000", "cognitive_module_error")
     assert "".join(c.choices[0].delta.content or "" for c in seen if c.choices) == "half"
     assert any((c.model_extra or {}).get("cognitive_chunk", {}).get("progress") for c in seen)
+
+
+async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningProxy) -> None:
+    async with aiohttp.ClientSession() as session:
+        caps = await (await session.get(proxy.base + "/capabilities")).json()
+    assert caps["runtime"] == "cognitive-proxy" and caps["response_modes"] == ["sync", "streaming"]
+    assert caps["capabilities"] == {
+        "streaming": True,
+        "multimodal": {"input": [], "output": []},
+        "max_media_size_mb": 0,
+        "supported_transports": ["sse", "ndjson"],
+        "stream_recovery": True,
+        "stream_session_ttl_s": 300.0,
+    }
+    assert caps["chat_completions"]["module_stream"] == "deltas"
+    assert caps["max_body_bytes"] > 0 and caps["modules"] == 5  # today's fields stay

@@ -32,7 +32,7 @@ async def test_only_the_client_key_hash_is_kept_and_compared() -> None:
 async def test_finished_sessions_are_evicted_oldest_first_beyond_the_memory_bound() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=4000)
     sessions = []
-    for n in range(5):
+    for _ in range(5):
         session = hub.create(None, "m")
         session.append(delta_chunk(1, "data.rationale", "x" * 900, "x" * 900))
         session.finish()

@@ -294,3 +294,27 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
     }
     assert caps["chat_completions"]["module_stream"] == "deltas"
     assert caps["max_body_bytes"] > 0 and caps["modules"] == 5  # today's fields stay
+
+
+def _readme_client() -> Any:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = text.split("<!-- stream-client -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) <= 30
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["stream_module"]
+
+
+async def test_the_readme_client_renders_an_escalated_stream(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stream_module = _readme_client()
+    fake_upstream.script("cheap", answer(0.3, rationale="A weak guess."))
+    fake_upstream.script("strong", answer(0.95, rationale="The careful answer."))
+    url = f"{proxy.base}/modules/code-reviewer/execute"
+    decided = await stream_module(url, {"input": REVIEW_INPUT})
+    printed = capsys.readouterr().out
+    assert decided["final"] is True and decided["data"]["rationale"] == "The careful answer."
+    order = [printed.index(s) for s in ("A weak guess.", "escalating to strong", "--- restarting")]
+    assert order == sorted(order)
+    assert printed.rstrip().endswith("The careful answer.")

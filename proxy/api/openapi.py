@@ -29,6 +29,23 @@ _COMPONENTS = "#/components/schemas/"
 _JSON = "application/json"
 
 
+_STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
+_OPTIONS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"response_mode": {"enum": ["sync", "streaming"]}},
+}
+_RECOVERY: dict[str, Any] = {
+    "type": "object",
+    "description": "Resume a dropped stream (spec v2.5 §3.2.6.3)",
+    "required": ["session_id"],
+    "properties": {
+        "session_id": {"type": "string"},
+        "last_seq": {"type": "integer", "minimum": 0},
+        "last_checkpoint": {"type": "object"},
+    },
+}
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": _COMPONENTS + name}
 
@@ -134,6 +151,19 @@ _OWN_COMPONENTS: dict[str, Any] = {
             "max_body_bytes": {"type": "integer", "minimum": 1},
             "modules": {"type": "integer", "minimum": 0},
             "providers": {"type": "array", "items": {"type": "string"}},
+            "capabilities": {
+                "type": "object",
+                "description": "Spec v2.5 §8.1",
+                "required": ["streaming", "supported_transports"],
+                "properties": {
+                    "streaming": {"type": "boolean"},
+                    "supported_transports": {"type": "array", "items": {"enum": ["sse", "ndjson"]}},
+                    "multimodal": {"type": "object"},
+                    "max_media_size_mb": {"type": "number"},
+                    "stream_recovery": {"type": "boolean"},
+                    "stream_session_ttl_s": {"type": "number"},
+                },
+            },
         },
     },
     "ExecuteRequest": {
@@ -141,7 +171,8 @@ _OWN_COMPONENTS: dict[str, Any] = {
         "required": ["input"],
         "properties": {
             "input": {"description": "The module input; checked against the module's input schema."},
-            "_options": {"type": "object"},
+            "_options": _OPTIONS,
+            "_recovery": _RECOVERY,
         },
     },
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
@@ -158,10 +189,11 @@ _OWN_COMPONENTS: dict[str, Any] = {
 }
 
 _ERROR_STATUS_TEXT = {
-    400: "Invalid input (E1xxx)",
+    400: "Invalid input (E1xxx), or stream recovery disabled (E4012)",
     401: "Missing or invalid client key",
-    403: "Blocked by policy (E4007)",
+    403: "Blocked by policy, or a stream recovery with another client key (E4007)",
     404: "Module not installed (E4006)",
+    406: "Sync asked of a streaming-only module (E4010)",
     413: "Request body over --max-body-bytes",
     429: "Every provider rate limited (E4002), with Retry-After",
     500: "Internal error (E4xxx)",
@@ -195,6 +227,8 @@ def _paths() -> dict[str, Any]:
         )
         for status in _module_statuses()
     }
+    streamed = {"schema": {"type": "string", "description": "Stream chunks (stream-chunk.schema.json)"}}
+    module_answers["200"]["content"].update(dict.fromkeys(_STREAM_TYPES, streamed))
     api_errors = _openai_errors(401)
     return {
         "/v1/modules/{name}/execute": {
@@ -325,7 +359,7 @@ def _module_execute(module: Module) -> dict[str, Any]:
     operation["requestBody"]["content"][_JSON]["schema"] = {
         "type": "object",
         "required": ["input"],
-        "properties": {"input": {} if refers else schema, "_options": {"type": "object"}},
+        "properties": {"input": {} if refers else schema, "_options": _OPTIONS, "_recovery": _RECOVERY},
     }
     return {"post": operation}
 

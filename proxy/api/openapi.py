@@ -21,6 +21,7 @@ from proxy.api.errors import json_response
 from proxy.api.state import runtime_of
 from proxy.contract.errors import BY_CODE
 from proxy.module.model import Module
+from proxy.stream.chunks import CHUNK_SCHEMA_FILE
 
 OPENAPI_VERSION = "3.1.0"
 ENVELOPE_FILE = "response-envelope.schema.json"
@@ -29,7 +30,19 @@ _COMPONENTS = "#/components/schemas/"
 _JSON = "application/json"
 
 
-_STREAM_TYPES = ("text/event-stream", "application/x-ndjson")
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "One server-sent event; its data is one chunk (StreamChunk)",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["meta", "chunk", "progress", "final", "error"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": "#/components/schemas/StreamChunk"},
+        },
+    },
+}
 _OPTIONS: dict[str, Any] = {
     "type": "object",
     "properties": {"response_mode": {"enum": ["sync", "streaming"]}},
@@ -50,20 +63,29 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": _COMPONENTS + name}
 
 
-def _rewrite_refs(node: Any) -> Any:
-    """``#/definitions/X`` (draft-07, inside the envelope file) -> ``#/components/schemas/X``."""
+def _rewrite_refs(node: Any, prefix: str = "") -> Any:
+    """``#/definitions/X`` (draft-07, inside a shipped schema) -> ``#/components/schemas/<prefix>X``."""
     if isinstance(node, dict):
         return {
             key: (
-                _COMPONENTS + value.removeprefix(_DEFINITIONS)
+                _COMPONENTS + prefix + value.removeprefix(_DEFINITIONS)
                 if key == "$ref" and isinstance(value, str) and value.startswith(_DEFINITIONS)
-                else _rewrite_refs(value)
+                else _rewrite_refs(value, prefix)
             )
             for key, value in node.items()
         }
     if isinstance(node, list):
-        return [_rewrite_refs(item) for item in node]
+        return [_rewrite_refs(item, prefix) for item in node]
     return node
+
+
+def stream_components() -> dict[str, Any]:
+    """The shipped stream chunk schema as components ``StreamChunk`` and ``Stream<Definition>``."""
+    shipped = schemas.load(CHUNK_SCHEMA_FILE)
+    top = {k: v for k, v in shipped.items() if k not in {"$schema", "$id", "definitions"}}
+    hoisted = {"Chunk": top, **shipped["definitions"]}
+    components: dict[str, Any] = _rewrite_refs({f"Stream{k}": v for k, v in hoisted.items()}, "Stream")
+    return components
 
 
 def envelope_components() -> dict[str, Any]:
@@ -227,8 +249,12 @@ def _paths() -> dict[str, Any]:
         )
         for status in _module_statuses()
     }
-    streamed = {"schema": {"type": "string", "description": "Stream chunks (stream-chunk.schema.json)"}}
-    module_answers["200"]["content"].update(dict.fromkeys(_STREAM_TYPES, streamed))
+    module_answers["200"]["content"].update(
+        {
+            "text/event-stream": {"schema": _SSE_EVENT},
+            "application/x-ndjson": {"schema": _ref("StreamChunk")},
+        }
+    )
     api_errors = _openai_errors(401)
     return {
         "/v1/modules/{name}/execute": {
@@ -340,7 +366,7 @@ def _base_document() -> dict[str, Any]:
         },
         "paths": _paths(),
         "components": {
-            "schemas": {**envelope_components(), **_OWN_COMPONENTS},
+            "schemas": {**envelope_components(), **stream_components(), **_OWN_COMPONENTS},
             "securitySchemes": {"clientKey": {"type": "http", "scheme": "bearer"}},
         },
         # {}: no key needed when the proxy runs without --api-keys.

@@ -297,6 +297,11 @@ async def _produce(
         )
         metrics.streams.labels(module.name, "interrupted").inc()
         raise
+    except Exception:  # the pipeline answers its own failures; this is a bug in the stream code
+        log.exception("proxy.stream_failed", module=module.name, session=emitter.session.id[:12])
+        emitter.fail(error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while streaming"))
+        metrics.streams.labels(module.name, "error").inc()
+        return None
     metrics.streams.labels(module.name, _outcome(emitter.finish(answer))).inc()
     return answer
 
@@ -364,6 +369,7 @@ async def follow(
             await _interrupted(write, framer, session_id, position, Code.STREAM_INTERRUPTED, str(exc)[:200])
             return
         except Exception as exc:  # a Redis error while following another replica's session
+            log.warning("proxy.stream_follow_failed", session=session_id[:12], error=repr(exc)[:200])
             await _interrupted(
                 write, framer, session_id, position, Code.STREAM_INTERRUPTED, type(exc).__name__
             )

@@ -318,3 +318,20 @@ async def test_the_readme_client_renders_an_escalated_stream(
     order = [printed.index(s) for s in ("A weak guess.", "escalating to strong", "--- restarting")]
     assert order == sorted(order)
     assert printed.rstrip().endswith("The careful answer.")
+
+
+async def test_a_reask_mid_stream_is_shown_then_reset(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    policy = upstream_policy(fake_upstream)
+    policy["tiers"]["decision"]["reask"] = 1
+    fake_upstream.script("cheap", '{"ok": true, "data": {"rationale": "broken', answer(0.92))
+    async with running_proxy(tmp_path, policy) as proxy:
+        session, response = await execute(proxy, SSE)
+        async with session, response:
+            events = await read_sse(response)
+    progress = next(c["progress"] for _, c in events if "progress" in c)
+    assert progress["stage"] == "reasking" and progress["from_rung"] == progress["to_rung"] == "fast"
+    assert events[-1][1]["final"] is True and rendered(events)["data.rationale"] == RATIONALE
+    assert events[-1][1]["cognitive"]["attempts"][0]["outcome"] == "reask"

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, meta, modules, openapi, passthrough, responses
+from proxy.api import chat, execute, meta, modules, openapi, passthrough, responses, streaming
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
@@ -177,12 +177,12 @@ def build_app(settings: Settings) -> web.Application:
     app[METRICS].info.labels(__version__).set(1)
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
-    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, _admin_ctx])
+    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
     # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
-    app.router.add_post("/v1/modules/{name}/execute", modules.execute)
+    app.router.add_post("/v1/modules/{name}/execute", execute.execute)
     app.router.add_route("*", "/v1/modules/{name}/execute", modules.method_not_allowed("POST"))
     app.router.add_get("/v1/modules", modules.list_modules)
     app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))

@@ -48,6 +48,9 @@ from proxy.settings import (
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_POOL_SIZE,
     DEFAULT_RELOAD_INTERVAL_S,
+    DEFAULT_STREAM_HEARTBEAT_S,
+    DEFAULT_STREAM_SESSION_MAX_BYTES,
+    DEFAULT_STREAM_SESSION_TTL_S,
     Settings,
     host_names,
     origins,
@@ -226,6 +229,8 @@ class ServeOption:
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    switch: bool = False
+    """A flag without a value (its variable: 1/true/yes/on or 0/false/no/off)."""
 
     @property
     def dest(self) -> str:
@@ -234,6 +239,17 @@ class ServeOption:
 
 def _port_or_none(text: str) -> int | None:
     return int(text) or None
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _boolean(text: str) -> bool:
+    if text.strip().lower() in _TRUE:
+        return True
+    if text.strip().lower() in _FALSE:
+        return False
+    raise ValueError(text)
 
 
 SERVE_OPTIONS = (
@@ -342,6 +358,35 @@ SERVE_OPTIONS = (
         None,
         "comma-separated browser Origins allowed on a keyless loopback bind (others: 403)",
     ),
+    ServeOption(
+        "--stream-session-ttl",
+        "STREAM_SESSION_TTL",
+        float,
+        DEFAULT_STREAM_SESSION_TTL_S,
+        "seconds a streamed module answer can be resumed after a dropped connection",
+    ),
+    ServeOption(
+        "--no-stream-recovery",
+        "NO_STREAM_RECOVERY",
+        _boolean,
+        False,
+        "refuse stream recovery (E4012); a client leaving a stream cancels its upstream call",
+        switch=True,
+    ),
+    ServeOption(
+        "--stream-heartbeat",
+        "STREAM_HEARTBEAT",
+        float,
+        DEFAULT_STREAM_HEARTBEAT_S,
+        "seconds of silence before a streamed answer sends an empty heartbeat chunk",
+    ),
+    ServeOption(
+        "--stream-session-max-bytes",
+        "STREAM_SESSION_MAX_BYTES",
+        int,
+        DEFAULT_STREAM_SESSION_MAX_BYTES,
+        "memory the chunks kept for stream recovery may take (oldest finished sessions go first)",
+    ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
 )
@@ -413,6 +458,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         reload_interval_s=args.reload_interval,
         allowed_hosts=host_names(args.allowed_hosts),
         allowed_origins=origins(args.allowed_origins),
+        stream_session_ttl_s=args.stream_session_ttl,
+        stream_recovery=not args.no_stream_recovery,
+        stream_heartbeat_s=args.stream_heartbeat,
+        stream_session_max_bytes=args.stream_session_max_bytes,
     )
 
 
@@ -574,6 +623,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for option in SERVE_OPTIONS:
         default = "unset" if option.default is None else option.default
+        if option.switch:
+            p.add_argument(
+                option.flag,
+                action="store_const",
+                const=True,
+                default=None,
+                help=f"{option.help} (COGPROXY_{option.env})",
+            )
+            continue
         p.add_argument(
             option.flag,
             type=option.cast,

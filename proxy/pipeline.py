@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
@@ -41,6 +41,20 @@ from proxy.upstream.base import (
     usage_of,
 )
 from proxy.upstream.router import Routed, Router, RungFailed, Try, real_failures, retry_after_s
+from proxy.upstream.streamed import stream_completion
+
+
+class Listener(Protocol):
+    """Sees a module call as it happens (the streaming edge); the decision never depends on it."""
+
+    def attempt(self) -> None:
+        """A provider attempt starts: text seen so far (a failed try) is void."""
+
+    def text(self, piece: str) -> None:
+        """A piece of the model's answer, as the provider streams it."""
+
+    def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
+        """The answer just seen is set aside: ``stage`` is ``escalating`` or ``reasking``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +165,8 @@ class Call:
     client_key: str | None = None
     check_input: bool = True
     """False for plain-text input: the input schema is skipped; size and depth are still checked."""
+    listener: Listener | None = None
+    """Set when the answer streams: providers are asked for a stream and the listener sees it."""
 
 
 def _reject(
@@ -282,6 +298,19 @@ async def _complete(
     return reply, content_of(reply)  # no message: a malformed answer, failed over like one
 
 
+async def _streamed(
+    provider: Provider,
+    target: Target,
+    timeout: float,
+    body: dict[str, Any],
+    ctx: CallContext,
+    listener: Listener,
+) -> tuple[dict[str, Any], str]:
+    listener.attempt()
+    reply = await stream_completion(provider, body, target.model, ctx, timeout, listener.text)
+    return reply, content_of(reply)
+
+
 async def _contract(reply: dict[str, Any], text: str, module: Module) -> ContractResult:
     return await run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
 
@@ -360,7 +389,12 @@ async def run_module(call: Call) -> ModuleAnswer:
     def ask(
         targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str
     ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
-        operation = partial(_complete, body={"messages": conversation}, ctx=ctx)
+        body = {"messages": conversation}
+        operation = (
+            partial(_streamed, body=body, ctx=ctx, listener=call.listener)
+            if call.listener is not None
+            else partial(_complete, body=body, ctx=ctx)
+        )
         return call.router.call(
             targets, call.providers, operation, policy.failover, deadline, attempts.on_try(rung_name)
         )
@@ -384,6 +418,8 @@ async def run_module(call: Call) -> ModuleAnswer:
                 break
             assessed = _assess(result, module, thresholds.risk_source)
             attempts.answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
+            if call.listener is not None:
+                call.listener.retrying("reasking", rung_name, rung_name, f"contract:{result.error_code}")
             try:
                 again = await ask((routed.target,), reask_messages(messages, text, result), rung_name)
             except RungFailed as exc:
@@ -396,6 +432,9 @@ async def run_module(call: Call) -> ModuleAnswer:
         attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
         last = result.envelope
         if decision.action == "escalate" and decision.next_rung is not None:
+            if call.listener is not None:
+                next_name = policy.ladder[decision.next_rung].name
+                call.listener.retrying("escalating", rung_name, next_name, decision.reason)
             rung = decision.next_rung
             continue
         envelope = result.envelope

@@ -19,6 +19,12 @@ DEFAULT_MAX_INFLIGHT_BODY_BYTES = 96 * MiB
 """The shipped container limit (deploy/k8s: 192Mi) minus the proxy's measured baseline RSS
 (~60 MiB: interpreter, aiohttp, prometheus, modules) minus 36 MiB for everything else in
 flight (response bodies, connection buffers, allocator slack)."""
+DEFAULT_STREAM_SESSION_TTL_S = 300.0
+"""How long a streamed answer's session can be resumed after its last chunk (spec v2.5 §3.2.6)."""
+DEFAULT_STREAM_HEARTBEAT_S = 15.0
+"""Silence before an empty heartbeat chunk (spec v2.5 §3.2.3)."""
+DEFAULT_STREAM_SESSION_MAX_BYTES = 64 * MiB
+"""Chunks kept for recovery in this process at most: a few thousand finished answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,12 @@ class Settings:
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""
+    stream_session_ttl_s: float = DEFAULT_STREAM_SESSION_TTL_S
+    stream_recovery: bool = True
+    """False (``--no-stream-recovery``): a retry with a session id gets E4012, and a client that
+    leaves a stream cancels its upstream call."""
+    stream_heartbeat_s: float = DEFAULT_STREAM_HEARTBEAT_S
+    stream_session_max_bytes: int = DEFAULT_STREAM_SESSION_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes <= 0:
@@ -75,6 +87,12 @@ class Settings:
             raise ValueError(f"max_connections must be >= 0, not {self.max_connections}")
         if self.reload_interval_s < 0:
             raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
+        if self.stream_session_ttl_s <= 0 or self.stream_heartbeat_s <= 0:
+            raise ValueError("stream_session_ttl_s and stream_heartbeat_s must be positive")
+        if self.stream_session_max_bytes <= 0:
+            raise ValueError(
+                f"stream_session_max_bytes must be positive, not {self.stream_session_max_bytes}"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
         if self.admin_port is not None and not 0 < self.admin_port <= 65535:

@@ -18,11 +18,14 @@ from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.relay import serve
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
+from proxy.api.streaming import stream_module_chat
+from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
 from proxy.observability.instrument import record_usage
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
+from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, Request, negotiate
 from proxy.upstream.base import CallContext, Provider, Relayed
 from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
@@ -99,6 +102,22 @@ async def _module_chat(
     if module is None:
         return module_not_found(name, runtime, request)
     value, check = module_input(body)
+    wants_stream = body.get("stream") is True
+    try:
+        negotiated = negotiate(
+            module,
+            Request(header=request.headers.get(MODE_HEADER), accept=SSE if wants_stream else ""),
+        )
+    except BadMode as exc:
+        raise ApiError(400, str(exc), code="invalid_response_mode") from exc
+    if negotiated.refused:
+        raise ApiError(
+            406,
+            f"Module {module.name!r} answers streaming only: send stream: true",
+            code=Code.STREAMING_NOT_SUPPORTED,
+        )
+    if wants_stream and negotiated.mode == "streaming":
+        return await stream_module_chat(request, runtime, module, value, check, body)
     answer = await answer_module(request, runtime, module, value, check_input=check)
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])
@@ -108,7 +127,9 @@ async def _module_chat(
     reply["cognitive"] = answer.cognitive()
     reply["system_fingerprint"] = decision_fingerprint(answer)
     headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
-    if body.get("stream") is True:
+    if negotiated.warning_header is not None:
+        headers[WARNING_HEADER] = negotiated.warning_header
+    if wants_stream:
         return await _stream_module(request, reply, answer, headers, body)
     return json_response(reply, headers=headers)
 
@@ -131,7 +152,8 @@ async def _stream_module(
     headers: dict[str, str],
     body: dict[str, Any],
 ) -> web.StreamResponse:
-    """A valid SSE stream carrying the final envelope (true v2.5 streaming is a later issue)."""
+    """A valid SSE stream carrying the final envelope: the answer of a module that does not
+    stream (``response.mode: sync``), sent with the W4010 warning header."""
     include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
     chunks = completion_chunks(reply, include_usage=include_usage)
     chunks[-1 if not include_usage else -2]["cognitive"] = answer.cognitive()

@@ -7,15 +7,14 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from proxy.api.body import read_object
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer
-from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
-from proxy.pipeline import Call, ModuleAnswer, internal_error, run_module
+from proxy.observability.metrics import OTHER, OUTCOME_UNKNOWN_MODULE
+from proxy.pipeline import Call, Listener, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
 
 log = structlog.get_logger("proxy.api")
@@ -59,7 +58,7 @@ def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | N
 
 
 async def _run(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, listener: Listener | None
 ) -> ModuleAnswer:
     """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
     trace_id = request[TRACE_KEY]
@@ -74,6 +73,7 @@ async def _run(
                 trace_id,
                 request.get(CLIENT_KEY),
                 check,
+                listener,
             )
         )
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
@@ -84,13 +84,20 @@ async def _run(
 
 
 async def answer_module(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, *, check_input: bool = True
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    *,
+    check_input: bool = True,
+    listener: Listener | None = None,
 ) -> ModuleAnswer:
-    """Run one module call for ``request`` and record it in the review sink when so decided."""
+    """Run one module call for ``request`` and record it in the review sink when so decided
+    (``listener``: the call streams, see ``proxy.api.streaming``)."""
     trace_id = request[TRACE_KEY]
     record = request[RECORD_KEY]
     record.module = module.name
-    answer = await _run(request, runtime, module, value, check_input)
+    answer = await _run(request, runtime, module, value, check_input, listener)
     record.upstream_s += answer.upstream_s
     record.fields.update(
         tier=module.tier,
@@ -106,37 +113,6 @@ async def answer_module(
             review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)
         )
     return answer
-
-
-async def execute(request: web.Request) -> web.Response:
-    """``POST /v1/modules/{name}/execute`` with ``{"input": {...}, "_options": {...}}``."""
-    runtime = runtime_of(request)
-    name = request.match_info["name"]
-    trace_id = request[TRACE_KEY]
-    module = runtime.registry.get(name)
-    if module is None:
-        return module_not_found(name, runtime, request)
-    record = request[RECORD_KEY]
-    record.module = module.name
-    try:
-        body = await read_object(request)
-    except ApiError as exc:
-        if exc.status != 400:
-            raise
-        record.outcome = OUTCOME_INVALID_INPUT
-        return caller_error(Code.PARSE_ERROR, exc.message, trace_id)  # the body is not one JSON object
-    if "input" not in body:
-        record.outcome = OUTCOME_INVALID_INPUT
-        return caller_error(
-            Code.INVALID_INPUT,
-            'The request body needs an "input" field',
-            trace_id,
-            suggestion='Send {"input": {...}} with the module input',
-        )
-    answer = await answer_module(request, runtime, module, body["input"])
-    return json_response(
-        answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
-    )
 
 
 async def list_modules(request: web.Request) -> web.Response:

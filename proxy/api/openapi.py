@@ -21,6 +21,7 @@ from proxy.api.errors import json_response
 from proxy.api.state import runtime_of
 from proxy.contract.errors import BY_CODE
 from proxy.module.model import Module
+from proxy.stream.chunks import CHUNK_SCHEMA_FILE
 
 OPENAPI_VERSION = "3.1.0"
 ENVELOPE_FILE = "response-envelope.schema.json"
@@ -29,24 +30,62 @@ _COMPONENTS = "#/components/schemas/"
 _JSON = "application/json"
 
 
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "One server-sent event; its data is one chunk (StreamChunk)",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["meta", "chunk", "progress", "final", "error"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": "#/components/schemas/StreamChunk"},
+        },
+    },
+}
+_OPTIONS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"response_mode": {"enum": ["sync", "streaming"]}},
+}
+_RECOVERY: dict[str, Any] = {
+    "type": "object",
+    "description": "Resume a dropped stream (spec v2.5 §3.2.6.3)",
+    "required": ["session_id"],
+    "properties": {
+        "session_id": {"type": "string"},
+        "last_seq": {"type": "integer", "minimum": 0},
+        "last_checkpoint": {"type": "object"},
+    },
+}
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": _COMPONENTS + name}
 
 
-def _rewrite_refs(node: Any) -> Any:
-    """``#/definitions/X`` (draft-07, inside the envelope file) -> ``#/components/schemas/X``."""
+def _rewrite_refs(node: Any, prefix: str = "") -> Any:
+    """``#/definitions/X`` (draft-07, inside a shipped schema) -> ``#/components/schemas/<prefix>X``."""
     if isinstance(node, dict):
         return {
             key: (
-                _COMPONENTS + value.removeprefix(_DEFINITIONS)
+                _COMPONENTS + prefix + value.removeprefix(_DEFINITIONS)
                 if key == "$ref" and isinstance(value, str) and value.startswith(_DEFINITIONS)
-                else _rewrite_refs(value)
+                else _rewrite_refs(value, prefix)
             )
             for key, value in node.items()
         }
     if isinstance(node, list):
-        return [_rewrite_refs(item) for item in node]
+        return [_rewrite_refs(item, prefix) for item in node]
     return node
+
+
+def stream_components() -> dict[str, Any]:
+    """The shipped stream chunk schema as components ``StreamChunk`` and ``Stream<Definition>``."""
+    shipped = schemas.load(CHUNK_SCHEMA_FILE)
+    top = {k: v for k, v in shipped.items() if k not in {"$schema", "$id", "definitions"}}
+    hoisted = {"Chunk": top, **shipped["definitions"]}
+    components: dict[str, Any] = _rewrite_refs({f"Stream{k}": v for k, v in hoisted.items()}, "Stream")
+    return components
 
 
 def envelope_components() -> dict[str, Any]:
@@ -134,6 +173,19 @@ _OWN_COMPONENTS: dict[str, Any] = {
             "max_body_bytes": {"type": "integer", "minimum": 1},
             "modules": {"type": "integer", "minimum": 0},
             "providers": {"type": "array", "items": {"type": "string"}},
+            "capabilities": {
+                "type": "object",
+                "description": "Spec v2.5 §8.1",
+                "required": ["streaming", "supported_transports"],
+                "properties": {
+                    "streaming": {"type": "boolean"},
+                    "supported_transports": {"type": "array", "items": {"enum": ["sse", "ndjson"]}},
+                    "multimodal": {"type": "object"},
+                    "max_media_size_mb": {"type": "number"},
+                    "stream_recovery": {"type": "boolean"},
+                    "stream_session_ttl_s": {"type": "number"},
+                },
+            },
         },
     },
     "ExecuteRequest": {
@@ -141,7 +193,8 @@ _OWN_COMPONENTS: dict[str, Any] = {
         "required": ["input"],
         "properties": {
             "input": {"description": "The module input; checked against the module's input schema."},
-            "_options": {"type": "object"},
+            "_options": _OPTIONS,
+            "_recovery": _RECOVERY,
         },
     },
     "Health": {"type": "object", "required": ["status"], "properties": {"status": {"const": "ok"}}},
@@ -158,10 +211,11 @@ _OWN_COMPONENTS: dict[str, Any] = {
 }
 
 _ERROR_STATUS_TEXT = {
-    400: "Invalid input (E1xxx)",
+    400: "Invalid input (E1xxx), or stream recovery disabled (E4012)",
     401: "Missing or invalid client key",
-    403: "Blocked by policy (E4007)",
+    403: "Blocked by policy, or a stream recovery with another client key (E4007)",
     404: "Module not installed (E4006)",
+    406: "Sync asked of a streaming-only module (E4010)",
     413: "Request body over --max-body-bytes",
     429: "Every provider rate limited (E4002), with Retry-After",
     500: "Internal error (E4xxx)",
@@ -195,6 +249,12 @@ def _paths() -> dict[str, Any]:
         )
         for status in _module_statuses()
     }
+    module_answers["200"]["content"].update(
+        {
+            "text/event-stream": {"schema": _SSE_EVENT},
+            "application/x-ndjson": {"schema": _ref("StreamChunk")},
+        }
+    )
     api_errors = _openai_errors(401)
     return {
         "/v1/modules/{name}/execute": {
@@ -306,7 +366,7 @@ def _base_document() -> dict[str, Any]:
         },
         "paths": _paths(),
         "components": {
-            "schemas": {**envelope_components(), **_OWN_COMPONENTS},
+            "schemas": {**envelope_components(), **stream_components(), **_OWN_COMPONENTS},
             "securitySchemes": {"clientKey": {"type": "http", "scheme": "bearer"}},
         },
         # {}: no key needed when the proxy runs without --api-keys.
@@ -325,7 +385,7 @@ def _module_execute(module: Module) -> dict[str, Any]:
     operation["requestBody"]["content"][_JSON]["schema"] = {
         "type": "object",
         "required": ["input"],
-        "properties": {"input": {} if refers else schema, "_options": {"type": "object"}},
+        "properties": {"input": {} if refers else schema, "_options": _OPTIONS, "_recovery": _RECOVERY},
     }
     return {"post": operation}
 

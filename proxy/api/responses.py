@@ -14,6 +14,7 @@ from proxy.api.middleware import TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.passthrough import forward
 from proxy.api.state import runtime_of
+from proxy.api.streaming import stream_module_response
 from proxy.jsonshape import as_dict, as_list
 from proxy.wire import response_events, response_object, sse_event
 
@@ -52,6 +53,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if module is None:
         return module_not_found(name, runtime, request)
     value, check = module_input(chat_messages(body))
+    if body.get("stream") is True and module.response_mode != "sync":
+        return await stream_module_response(request, runtime, module, value, check)
     answer = await answer_module(request, runtime, module, value, check_input=check)
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])

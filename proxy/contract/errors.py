@@ -132,6 +132,16 @@ _SPECS = (
     ErrorSpec("E2005", "SEMANTIC_CONFLICT", "Action would violate constraints", None, 200),
     ErrorSpec("E2006", "AMBIGUOUS_INPUT", "Input is ambiguous", True, 200),
     ErrorSpec("E2007", "INSUFFICIENT_CONTEXT", "Need more context to proceed", True, 200),
+    # v2.5 §7.1 streaming codes; E4012 is named in §3.2.6.4 but missing from the code tables.
+    ErrorSpec(
+        "E2010",
+        "STREAM_INTERRUPTED",
+        "Stream was interrupted",
+        True,
+        200,
+        "Resume with the session id and the last seq received (X-Cognitive-Recovery-Session/-Seq)",
+    ),
+    ErrorSpec("E2011", "STREAM_TIMEOUT", "Stream exceeded timeout", None, 200),
     ErrorSpec("E3001", "SCHEMA_VALIDATION_FAILED", "Output does not match schema", False, 200),
     ErrorSpec("E3002", "PARTIAL_RESULT", "Only partial result available", None, 200),
     ErrorSpec("E3003", "MISSING_RATIONALE", "Rationale field is empty or missing", False, 200),
@@ -174,6 +184,22 @@ _SPECS = (
         "List the installed modules with GET /v1/modules",
     ),
     ErrorSpec("E4007", "PERMISSION_DENIED", "Policy blocks this operation", False, 403),
+    ErrorSpec(
+        "E4010",
+        "STREAMING_NOT_SUPPORTED",
+        "Streaming-only module asked for a sync answer",
+        False,
+        406,
+        "Ask for streaming (Accept: text/event-stream or X-Cognitive-Response-Mode: streaming)",
+    ),
+    ErrorSpec(
+        "E4012",
+        "RECOVERY_NOT_SUPPORTED",
+        "Stream recovery is not enabled on this runtime",
+        False,
+        400,
+        "Retry without recovery context (a new stream)",
+    ),
 )
 
 BY_CODE: dict[str, ErrorSpec] = {s.code: s for s in _SPECS}
@@ -199,6 +225,8 @@ class Code(StrEnum):
     LOW_CONFIDENCE = "E2001"
     TIMEOUT = "E2002"
     TOKEN_LIMIT = "E2003"
+    STREAM_INTERRUPTED = "E2010"
+    STREAM_TIMEOUT = "E2011"
     SCHEMA_VALIDATION_FAILED = "E3001"
     MISSING_RATIONALE = "E3003"
     OVERFLOW_LIMIT = "E3004"
@@ -207,6 +235,9 @@ class Code(StrEnum):
     PROVIDER_UNAVAILABLE = "E4001"
     RATE_LIMITED = "E4002"
     MODULE_NOT_FOUND = "E4006"
+    PERMISSION_DENIED = "E4007"
+    STREAMING_NOT_SUPPORTED = "E4010"
+    RECOVERY_NOT_SUPPORTED = "E4012"
 
 
 def to_numeric(code: str) -> str | None:

@@ -179,6 +179,28 @@ class Metrics:
             ["listener"],
             registry=r,
         )
+        self.stream_ttfd = Histogram(
+            "cognitive_stream_ttfd_seconds",
+            "Time from the start of a streamed module call to its first delta chunk.",
+            ["module"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.streams = Counter(
+            "cognitive_streams_total",
+            "Streamed module answers by how they ended (final, error, interrupted).",
+            ["module", "outcome"],
+            registry=r,
+        )
+        self.stream_resumptions = Counter(
+            "cognitive_stream_resumptions_total",
+            "Stream recovery requests by result (resumed, restarted, unknown, refused, disabled).",
+            ["result"],
+            registry=r,
+        )
+        self.stream_sessions = Gauge(
+            "cognitive_stream_sessions", "Streamed answers still being produced in this process.", registry=r
+        )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.

@@ -134,8 +134,10 @@ async def test_responses_api_runs_a_module(px: RunningProxy, fake_upstream: Fake
             text += event.delta
         if event.type == "response.completed":
             completed = event.response
-    assert json.loads(text)["meta"]["confidence"] == 0.93
+    assert text == "r"  # the rationale, streamed as it was written (spec v2.5 §3.2)
     assert completed is not None and completed.status == "completed"
+    assert json.loads(completed.output_text)["meta"]["confidence"] == 0.93
+    assert completed.model_extra["cognitive"]["decision"] == "accept"
 
 
 async def test_moderations(px: RunningProxy) -> None:

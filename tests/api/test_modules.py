@@ -167,8 +167,9 @@ async def test_module_over_chat_streams_the_envelope(
     )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert json.loads(text)["meta"]["confidence"] == 0.9
+    assert text == "Because."  # the content is the rationale, streamed (spec v2.5 §3.2)
     assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].model_extra["envelope"]["meta"]["confidence"] == 0.9
     assert chunks[-1].model_extra["cognitive"]["decision"] == "accept"
 
 

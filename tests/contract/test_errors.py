@@ -12,6 +12,7 @@ ALL_CODES = (
     + [f"E200{i}" for i in range(1, 8)]
     + [f"E300{i}" for i in range(1, 7)]
     + [f"E400{i}" for i in range(8)]
+    + ["E2010", "E2011", "E4010", "E4012"]  # v2.5 streaming (E4012: §3.2.6.4)
 )
 
 

@@ -16,6 +16,11 @@ First, the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) w
 keys (costly once parsed) and one long string. ``--memory-only`` runs just that section
 (no wrk needed).
 
+The streaming section measures a streamed module answer's time to first delta chunk (``POST
+/execute`` with ``Accept: text/event-stream``) against the time to the provider's first frame
+holding a ``data.rationale`` token, fetched directly, at concurrency 1 (``--stream`` runs only
+that section, no wrk needed). Goal: overhead <= 2 ms p50.
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -80,6 +85,28 @@ STREAM_BODY = {**CHAT_BODY, "stream": True}
 MODULE_BODY = {"input": {"code": "def f(x):\n    return x\n", "language": "python"}}
 
 
+def envelope_frames() -> list[bytes]:
+    """The module answer streamed the way models write it: the first frame ends with the first
+    word of ``data.rationale`` (the provider's first token of a streamed field), then a word per
+    frame, a finish frame, a usage frame and [DONE]."""
+    text = json.dumps(ENVELOPE)
+    start = text.index('"rationale": "') + len('"rationale": "')
+    first = text.index(" ", start)
+    pieces = [text[:first], *re.findall(r"\s*\S+", text[first:])]
+
+    def frame(obj: dict[str, object]) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    out = [
+        frame({**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]})
+        for p in pieces
+    ]
+    out.append(frame({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    out.append(frame({**base, "choices": [], "usage": COMPLETION["usage"]}))
+    return [*out, b"data: [DONE]\n\n"]
+
+
 def upstream_main(port: int) -> None:
     """The no-delay fake upstream: precomputed bytes, nothing else."""
     from aiohttp import web
@@ -93,6 +120,7 @@ def upstream_main(port: int) -> None:
         "choices": [{"index": 0, "delta": {"content": "hi "}, "finish_reason": None}],
     }
     frames = [b"data: " + json.dumps(chunk).encode() + b"\n\n"] * 5 + [b"data: [DONE]\n\n"]
+    module_frames = envelope_frames()
 
     async def chat(request: web.Request) -> web.StreamResponse:
         payload = await request.json()
@@ -100,7 +128,8 @@ def upstream_main(port: int) -> None:
             return web.Response(body=body, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for frame in frames:
+        roles = [m.get("role") for m in payload.get("messages", [])]
+        for frame in module_frames if "system" in roles else frames:
             await resp.write(frame)
         await resp.write_eof()
         return resp
@@ -257,6 +286,53 @@ async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
     return samples
 
 
+STREAM_MODULE_BODY = {
+    "model": "m",
+    "stream": True,
+    "messages": [{"role": "system", "content": "module"}, {"role": "user", "content": "hello"}],
+}
+
+
+async def first_delta(url: str, body: dict[str, object], marker: bytes, total: int) -> list[float]:
+    """Ms from sending the request to the first bytes holding ``marker``, one request at a time."""
+    import aiohttp
+
+    samples: list[float] = []
+    headers = {"Accept": "text/event-stream"}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(total):
+            start = time.perf_counter()
+            async with session.post(url, json=body, headers=headers) as resp:
+                seen = b""
+                while marker not in seen:
+                    piece = await resp.content.readany()
+                    if not piece:
+                        raise RuntimeError(f"{url}: the stream ended before {marker!r}")
+                    seen += piece
+                samples.append((time.perf_counter() - start) * 1000)
+                await resp.read()
+    return samples
+
+
+def stream_section(up_port: int, proxy_port: int, total: int = 300) -> None:
+    """Time to first delta of a streamed module answer (execute, SSE) against the time to the
+    provider's first frame holding a ``data.rationale`` token, measured directly, at c=1. The
+    direct and proxied runs alternate in rounds so that both see the same machine load."""
+    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
+    module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
+    asyncio.run(first_delta(module, MODULE_BODY, b"event: chunk", 50))  # warm-up
+    d: list[float] = []
+    p: list[float] = []
+    for _ in range(5):
+        d += asyncio.run(first_delta(direct, STREAM_MODULE_BODY, b"data: ", total // 5))
+        p += asyncio.run(first_delta(module, MODULE_BODY, b"event: chunk", total // 5))
+    print(
+        f"{'stream TTFD (module)':<22}{1:>5}{pct(d, 50):>12.3f}{pct(p, 50):>11.3f}"
+        f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
+        f"   ratio p50 proxy/direct {pct(p, 50) / pct(d, 50):.2f}"
+    )
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -307,6 +383,9 @@ def main() -> int:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     parser.add_argument("--memory-only", action="store_true", help="only the large-body memory section")
+    parser.add_argument(
+        "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
+    )
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream)
@@ -314,7 +393,7 @@ def main() -> int:
     if args.parse:
         parse_bench()
         return 0
-    if not args.memory_only and shutil.which("wrk") is None:
+    if not (args.memory_only or args.stream) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -351,6 +430,11 @@ def main() -> int:
             wait_port(proxy_port)
             direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            if args.stream:
+                print(f"{'case':<22}{'conc':>5}{'direct p50':>12}{'proxy p50':>11}", end="")
+                print(f"{'overhead p50':>14}{'proxy p99':>11}")
+                stream_section(up_port, proxy_port)
+                return 0
             memory_section(through, proxy.pid)
             if args.memory_only:
                 return 0
@@ -383,6 +467,7 @@ def main() -> int:
                     f"{'stream TTFB':<22}{conc:>5}{pct(d, 50):>12.3f}{pct(p, 50):>11.3f}"
                     f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
                 )
+            stream_section(up_port, proxy_port)
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
             parse_bench()
         finally:

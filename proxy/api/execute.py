@@ -1,0 +1,110 @@
+"""``POST /v1/modules/{name}/execute``: one module call, answered sync or streamed.
+
+The response mode is negotiated (``proxy.stream.negotiate``); a retry carrying a recovery
+context (``X-Cognitive-Recovery-Session``/``-Seq`` or ``_recovery``) resumes its session
+(``proxy.api.streaming``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from proxy.api.body import read_object
+from proxy.api.errors import ApiError, json_response
+from proxy.api.middleware import RECORD_KEY, TRACE_KEY
+from proxy.api.modules import answer_module, caller_error, module_not_found
+from proxy.api.state import METRICS, SETTINGS, runtime_of
+from proxy.api.streaming import (
+    BadRecovery,
+    framer_for,
+    recovery_of,
+    recovery_refused,
+    resume,
+    stream_module_execute,
+)
+from proxy.contract.errors import Code
+from proxy.jsonshape import as_dict
+from proxy.observability.metrics import OUTCOME_INVALID_INPUT
+from proxy.stream.negotiate import (
+    MODE_HEADER,
+    WARNING_HEADER,
+    BadMode,
+    Negotiated,
+    Request,
+    negotiate,
+    transport_of,
+)
+
+
+def _signals(request: web.Request, body: dict[str, Any]) -> Request:
+    return Request(
+        header=request.headers.get(MODE_HEADER),
+        option=as_dict(body.get("_options")).get("response_mode"),
+        query=request.query.get("response_mode"),
+        accept=request.headers.get("Accept", ""),
+    )
+
+
+async def execute(request: web.Request) -> web.StreamResponse:
+    """``{"input": {...}, "_options": {...}, "_recovery": {...}}`` -> an envelope or a stream."""
+    runtime = runtime_of(request)
+    name = request.match_info["name"]
+    trace_id = request[TRACE_KEY]
+    module = runtime.registry.get(name)
+    if module is None:
+        return module_not_found(name, runtime, request)
+    record = request[RECORD_KEY]
+    record.module = module.name
+    try:
+        body = await read_object(request)
+    except ApiError as exc:
+        if exc.status != 400:
+            raise
+        record.outcome = OUTCOME_INVALID_INPUT
+        return caller_error(Code.PARSE_ERROR, exc.message, trace_id)  # the body is not one JSON object
+    try:
+        recovery = recovery_of(request, body)
+        negotiated = (
+            Negotiated("streaming", transport_of(request.headers.get("Accept", "")))
+            if recovery is not None
+            else negotiate(module, _signals(request, body))
+        )
+    except (BadRecovery, BadMode) as exc:
+        record.outcome = OUTCOME_INVALID_INPUT
+        return caller_error(Code.INVALID_INPUT, str(exc), trace_id)
+    framer = framer_for(negotiated.transport)
+    headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
+    if recovery is not None:
+        if not request.app[SETTINGS].stream_recovery:
+            request.app[METRICS].stream_resumptions.labels("disabled").inc()
+            return recovery_refused(
+                Code.RECOVERY_NOT_SUPPORTED, "Stream recovery is disabled on this proxy", trace_id
+            )
+        resumed = await resume(request, recovery, module, framer, headers)
+        if resumed is not None:
+            return resumed
+    if "input" not in body:
+        record.outcome = OUTCOME_INVALID_INPUT
+        return caller_error(
+            Code.INVALID_INPUT,
+            'The request body needs an "input" field',
+            trace_id,
+            suggestion='Send {"input": {...}} with the module input',
+        )
+    if negotiated.refused:
+        return caller_error(
+            Code.STREAMING_NOT_SUPPORTED,
+            f"Module {module.name!r} answers streaming only; a sync answer was asked for",
+            trace_id,
+        )
+    if negotiated.mode == "sync":
+        answer = await answer_module(request, runtime, module, body["input"])
+        answer_headers = {**answer.headers(), **headers}
+        envelope = answer.envelope
+        if negotiated.fallback_reason is not None:
+            envelope = {**envelope, "_warnings": negotiated.warnings()}
+            answer_headers[WARNING_HEADER] = negotiated.warning_header or ""
+        return json_response(envelope, status=answer.status, headers=answer_headers)
+    return await stream_module_execute(request, runtime, module, body["input"], framer)

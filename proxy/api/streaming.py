@@ -1,0 +1,598 @@
+"""Streamed module answers on the wire: start, follow, resume (spec v2.5 §3.2).
+
+A streamed call runs as a producer task that appends chunks to its session (``proxy.stream``);
+each HTTP response follows the session from some position and frames the chunks for its
+transport: SSE or NDJSON on ``/execute``, ``chat.completion.chunk`` frames on chat completions,
+Responses events on ``/v1/responses``. The producer outlives the connection while the session
+can be resumed (``--stream-session-ttl``; the call's own deadline ``total_s`` still bounds it),
+so a client that drops and retries with the session id gets the rest of the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from proxy.api.errors import json_response
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.modules import answer_module
+from proxy.api.state import METRICS, SETTINGS, Runtime
+from proxy.contract.errors import Code, Origin, error_envelope, http_status
+from proxy.contract.inputs import check_input
+from proxy.jsonshape import as_dict
+from proxy.module.model import Module
+from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
+from proxy.pipeline import ModuleAnswer
+from proxy.stream.chunks import (
+    HEARTBEAT,
+    Kind,
+    error_chunk,
+    meta_chunk,
+    recovery_info,
+)
+from proxy.stream.emitter import ChunkEmitter
+from proxy.stream.fields import RATIONALE, streamable_fields
+from proxy.stream.negotiate import Transport
+from proxy.stream.sessions import Session, SessionHub, Source
+from proxy.wire import response_object, sse_event
+
+log = structlog.get_logger("proxy.api")
+
+STREAMS = web.AppKey("streams", SessionHub)
+SESSION_HEADER = "X-Cognitive-Session-Id"
+RECOVERY_SESSION_HEADER = "X-Cognitive-Recovery-Session"
+RECOVERY_SEQ_HEADER = "X-Cognitive-Recovery-Seq"
+CHECKPOINT_MISMATCH = "W4012"
+"""Warning of a resumed stream restarted at seq 1 (the spec names no code for it)."""
+_TERMINAL: frozenset[Kind] = frozenset({"final", "error"})
+
+
+async def streams_ctx(app: web.Application) -> Any:
+    """The session hub of this process (Redis-mirrored with ``--redis-url``)."""
+    settings = app[SETTINGS]
+    hub = app[STREAMS] = SessionHub(
+        ttl_s=settings.stream_session_ttl_s,
+        max_bytes=settings.stream_session_max_bytes,
+        redis_url=settings.redis_url if settings.stream_recovery else None,
+    )
+    app[METRICS].stream_sessions.set_function(lambda: hub.live)
+    yield
+    await hub.aclose()
+
+
+# -- framing ---------------------------------------------------------------------------------------
+
+
+class Framer:
+    """Chunks -> bytes for one transport."""
+
+    content_type = "text/event-stream"
+
+    def meta(self, chunk: dict[str, Any]) -> bytes:
+        return b"event: meta\ndata: " + orjson.dumps(chunk) + b"\n\n"
+
+    def event(self, kind: Kind, payload: bytes) -> bytes:
+        return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
+
+    def heartbeat(self) -> bytes:
+        return b"event: chunk\ndata: {}\n\n"
+
+    def end(self) -> bytes:
+        return b""
+
+
+class NdjsonFramer(Framer):
+    content_type = "application/x-ndjson"
+
+    def meta(self, chunk: dict[str, Any]) -> bytes:
+        return orjson.dumps(chunk) + b"\n"
+
+    def event(self, kind: Kind, payload: bytes) -> bytes:
+        return payload + b"\n"
+
+    def heartbeat(self) -> bytes:
+        return orjson.dumps(HEARTBEAT) + b"\n"
+
+
+def framer_for(transport: Transport) -> Framer:
+    return NdjsonFramer() if transport == "ndjson" else Framer()
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class ChatFramer(Framer):
+    """``chat.completion.chunk`` frames: the primary field's deltas are the content; every frame
+    carries its stream chunk as ``cognitive_chunk``; the last one carries ``envelope`` (the
+    decided envelope) and ``cognitive``; a failed answer ends with an ``error`` frame."""
+
+    def __init__(self, model: str, primary: str, include_usage: bool) -> None:
+        self._base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._primary = primary
+        self._include_usage = include_usage
+
+    def _frame(
+        self, delta: dict[str, Any], chunk: dict[str, Any], finish: str | None = None
+    ) -> dict[str, Any]:
+        return {
+            **self._base,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "cognitive_chunk": chunk,
+        }
+
+    def meta(self, chunk: dict[str, Any]) -> bytes:
+        return _sse(self._frame({"role": "assistant", "content": ""}, chunk))
+
+    def event(self, kind: Kind, payload: bytes) -> bytes:
+        chunk = orjson.loads(payload)
+        if kind == "chunk":
+            inner = as_dict(chunk.get("chunk"))
+            text = inner.get("delta") if inner.get("field") == self._primary else None
+            return _sse(self._frame({"content": text} if isinstance(text, str) else {}, chunk))
+        if kind == "progress":
+            return _sse(self._frame({}, chunk))
+        envelope = {k: chunk[k] for k in ("ok", "meta", "data", "error", "partial_data") if k in chunk}
+        cognitive = chunk.pop("cognitive", None)
+        if kind == "error":
+            error = as_dict(chunk.get("error"))
+            return _sse(
+                {
+                    **self._base,
+                    "error": {
+                        "message": str(error.get("message", "")),
+                        "type": "cognitive_module_error",
+                        "code": error.get("code"),
+                    },
+                    "envelope": envelope,
+                    "cognitive": cognitive,
+                    "cognitive_chunk": chunk,
+                }
+            )
+        decision = as_dict(cognitive)
+        meta = as_dict(chunk.get("meta"))
+        frame = self._frame({}, chunk, "stop")
+        frame["envelope"] = envelope
+        frame["cognitive"] = cognitive
+        frame["system_fingerprint"] = (
+            f"cogproxy:decision={decision.get('decision')};tier={decision.get('tier')};"
+            f"confidence={meta.get('confidence')};risk={meta.get('risk')}"
+        )
+        out = _sse(frame)
+        if self._include_usage:
+            usage = as_dict(chunk.get("usage"))
+            given, made = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+            out += _sse(
+                {
+                    **self._base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": given,
+                        "completion_tokens": made,
+                        "total_tokens": given + made,
+                    },
+                }
+            )
+        return out
+
+    def heartbeat(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+class ResponsesFramer(Framer):
+    """Responses API events: the primary field's deltas are ``response.output_text.delta``;
+    progress and snapshot chunks ride on ``response.in_progress`` events (as ``cognitive_chunk``);
+    ``response.completed`` carries the decided envelope as the output text, like a sync answer,
+    and ``cognitive``; a failed answer ends with ``response.failed``."""
+
+    def __init__(self, model: str, primary: str) -> None:
+        self._model = model
+        self._primary = primary
+        self._number = 0
+        self._shell = response_object(model, "")
+        self._item = self._shell["output"][0]
+        self._ids = {"item_id": self._item["id"], "output_index": 0, "content_index": 0}
+
+    def _event(self, event: dict[str, Any]) -> bytes:
+        event["sequence_number"] = self._number
+        self._number += 1
+        return sse_event(event)
+
+    def _pending(self) -> dict[str, Any]:
+        return {**self._shell, "status": "in_progress", "output": [], "usage": None}
+
+    def meta(self, chunk: dict[str, Any]) -> bytes:
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        started = {**self._item, "status": "in_progress", "content": []}
+        return (
+            self._event({"type": "response.created", "response": self._pending(), "cognitive_chunk": chunk})
+            + self._event({"type": "response.in_progress", "response": self._pending()})
+            + self._event({"type": "response.output_item.added", "output_index": 0, "item": started})
+            + self._event({"type": "response.content_part.added", **self._ids, "part": empty})
+        )
+
+    def event(self, kind: Kind, payload: bytes) -> bytes:
+        chunk = orjson.loads(payload)
+        inner = as_dict(chunk.get("chunk"))
+        if kind == "chunk" and inner.get("type") == "delta" and inner.get("field") == self._primary:
+            delta = {
+                "type": "response.output_text.delta",
+                **self._ids,
+                "delta": inner["delta"],
+                "logprobs": [],
+            }
+            return self._event({**delta, "cognitive_chunk": chunk})
+        if kind in ("chunk", "progress"):
+            pending = {"type": "response.in_progress", "response": self._pending(), "cognitive_chunk": chunk}
+            return self._event(pending)
+        cognitive = chunk.pop("cognitive", None)
+        envelope = {k: chunk[k] for k in ("ok", "meta", "data", "error", "partial_data") if k in chunk}
+        if kind == "error":
+            error = as_dict(chunk.get("error"))
+            failed = {
+                **self._pending(),
+                "status": "failed",
+                "error": {"code": str(error.get("code")), "message": str(error.get("message", ""))},
+                "cognitive": cognitive,
+                "envelope": envelope,
+            }
+            return self._event({"type": "response.failed", "response": failed, "cognitive_chunk": chunk})
+        usage = as_dict(chunk.get("usage"))
+        text = orjson.dumps(envelope).decode()
+        counts = {
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+        }
+        final = response_object(self._model, text, counts)
+        item = {**final["output"][0], "id": self._item["id"]}
+        final.update(
+            id=self._shell["id"], created_at=self._shell["created_at"], cognitive=cognitive, output=[item]
+        )
+        return (
+            self._event({"type": "response.output_text.done", **self._ids, "text": text, "logprobs": []})
+            + self._event({"type": "response.content_part.done", **self._ids, "part": item["content"][0]})
+            + self._event({"type": "response.output_item.done", "output_index": 0, "item": item})
+            + self._event({"type": "response.completed", "response": final, "cognitive_chunk": chunk})
+        )
+
+    def heartbeat(self) -> bytes:
+        return b": keep-alive\n\n"
+
+
+# -- producing -------------------------------------------------------------------------------------
+
+
+def _outcome(chunk: dict[str, Any]) -> str:
+    return "final" if chunk.get("final") is True else "error"
+
+
+async def _produce(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, emitter: ChunkEmitter
+) -> ModuleAnswer | None:
+    metrics = request.app[METRICS]
+    try:
+        answer = await answer_module(request, runtime, module, value, check_input=check, listener=emitter)
+    except asyncio.CancelledError:
+        emitter.fail(
+            error_envelope(
+                Code.STREAM_INTERRUPTED,
+                "The streamed call was stopped before its answer (the client left, or the proxy stopped)",
+            )
+        )
+        metrics.streams.labels(module.name, "interrupted").inc()
+        raise
+    except Exception:  # the pipeline answers its own failures; this is a bug in the stream code
+        log.exception("proxy.stream_failed", module=module.name, session=emitter.session.id[:12])
+        emitter.fail(error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while streaming"))
+        metrics.streams.labels(module.name, "error").inc()
+        return None
+    metrics.streams.labels(module.name, _outcome(emitter.finish(answer))).inc()
+    return answer
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    session: Session
+    producer: asyncio.Task[ModuleAnswer | None]
+
+
+def start_stream(request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool) -> Started:
+    """Create the session and start its producer (which outlives this request)."""
+    hub = request.app[STREAMS]
+    metrics: Metrics = request.app[METRICS]
+    session = hub.create(request.get(CLIENT_KEY), module.name)
+    emitter = ChunkEmitter(
+        session,
+        streamable_fields(module),
+        on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
+    )
+    return Started(session, hub.spawn(_produce(request, runtime, module, value, check, emitter)))
+
+
+def primary_field(module: Module) -> str:
+    fields = streamable_fields(module)
+    return RATIONALE if RATIONALE in fields or not fields else fields[0]
+
+
+# -- following -------------------------------------------------------------------------------------
+
+
+Write = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass
+class _Position:
+    index: int
+    last_checkpoint: dict[str, Any] | None = None
+
+
+async def follow(
+    source: Source,
+    position: _Position,
+    framer: Framer,
+    write: Write,
+    *,
+    heartbeat_s: float,
+    max_s: float,
+    session_id: str,
+) -> None:
+    """Write the session's chunks from ``position`` until its final or error chunk; a heartbeat
+    after each ``heartbeat_s`` of silence. A session that stays silent past ``max_s`` (its replica
+    died) or cannot be read ends with a resumable error chunk."""
+    deadline = time.monotonic() + max_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            await _interrupted(
+                write, framer, session_id, position, Code.STREAM_TIMEOUT, "no chunk within the session TTL"
+            )
+            return
+        try:
+            events, done = await source.read(position.index, min(heartbeat_s, remaining))
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            await _interrupted(write, framer, session_id, position, Code.STREAM_INTERRUPTED, str(exc)[:200])
+            return
+        except Exception as exc:  # a Redis error while following another replica's session
+            log.warning("proxy.stream_follow_failed", session=session_id[:12], error=repr(exc)[:200])
+            await _interrupted(
+                write, framer, session_id, position, Code.STREAM_INTERRUPTED, type(exc).__name__
+            )
+            return
+        if not events:
+            if done:
+                return
+            await write(framer.heartbeat())
+            continue
+        for kind, payload in events:
+            position.index += 1
+            if kind == "chunk" and b'"checkpoint"' in payload:
+                position.last_checkpoint = as_dict(
+                    as_dict(orjson.loads(payload).get("chunk")).get("checkpoint")
+                )
+            await write(framer.event(kind, payload))
+            if kind in _TERMINAL:
+                return
+
+
+async def _interrupted(
+    write: Write, framer: Framer, session_id: str, position: _Position, code: Code, why: str
+) -> None:
+    envelope = error_envelope(code, f"The stream was interrupted: {why}")
+    chunk = error_chunk(
+        None, session_id, envelope, recovery=recovery_info(position.index, position.last_checkpoint)
+    )
+    await write(framer.event("error", orjson.dumps(chunk)))
+
+
+async def respond(
+    request: web.Request,
+    source: Source,
+    first: dict[str, Any],
+    position: _Position,
+    framer: Framer,
+    headers: dict[str, str],
+    *,
+    producer: asyncio.Task[Any] | None = None,
+) -> web.StreamResponse:
+    """Send ``first`` (the meta chunk), then follow ``source``. Without recovery, a client that
+    leaves cancels ``producer`` (its upstream call)."""
+    settings = request.app[SETTINGS]
+    response = web.StreamResponse(
+        headers={
+            **headers,
+            "Content-Type": framer.content_type,
+            "Cache-Control": "no-cache",
+            SESSION_HEADER: first["session_id"],
+        }
+    )
+    await response.prepare(request)
+    finished = False
+    try:
+        await response.write(framer.meta(first))
+        await follow(
+            source,
+            position,
+            framer,
+            response.write,
+            heartbeat_s=settings.stream_heartbeat_s,
+            max_s=settings.stream_session_ttl_s,
+            session_id=first["session_id"],
+        )
+        await response.write(framer.end())
+        finished = True
+    finally:
+        if not finished and not settings.stream_recovery and producer is not None:
+            producer.cancel()
+    await response.write_eof()
+    return response
+
+
+# -- recovery --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    session_id: str
+    last_seq: int
+    last_checkpoint: dict[str, Any] | None
+
+
+class BadRecovery(ValueError):
+    pass
+
+
+def recovery_of(request: web.Request, body: dict[str, Any]) -> Recovery | None:
+    """The recovery context of a retry (headers win over ``_recovery``), or None."""
+    sid = request.headers.get(RECOVERY_SESSION_HEADER)
+    seq: Any = request.headers.get(RECOVERY_SEQ_HEADER)
+    checkpoint = None
+    if sid is None:
+        given = body.get("_recovery")
+        if given is None:
+            return None
+        context = as_dict(given)
+        sid, seq, checkpoint = (
+            context.get("session_id"),
+            context.get("last_seq"),
+            context.get("last_checkpoint"),
+        )
+    if not isinstance(sid, str) or not sid:
+        raise BadRecovery("the recovery context needs a session_id")
+    try:
+        last_seq = int(seq if seq is not None else 0)
+    except (TypeError, ValueError) as exc:
+        raise BadRecovery("last_seq (X-Cognitive-Recovery-Seq) must be an integer >= 0") from exc
+    if last_seq < 0 or isinstance(seq, bool):
+        raise BadRecovery("last_seq (X-Cognitive-Recovery-Seq) must be an integer >= 0")
+    return Recovery(sid, last_seq, checkpoint if isinstance(checkpoint, dict) else None)
+
+
+def recovery_refused(code: Code, message: str, trace_id: str) -> web.Response:
+    envelope = error_envelope(code, message)
+    envelope["meta"]["trace_id"] = trace_id
+    return json_response(
+        envelope,
+        status=http_status(code, Origin.CALLER),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+async def resume(
+    request: web.Request, recovery: Recovery, module: Module, framer: Framer, headers: dict[str, str]
+) -> web.StreamResponse | None:
+    """Answer a retry from the session it names; None when the session is unknown (the caller
+    starts a new one). Another client key is refused (E4007); a checkpoint that does not match
+    the session replays it from seq 1 with a W4012 warning."""
+    hub = request.app[STREAMS]
+    metrics = request.app[METRICS]
+    trace_id = request[TRACE_KEY]
+    found = await hub.find(recovery.session_id)
+    if found is None or found.module != module.name:
+        metrics.stream_resumptions.labels("unknown").inc()
+        return None
+    if not hub.same_client(found.client, request.get(CLIENT_KEY)):
+        metrics.stream_resumptions.labels("refused").inc()
+        return recovery_refused(
+            Code.PERMISSION_DENIED, "This stream session was started with another client key", trace_id
+        )
+    matches = await _checkpoint_matches(found.chunk_at, recovery)
+    if matches:
+        metrics.stream_resumptions.labels("resumed").inc()
+        first = meta_chunk(recovery.session_id, trace_id=trace_id, resume_from_seq=recovery.last_seq + 1)
+        position = _Position(recovery.last_seq, recovery.last_checkpoint)
+    else:
+        metrics.stream_resumptions.labels("restarted").inc()
+        warning = {
+            "code": CHECKPOINT_MISMATCH,
+            "message": f"Checkpoint of seq {recovery.last_seq} does not match the session: restarted",
+        }
+        first = meta_chunk(recovery.session_id, trace_id=trace_id, resume_from_seq=1, warnings=[warning])
+        first["resumed"] = False
+        position = _Position(0)
+    return await respond(request, found.source, first, position, framer, headers)
+
+
+async def _checkpoint_matches(
+    chunk_at: Callable[[int], Awaitable[dict[str, Any] | None]], recovery: Recovery
+) -> bool:
+    if recovery.last_seq == 0:
+        return recovery.last_checkpoint is None
+    chunk = await chunk_at(recovery.last_seq)
+    if chunk is None:
+        return False  # the client claims chunks the session never had
+    if recovery.last_checkpoint is None:
+        return True
+    stored = as_dict(chunk.get("chunk")).get("checkpoint")
+    return stored == {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
+
+
+def input_refused(request: web.Request, module: Module, value: Any, check: bool) -> web.Response | None:
+    """The E1xxx answer for a bad input, checked before a stream opens so that the caller's
+    mistake keeps its 400; None when the input may be sent."""
+    refused = check_input(module, value, schema=check)
+    if refused is None:
+        return None
+    trace_id = request[TRACE_KEY]
+    request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
+    refused["meta"]["trace_id"] = trace_id
+    code = str(as_dict(refused.get("error")).get("code"))
+    return json_response(
+        refused,
+        status=http_status(code, Origin.CALLER),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
+async def _start_and_follow(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, framer: Framer
+) -> web.StreamResponse:
+    refused = input_refused(request, module, value, check)
+    if refused is not None:
+        return refused
+    trace_id = request[TRACE_KEY]
+    started = start_stream(request, runtime, module, value, check)
+    first = meta_chunk(started.session.id, trace_id=trace_id)
+    headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
+    return await respond(
+        request, started.session, first, _Position(0), framer, headers, producer=started.producer
+    )
+
+
+async def stream_module_execute(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, framer: Framer
+) -> web.StreamResponse:
+    """A module answer streamed on ``/execute`` (SSE or NDJSON)."""
+    return await _start_and_follow(request, runtime, module, value, True, framer)
+
+
+async def stream_module_chat(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, body: dict[str, Any]
+) -> web.StreamResponse:
+    """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
+    include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
+    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
+    return await _start_and_follow(request, runtime, module, value, check, framer)
+
+
+async def stream_module_response(
+    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+) -> web.StreamResponse:
+    """A module answer streamed as Responses API events (``ResponsesFramer``)."""
+    framer = ResponsesFramer(f"module:{module.name}", primary_field(module))
+    return await _start_and_follow(request, runtime, module, value, check, framer)

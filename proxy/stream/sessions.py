@@ -1,0 +1,317 @@
+"""Stream sessions: the chunks of a streamed answer, kept for a client that comes back.
+
+A ``Session`` lives in the replica that runs the call: the producer appends chunks as they are
+made, and every connection following it (the first one, or a resumed one) reads them from its
+list. Finished sessions stay ``ttl_s`` for recovery, within a memory bound (oldest finished
+evicted first; live sessions are bounded by the call's deadline). With ``--redis-url`` every
+chunk is also appended, in order, to a Redis list with the same TTL by one writer task; a retry
+that lands on another replica replays that list and follows its tail by polling it every
+``POLL_S`` (polling, not pub/sub: no connection held per follower, and a follower that starts
+late needs the list anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from proxy.stream.chunks import Kind, kind_of
+
+log = structlog.get_logger("proxy.stream")
+
+SESSION_PREFIX = "sess_"
+SESSION_ID_BYTES = 16
+"""128 random bits (spec §11.2): unguessable, so a session id is as good as a bearer token
+for its own chunks only together with the client key it was started with."""
+POLL_S = 0.05
+"""How often a follower on another replica reads the Redis list (the latency of its tail)."""
+REDIS_OP_TIMEOUT_S = 1.0
+MIRROR_DRAIN_S = 2.0
+"""At shutdown, how long chunks still queued for Redis get to be written."""
+MIRROR_QUEUE_MAX = 10_000
+"""Chunks waiting for Redis at most; beyond it a session stops being resumable elsewhere."""
+_KEY = "cogproxy:stream:{}:{}"
+
+Event = tuple[Kind, bytes]
+
+
+def client_hash(client_key: str | None) -> str:
+    """What is stored of the client key: its SHA-256 (no key: the hash of the empty string)."""
+    return hashlib.sha256((client_key or "").encode("utf-8")).hexdigest()
+
+
+def new_session_id() -> str:
+    return SESSION_PREFIX + secrets.token_hex(SESSION_ID_BYTES)
+
+
+def is_session_id(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and value.startswith(SESSION_PREFIX)
+        and len(value) == len(SESSION_PREFIX) + 2 * SESSION_ID_BYTES
+        and all(c in "0123456789abcdef" for c in value[len(SESSION_PREFIX) :])
+    )
+
+
+class Source(Protocol):
+    """Where a connection reads a session's chunks from."""
+
+    async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
+        """Chunks from position ``index`` on (waiting up to ``timeout`` for one) and whether
+        the session is finished."""
+        ...
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    client: str
+    module: str
+    ttl_s: float
+    events: list[Event] = field(default_factory=list)
+    size: int = 0
+    done: bool = False
+    expires: float = 0.0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    on_event: Callable[[Session, Event | None], None] | None = None
+
+    def append(self, chunk: dict[str, Any]) -> None:
+        event: Event = (kind_of(chunk), orjson.dumps(chunk))
+        self.events.append(event)
+        self.size += len(event[1])
+        self._notify(event)
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self.expires = time.monotonic() + self.ttl_s
+            self._notify(None)
+
+    def _notify(self, event: Event | None) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        if self.on_event is not None:
+            self.on_event(self, event)
+
+    async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
+        if index >= len(self.events) and not self.done:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout)
+        return self.events[index:], self.done
+
+    def chunk_at(self, seq: int) -> dict[str, Any] | None:
+        if not 1 <= seq <= len(self.events):
+            return None
+        value: dict[str, Any] = orjson.loads(self.events[seq - 1][1])
+        return value
+
+
+class RedisSource:
+    """A session another replica runs, read from Redis."""
+
+    def __init__(self, redis: Any, session_id: str) -> None:
+        self._redis = redis
+        self._events = _KEY.format(session_id, "events")
+        self._info = _KEY.format(session_id, "info")
+
+    async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = await self._redis.hget(self._info, "done") == b"1"
+            raw = await self._redis.lrange(self._events, index, -1)
+            if raw or done or time.monotonic() >= deadline:
+                return [_decode(item) for item in raw], done
+            await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+    async def chunk_at(self, seq: int) -> dict[str, Any] | None:
+        if seq < 1:
+            return None
+        raw = await self._redis.lindex(self._events, seq - 1)
+        if raw is None:
+            return None
+        value: dict[str, Any] = orjson.loads(_decode(raw)[1])
+        return value
+
+
+def _encode(event: Event) -> bytes:
+    return event[0].encode() + b" " + event[1]
+
+
+def _decode(raw: bytes) -> Event:
+    kind, _, payload = raw.partition(b" ")
+    return kind.decode(), payload  # type: ignore[return-value]  # written by _encode
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A session a recovery request named."""
+
+    client: str
+    module: str
+    source: Source
+    chunk_at: Callable[[int], Awaitable[dict[str, Any] | None]]
+
+
+class SessionHub:
+    """The sessions of this replica, their producer tasks, and the Redis mirror."""
+
+    def __init__(self, *, ttl_s: float, max_bytes: int, redis_url: str | None = None) -> None:
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._used = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._redis: Any = (
+            aioredis.Redis.from_url(
+                redis_url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
+            )
+            if redis_url
+            else None
+        )
+        self._queue: asyncio.Queue[tuple[Session, Event | str]] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._unmirrored: set[str] = set()
+
+    @property
+    def live(self) -> int:
+        return sum(1 for s in self._sessions.values() if not s.done)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def create(self, client_key: str | None, module: str) -> Session:
+        self._purge()
+        session = Session(new_session_id(), client_hash(client_key), module, self.ttl_s)
+        session.on_event = self._on_event
+        self._sessions[session.id] = session
+        if self._redis is not None:
+            self._mirror(session, None, created=True)
+        return session
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run a producer that outlives the connection that started it."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def find(self, session_id: str) -> Found | None:
+        self._purge()
+        local = self._sessions.get(session_id)
+        if local is not None:
+
+            async def local_chunk(seq: int) -> dict[str, Any] | None:
+                return local.chunk_at(seq)
+
+            return Found(local.client, local.module, local, local_chunk)
+        if self._redis is None or not is_session_id(session_id):
+            return None
+        try:
+            client, module = await self._redis.hmget(_KEY.format(session_id, "info"), ["client", "module"])
+        except (RedisError, OSError) as exc:
+            log.warning("proxy.stream_recovery_lookup_failed", error=str(exc))
+            return None
+        if client is None or module is None:
+            return None
+        source = RedisSource(self._redis, session_id)
+        return Found(client.decode(), module.decode(), source, source.chunk_at)
+
+    @staticmethod
+    def same_client(stored: str, client_key: str | None) -> bool:
+        return hmac.compare_digest(stored, client_hash(client_key))
+
+    def _on_event(self, session: Session, event: Event | None) -> None:
+        if event is not None:
+            self._used += len(event[1])
+            if self._used > self.max_bytes:
+                self._evict()
+        if self._redis is not None:
+            self._mirror(session, event)
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for session in [s for s in self._sessions.values() if s.done and s.expires <= now]:
+            self._drop(session)
+
+    def _evict(self) -> None:
+        """Finished sessions, oldest first, until the bound holds again."""
+        for session in [s for s in self._sessions.values() if s.done]:
+            if self._used <= self.max_bytes:
+                return
+            self._drop(session)
+
+    def _drop(self, session: Session) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._used -= session.size
+
+    # -- Redis mirror ------------------------------------------------------------------------------
+
+    def _mirror(self, session: Session, event: Event | None, *, created: bool = False) -> None:
+        if self._queue is None:
+            self._queue = asyncio.Queue(MIRROR_QUEUE_MAX)
+            self._writer = asyncio.ensure_future(self._write_loop())
+        item: Event | str = event if event is not None else ("created" if created else "done")
+        try:
+            self._queue.put_nowait((session, item))
+        except asyncio.QueueFull:
+            self._unmirrored.add(session.id)
+
+    async def _write_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            session, event = await self._queue.get()
+            info, events = _KEY.format(session.id, "info"), _KEY.format(session.id, "events")
+            ttl = max(1, int(self.ttl_s))
+            try:
+                if session.id in self._unmirrored:
+                    await self._redis.delete(info, events)  # a gap: never resumable elsewhere
+                    if session.done:
+                        self._unmirrored.discard(session.id)
+                    continue
+                pipe = self._redis.pipeline(transaction=False)
+                if event == "done":
+                    pipe.hset(info, "done", "1")
+                elif event == "created":
+                    pipe.hset(info, mapping={"client": session.client, "module": session.module, "done": "0"})
+                elif isinstance(event, tuple):
+                    pipe.rpush(events, _encode(event))
+                    pipe.expire(events, ttl)
+                pipe.expire(info, ttl)
+                await pipe.execute()
+            except (RedisError, OSError) as exc:
+                log.warning("proxy.stream_mirror_failed", session=session.id[:12], error=str(exc))
+                self._unmirrored.add(session.id)
+
+    async def aclose(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self._queue is not None and self._writer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_drained(self._queue), MIRROR_DRAIN_S)
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+async def _drained(queue: asyncio.Queue[Any]) -> None:
+    while not queue.empty():
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,257 @@
+"""Stream recovery (spec v2.5 §3.2.6): resume after a drop, on another replica through Redis;
+checkpoint mismatch, unknown session, another client key, recovery disabled; heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+import yaml
+
+from tests.api.test_modules import REVIEW_INPUT
+from tests.api.test_streaming import RATIONALE, answer
+from tests.fake_upstream import FakeUpstream, Fault
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
+from tests.stream.client import read_sse, rendered, seq, sequenced
+
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+SSE = {"Accept": "text/event-stream"}
+LONG = " ".join(f"word{i}" for i in range(60))
+
+
+@pytest.fixture
+async def slow_fake() -> AsyncIterator[FakeUpstream]:
+    """A fake upstream that streams its answer word by word, 10 ms apart."""
+    async with FakeUpstream.start(chunk_delay=0.01) as fake:
+        yield fake
+
+
+def _execute_url(base: str) -> str:
+    return f"{base}/v1/modules/code-reviewer/execute"
+
+
+async def _post(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: Any = None) -> Any:
+    return await session.post(url, json=body or {"input": REVIEW_INPUT}, headers=headers)
+
+
+async def _call(url: str, headers: dict[str, str], body: Any = None) -> tuple[int, Any]:
+    """POST to ``url``: (status, the JSON body or the SSE events)."""
+    async with aiohttp.ClientSession() as session, await _post(session, url, headers, body) as response:
+        if response.headers["Content-Type"].startswith("application/json"):
+            return response.status, await response.json()
+        return response.status, await read_sse(response)
+
+
+def _clean_redis() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter("cogproxy:stream:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+async def test_a_drop_after_seq_n_resumes_on_another_replica_with_the_same_final(
+    slow_fake: FakeUpstream, tmp_path: Path
+) -> None:
+    _clean_redis()
+    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(slow_fake)))
+    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+    async with (
+        proxy_process(*args, env=env) as one,
+        proxy_process(*args, env=env) as two,
+        aiohttp.ClientSession() as session,
+    ):
+        async with await _post(session, _execute_url(one.url), SSE) as whole:
+            uninterrupted = await read_sse(whole)
+        assert slow_fake.count("/v1/chat/completions") == 1
+
+        dropped = await _post(session, _execute_url(one.url), SSE)
+        seen = await read_sse(dropped, stop_after=5)
+        dropped.close()  # the client goes away after seq 5
+        sid = seen[0][1]["session_id"]
+        last = sequenced(seen)[-1]
+        assert seq(last) == 5
+        headers = {**SSE, "X-Cognitive-Recovery-Session": sid, "X-Cognitive-Recovery-Seq": "5"}
+        async with await _post(session, _execute_url(two.url), headers) as resumed:
+            assert resumed.status == 200
+            rest = await read_sse(resumed)
+    meta = rest[0][1]
+    assert meta["resumed"] is True and meta["resume_from_seq"] == 6 and meta["session_id"] == sid
+    assert [seq(c) for c in sequenced(rest)][:2] == [6, 7]
+    final, reference = rest[-1][1], uninterrupted[-1][1]
+    assert final["final"] is True and final["data"] == reference["data"]
+    assert final["meta"]["confidence"] == reference["meta"]["confidence"]
+    assert rendered(seen + rest)["data.rationale"] == LONG == rendered(uninterrupted)["data.rationale"]
+    assert slow_fake.count("/v1/chat/completions") == 2  # the dropped call was not made twice
+
+
+@pytest.fixture
+async def local(fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream)) as proxy:
+        yield proxy
+
+
+async def _whole_stream(local: Any, fake: FakeUpstream, key: str = "sk-a") -> list[Any]:
+    fake.script("cheap", answer(0.92))
+    _, events = await _call(_execute_url(local.url), {**SSE, "Authorization": f"Bearer {key}"})
+    return list(events)
+
+
+async def test_a_resume_after_the_end_replays_the_rest_from_memory(
+    local: Any, fake_upstream: FakeUpstream
+) -> None:
+    events = await _whole_stream(local, fake_upstream)
+    sid = events[0][1]["session_id"]
+    third = sequenced(events)[2]
+    body = {
+        "input": REVIEW_INPUT,
+        "_recovery": {"session_id": sid, "last_seq": 3, "last_checkpoint": third["chunk"]["checkpoint"]},
+    }
+    _, rest = await _call(_execute_url(local.url), {**SSE, "Authorization": "Bearer sk-a"}, body)
+    assert rest[0][1]["resume_from_seq"] == 4
+    assert [seq(c) for c in sequenced(rest)] == [seq(c) for c in sequenced(events)][3:]
+    assert rest[-1][1] == events[-1][1]
+    assert fake_upstream.count("/v1/chat/completions") == 1
+    async with aiohttp.ClientSession() as session:
+        metrics = await (await session.get(local.url + "/metrics")).text()
+    assert 'cognitive_stream_ttfd_seconds_count{module="code-reviewer"} 1.0' in metrics
+    assert 'cognitive_streams_total{module="code-reviewer",outcome="final"} 1.0' in metrics
+    assert 'cognitive_stream_resumptions_total{result="resumed"} 1.0' in metrics
+    assert "cognitive_stream_sessions 0.0" in metrics
+
+
+async def test_a_checkpoint_mismatch_restarts_at_seq_1_with_a_warning(
+    local: Any, fake_upstream: FakeUpstream
+) -> None:
+    events = await _whole_stream(local, fake_upstream)
+    sid = events[0][1]["session_id"]
+    body = {
+        "input": REVIEW_INPUT,
+        "_recovery": {"session_id": sid, "last_seq": 3, "last_checkpoint": {"offset": 1, "hash": "000000"}},
+    }
+    _, again = await _call(_execute_url(local.url), {**SSE, "Authorization": "Bearer sk-a"}, body)
+    meta = again[0][1]
+    assert meta["resumed"] is False and meta["resume_from_seq"] == 1
+    assert meta["_warnings"][0]["code"] == "W4012"
+    assert seq(sequenced(again)[0]) == 1 and again[-1][1] == events[-1][1]
+
+
+async def test_an_unknown_session_starts_a_new_stream(local: Any, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.script("cheap", answer(0.92))
+    unknown = "sess_" + "0" * 32
+    headers = {**SSE, "X-Cognitive-Recovery-Session": unknown, "X-Cognitive-Recovery-Seq": "4"}
+    _, events = await _call(_execute_url(local.url), headers)
+    meta = events[0][1]
+    assert meta["session_id"] != unknown and "resumed" not in meta
+    assert seq(sequenced(events)[0]) == 1 and events[-1][1]["final"] is True
+
+
+async def test_a_recovery_with_another_client_key_is_refused(local: Any, fake_upstream: FakeUpstream) -> None:
+    events = await _whole_stream(local, fake_upstream, key="sk-a")
+    sid = events[0][1]["session_id"]
+    headers = {
+        **SSE,
+        "Authorization": "Bearer sk-b",
+        "X-Cognitive-Recovery-Session": sid,
+        "X-Cognitive-Recovery-Seq": "1",
+    }
+    status, body = await _call(_execute_url(local.url), headers)
+    assert status == 403
+    assert body["ok"] is False and body["error"]["code"] == "E4007"
+    assert fake_upstream.count("/v1/chat/completions") == 1
+
+
+async def test_recovery_disabled_answers_e4012(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), stream_recovery=False) as proxy:
+        headers = {**SSE, "X-Cognitive-Recovery-Session": "sess_" + "1" * 32, "X-Cognitive-Recovery-Seq": "2"}
+        status, body = await _call(_execute_url(proxy.url), headers)
+    assert status == 400
+    assert body["error"]["code"] == "E4012" and fake_upstream.requests == []
+
+
+async def test_no_stream_recovery_flag_answers_e4012_from_serve(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(fake_upstream)))
+    async with (
+        proxy_process("--policy", str(policy), "--no-stream-recovery") as served,
+        aiohttp.ClientSession() as session,
+    ):
+        body = {"input": REVIEW_INPUT, "_recovery": {"session_id": "sess_" + "2" * 32, "last_seq": 1}}
+        async with await _post(session, _execute_url(served.url), SSE, body) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["code"] == "E4012"
+
+
+async def test_heartbeats_fill_the_silence_before_the_first_delta(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    fake_upstream.script("cheap", Fault.slow(0.3, answer(0.92)))
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), stream_heartbeat_s=0.02) as proxy:
+        _, events = await _call(_execute_url(proxy.url), SSE)
+    first_sequenced = next(i for i, (_, c) in enumerate(events) if seq(c) is not None)
+    beats = [c for _, c in events[1:first_sequenced]]
+    assert beats and all(c == {} for c in beats)
+    assert events[-1][1]["final"] is True and rendered(events)["data.rationale"] == RATIONALE
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"X-Cognitive-Recovery-Session": "sess_x", "X-Cognitive-Recovery-Seq": "two"}, None),
+        ({"X-Cognitive-Recovery-Session": "sess_x", "X-Cognitive-Recovery-Seq": "-1"}, None),
+        ({}, {"input": REVIEW_INPUT, "_recovery": {"last_seq": 1}}),
+        ({}, {"input": REVIEW_INPUT, "_recovery": "sess_x"}),
+    ],
+)
+async def test_a_malformed_recovery_context_is_a_400(
+    local: Any, headers: dict[str, str], body: dict[str, Any] | None
+) -> None:
+    status, answer_body = await _call(_execute_url(local.url), {**SSE, **headers}, body)
+    assert status == 400 and answer_body["error"]["code"] == "E1001"
+
+
+def test_stream_chunks_in_redis_expire(tmp_path: Path) -> None:
+    """Nothing is left in Redis without a TTL (checked after the replica test above ran)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter("cogproxy:stream:*"):
+            assert 0 < client.ttl(key) <= 300, key
+    finally:
+        client.close()
+
+
+async def test_without_recovery_a_client_that_leaves_cancels_the_upstream_call(
+    slow_fake: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+    async with (
+        running_proxy(tmp_path, upstream_policy(slow_fake), stream_recovery=False) as proxy,
+        aiohttp.ClientSession() as session,
+    ):
+        response = await _post(session, _execute_url(proxy.url), SSE)
+        await read_sse(response, stop_after=2)
+        response.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while slow_fake.cancelled == 0:
+            assert loop.time() < deadline, "the upstream call went on after the client left"
+            await asyncio.sleep(0.01)

@@ -1,0 +1,94 @@
+"""Response mode negotiation (spec v2.5 §3.2.5): the priority order and the mismatch table."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.stream.negotiate import BadMode, Request, negotiate, requested
+from tests.conftest import ModuleFactory
+
+SSE, NDJSON, JSON = "text/event-stream", "application/x-ndjson", "application/json"
+
+
+@pytest.mark.parametrize(
+    ("signals", "expected"),
+    [
+        (Request(header="sync", option="streaming", query="streaming", accept=SSE), "sync"),
+        (Request(header="streaming", option="sync", query="sync", accept=JSON), "streaming"),
+        (Request(option="sync", query="streaming", accept=SSE), "sync"),
+        (Request(option="streaming", query="sync"), "streaming"),
+        (Request(query="sync", accept=SSE), "sync"),
+        (Request(query="streaming", accept=JSON), "streaming"),
+        (Request(accept=SSE), "streaming"),
+        (Request(accept=NDJSON), "streaming"),
+        (Request(accept=JSON), None),
+        (Request(accept="*/*"), None),
+        (Request(), None),
+        (Request(header="", option=None, query="", accept=SSE), "streaming"),
+        (Request(header=" Streaming "), "streaming"),
+    ],
+)
+def test_priority_header_then_body_then_query_then_accept(signals: Request, expected: str | None) -> None:
+    assert requested(signals) == expected
+
+
+@pytest.mark.parametrize("signals", [Request(header="fast"), Request(option=3), Request(query="both")])
+def test_a_malformed_mode_is_refused(signals: Request) -> None:
+    with pytest.raises(BadMode):
+        requested(signals)
+
+
+@pytest.mark.parametrize(
+    ("mode", "ask", "can_stream", "answer", "reason", "refused"),
+    [
+        ("both", "streaming", True, "streaming", None, False),
+        ("both", "streaming", False, "sync", "provider_limitation", False),
+        ("both", "sync", True, "sync", None, False),
+        ("both", "sync", False, "sync", None, False),
+        ("streaming", "sync", True, "sync", None, True),
+        ("streaming", "streaming", True, "streaming", None, False),
+        ("sync", "streaming", True, "sync", "module_sync_only", False),
+        ("sync", "streaming", False, "sync", "module_sync_only", False),
+    ],
+)
+def test_the_mismatch_table(
+    make_module: ModuleFactory,
+    mode: str,
+    ask: str,
+    can_stream: bool,
+    answer: str,
+    reason: str | None,
+    refused: bool,
+) -> None:
+    module = make_module(response={"mode": mode})
+    got = negotiate(module, Request(header=ask), can_stream=can_stream)
+    assert (got.mode, got.fallback_reason, got.refused) == (answer, reason, refused)
+    if reason:
+        assert got.warning_header == f"STREAMING_UNAVAILABLE; fallback=sync; reason={reason}"
+        assert got.warnings()[0]["code"] == "W4010" and got.warnings()[0]["fallback_used"] == "sync"
+    else:
+        assert got.warning_header is None and got.warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("tier", "declared", "answer"),
+    [
+        ("exec", None, "sync"),
+        ("decision", None, "sync"),
+        ("exploration", None, "sync"),  # tier default streaming: no signal still reads JSON
+        ("decision", "streaming", "streaming"),  # declared in module.yaml: streams unasked
+        ("exec", "both", "sync"),
+    ],
+)
+def test_no_signal_is_sync_unless_module_yaml_declares_streaming(
+    make_module: ModuleFactory, tier: str, declared: str | None, answer: str
+) -> None:
+    module = make_module(tier=tier, **({"response": {"mode": declared}} if declared else {}))
+    assert negotiate(module, Request(accept=JSON)).mode == answer
+
+
+def test_exploration_tier_default_streaming_refuses_an_explicit_sync(make_module: ModuleFactory) -> None:
+    module = make_module(tier="exploration")
+    assert module.response_mode == "streaming"
+    assert negotiate(module, Request(query="sync")).refused is True
+    assert negotiate(module, Request(accept=NDJSON)).transport == "ndjson"

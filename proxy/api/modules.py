@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -10,7 +11,16 @@ from aiohttp import web
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
+from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
+from proxy.context.identity import (
+    SESSION_HEADER,
+    USER_HEADER,
+    Identity,
+    IdentityError,
+    check_id,
+    namespace_of,
+)
+from proxy.context.step import ContextCall
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer
@@ -58,8 +68,35 @@ def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | N
     )
 
 
+BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
+
+
+def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()) -> ContextCall:
+    """The caller's context identity: the client key's hash, ``X-Cognitive-Session`` and
+    ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
+    ``IdentityError`` for an id that is not an opaque short name."""
+    identity = Identity(
+        namespace_of(request.get(CLIENT_KEY)),
+        check_id(request.headers.get(SESSION_HEADER, "").strip(), SESSION_HEADER),
+        check_id(request.headers.get(USER_HEADER, "").strip(), USER_HEADER),
+    )
+    directives = {d.strip().lower() for d in request.headers.get("Cache-Control", "").split(",")}
+    return ContextCall(
+        request.app[CONTEXT_STORE],
+        identity,
+        history,
+        bypass_cache=bool(directives & BYPASS_DIRECTIVES),
+        matcher=request.app[REDACT_NAMES],
+    )
+
+
 async def _run(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    context: ContextCall,
 ) -> ModuleAnswer:
     """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
     trace_id = request[TRACE_KEY]
@@ -74,6 +111,7 @@ async def _run(
                 trace_id,
                 request.get(CLIENT_KEY),
                 check,
+                context,
             )
         )
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
@@ -84,14 +122,22 @@ async def _run(
 
 
 async def answer_module(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, *, check_input: bool = True
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    *,
+    check_input: bool = True,
+    context: ContextCall | None = None,
 ) -> ModuleAnswer:
     """Run one module call for ``request`` and record it in the review sink when so decided."""
     trace_id = request[TRACE_KEY]
     record = request[RECORD_KEY]
     record.module = module.name
-    answer = await _run(request, runtime, module, value, check_input)
+    answer = await _run(request, runtime, module, value, check_input, context or context_call(request))
     record.upstream_s += answer.upstream_s
+    if answer.cache is not None:
+        record.fields["cache"] = answer.cache
     record.fields.update(
         tier=module.tier,
         decision=answer.decision,
@@ -133,7 +179,12 @@ async def execute(request: web.Request) -> web.Response:
             trace_id,
             suggestion='Send {"input": {...}} with the module input',
         )
-    answer = await answer_module(request, runtime, module, body["input"])
+    try:
+        context = context_call(request)
+    except IdentityError as exc:
+        record.outcome = OUTCOME_INVALID_INPUT
+        return caller_error(Code.INVALID_INPUT, str(exc), trace_id)
+    answer = await answer_module(request, runtime, module, body["input"], context=context)
     return json_response(
         answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
     )

@@ -141,8 +141,8 @@ class RedisContextStore:
         delivered = self._outbox.put_key(
             KeyWrite(key, value.decode(), None if ttl == TTL_PERSISTENT else ttl)
         )
-        if delivered is None:
-            return  # the outbox is full: dropped and counted there
+        if delivered is None or not self._outbox.up:
+            return  # full (dropped and counted there), or Redis is down: delivered later, in order
         with contextlib.suppress(TimeoutError):  # past the wait: delivered later, in order
             await asyncio.wait_for(asyncio.shield(delivered), WRITE_WAIT_S)
 

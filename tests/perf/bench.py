@@ -16,6 +16,12 @@ First, the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) w
 keys (costly once parsed) and one long string. ``--memory-only`` runs just that section
 (no wrk needed).
 
+``--context`` runs only the context-protocol section (also part of the full run): the result
+cache's hit latency p50 at concurrency 1 through a proxy on Redis (``COGPROXY_BENCH_REDIS_URL``,
+default ``redis://127.0.0.1:6379/15``; its database is flushed), against a cache-bypassed call
+of the same module in the same run; and, in process, what the context steps add to a module
+call that carries no context, against the input check and prompt rendering of the same call.
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -298,6 +304,119 @@ def parse_bench() -> None:
         )
 
 
+REDIS_URL = os.environ.get("COGPROXY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+async def _sequential(url: str, body: dict[str, object], count: int, headers: dict[str, str]) -> list[float]:
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(count):
+            started = time.perf_counter()
+            async with session.post(url, json=body, headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _step_seconds(repeat: int) -> tuple[float, float, float]:
+    """Per call: the context steps (prepare + emit) for a module without context, the baseline
+    (input check + prompt rendering), and the steps for the §8.1 module in a session."""
+    from proxy.context.identity import Identity, namespace_of
+    from proxy.context.step import ContextCall, emit, prepare
+    from proxy.context.store import MemoryContextStore
+    from proxy.contract.inputs import check_input
+    from proxy.module.loader import load_module
+    from proxy.pipeline import build_messages
+
+    module = load_module(ROOT / "modules" / "code-reviewer")
+    reviewer = load_module(ROOT / "modules" / "interactive-reviewer")
+    value = MODULE_BODY["input"]
+    call = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench")))
+    session = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench"), "s1"))
+    envelope = {**ENVELOPE}
+
+    async def steps(ctx: ContextCall, mod: object, value: object) -> None:
+        prepared = await prepare(mod, value, ctx)  # type: ignore[arg-type]
+        await emit(mod, ctx, prepared, "accept", envelope, None)  # type: ignore[arg-type]
+
+    async def measure() -> tuple[float, float, float]:
+        timings: dict[str, list[float]] = {"ctx": [], "base": [], "session": []}
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            await steps(call, module, value)
+            t1 = time.perf_counter()
+            check_input(module, value)
+            build_messages(module, value)
+            t2 = time.perf_counter()
+            await steps(session, reviewer, {"code": "x", "file": "a.py"})
+            t3 = time.perf_counter()
+            timings["ctx"].append(t1 - t0)
+            timings["base"].append(t2 - t1)
+            timings["session"].append(t3 - t2)
+        return tuple(statistics.median(v) for v in timings.values())  # type: ignore[return-value]
+
+    return asyncio.run(measure())
+
+
+def context_bench(tmpdir: Path, up_port: int) -> None:
+    """Cache-hit latency through Redis, and the context steps' overhead, each against a baseline."""
+    import redis
+
+    sys.path.insert(0, str(ROOT))
+    ctx_s, base_s, session_s = _step_seconds(5_000)
+    print(
+        f"context steps, module without context: {ctx_s * 1e3:.4f} ms per call "
+        f"(input check + prompt render of the same call: {base_s * 1e3:.4f} ms; ratio {ctx_s / base_s:.2f})"
+    )
+    print(f"context steps, §8.1 module in a session (memory store): {session_s * 1e3:.4f} ms per call")
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    port = free_port()
+    policy = tmpdir / "cache-policy.yaml"
+    policy.write_text(
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n"
+        "cache:\n  modules:\n    code-reviewer: {ttl_s: 600}\n"
+    )
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--policy",
+            str(policy),
+            "--modules",
+            str(ROOT / "modules"),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--redis-url",
+            REDIS_URL,
+        ],
+        cwd=ROOT,
+    )
+    try:
+        wait_port(port)
+        url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
+        asyncio.run(_sequential(url, MODULE_BODY, 50, {}))  # warm-up; the first call fills the cache
+        hits = asyncio.run(_sequential(url, MODULE_BODY, 2_000, {}))
+        bypass = asyncio.run(_sequential(url, MODULE_BODY, 2_000, {"Cache-Control": "no-cache"}))
+        print(
+            f"cache hit p50 (c=1, Redis on loopback): {pct(hits, 50):.3f} ms, p99 {pct(hits, 99):.3f} ms; "
+            f"cache bypassed (model called) p50 {pct(bypass, 50):.3f} ms; ratio hit/bypass "
+            f"{pct(hits, 50) / pct(bypass, 50):.2f}"
+        )
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+        redis.Redis.from_url(REDIS_URL).flushdb()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -307,6 +426,7 @@ def main() -> int:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     parser.add_argument("--memory-only", action="store_true", help="only the large-body memory section")
+    parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream)
@@ -314,7 +434,7 @@ def main() -> int:
     if args.parse:
         parse_bench()
         return 0
-    if not args.memory_only and shutil.which("wrk") is None:
+    if not (args.memory_only or args.context) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -351,6 +471,9 @@ def main() -> int:
             wait_port(proxy_port)
             direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+            if args.context:
+                context_bench(tmpdir, up_port)
+                return 0
             memory_section(through, proxy.pid)
             if args.memory_only:
                 return 0
@@ -384,6 +507,7 @@ def main() -> int:
                     f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
                 )
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
+            context_bench(tmpdir, up_port)
             parse_bench()
         finally:
             for proc in (proxy, upstream):

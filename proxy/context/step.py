@@ -18,6 +18,7 @@ from proxy.context.sanitise import DEFAULT_MATCHER, MAX_CONTEXT_BYTES, NameMatch
 from proxy.context.spec import TTL_REQUEST
 from proxy.context.store import ContextStore
 from proxy.contract.errors import Code, error_envelope
+from proxy.jsonshape import deeper_than
 from proxy.module.model import Module
 
 log = structlog.get_logger("proxy.context")
@@ -65,8 +66,8 @@ def _invalid(message: str, **details: Any) -> dict[str, Any]:
 
 
 async def prepare(module: Module, value: Any, call: ContextCall | None) -> Prepared:
-    if not isinstance(value, dict):
-        return Prepared(value, value)
+    if not isinstance(value, dict) or deeper_than(value):
+        return Prepared(value, value)  # the input check refuses it (E1001) before anything else
     client = value.get(CONTEXT_FIELD)
     bare = {k: v for k, v in value.items() if k != CONTEXT_FIELD} if CONTEXT_FIELD in value else value
     prepared = Prepared(bare, bare)

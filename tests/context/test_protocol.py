@@ -228,3 +228,18 @@ def test_bundled_example_declares_the_spec_context() -> None:
     ]
     assert module.context.emitted("session_state") is not None
     assert module.context.emitted("session_state").ttl == 3600  # type: ignore[union-attr]
+
+
+async def test_deep_or_huge_context_is_refused_before_any_model_call(
+    px: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    deep: object = {}
+    for _ in range(200):
+        deep = {"a": deep}
+    status, _, envelope = await execute(px.url, REVIEWER, {**LOGIN, "_context": {"session_state": deep}})
+    assert (status, envelope["error"]["code"]) == (400, "E1001")
+    huge = {"files_reviewed": ["f" * 9_000] * 50}  # each string under 10,000, together 450 KB
+    status, _, envelope = await execute(px.url, REVIEWER, {**LOGIN, "_context": {"session_state": huge}})
+    assert envelope["error"]["code"] == "E1005"
+    assert envelope["error"]["details"]["max_context_bytes"] == 256 * 1024
+    assert fake_upstream.count() == 0

@@ -15,17 +15,9 @@ from aiohttp import web
 from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.modules import (
-    answer_module,
-    caller_error,
-    context_call,
-    module_error_response,
-    module_not_found,
-)
+from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.relay import serve
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
-from proxy.context.identity import IdentityError
-from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
 from proxy.observability.instrument import record_usage
@@ -115,11 +107,9 @@ async def _module_chat(
     if module is None:
         return module_not_found(name, runtime, request)
     value, check = module_input(body)
-    try:
-        context = context_call(request, module_history(body))
-    except IdentityError as exc:
-        return caller_error(Code.INVALID_INPUT, str(exc), request[TRACE_KEY])
-    answer = await answer_module(request, runtime, module, value, check_input=check, context=context)
+    answer = await answer_module(
+        request, runtime, module, value, check_input=check, history=module_history(body)
+    )
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])
     reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())

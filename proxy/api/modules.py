@@ -128,13 +128,21 @@ async def answer_module(
     value: Any,
     *,
     check_input: bool = True,
-    context: ContextCall | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> ModuleAnswer:
-    """Run one module call for ``request`` and record it in the review sink when so decided."""
+    """Run one module call for ``request`` and record it in the review sink when so decided.
+    ``history``: the earlier messages of a chat-style call (``conversation_history``)."""
     trace_id = request[TRACE_KEY]
     record = request[RECORD_KEY]
     record.module = module.name
-    answer = await _run(request, runtime, module, value, check_input, context or context_call(request))
+    try:
+        context = context_call(request, history)
+    except IdentityError as exc:
+        record.outcome = OUTCOME_INVALID_INPUT
+        answer = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
+        answer.envelope["meta"]["trace_id"] = trace_id
+        return answer
+    answer = await _run(request, runtime, module, value, check_input, context)
     record.upstream_s += answer.upstream_s
     if answer.cache is not None:
         record.fields["cache"] = answer.cache
@@ -179,12 +187,7 @@ async def execute(request: web.Request) -> web.Response:
             trace_id,
             suggestion='Send {"input": {...}} with the module input',
         )
-    try:
-        context = context_call(request)
-    except IdentityError as exc:
-        record.outcome = OUTCOME_INVALID_INPUT
-        return caller_error(Code.INVALID_INPUT, str(exc), trace_id)
-    answer = await answer_module(request, runtime, module, body["input"], context=context)
+    answer = await answer_module(request, runtime, module, body["input"])
     return json_response(
         answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
     )

@@ -243,3 +243,21 @@ async def test_deep_or_huge_context_is_refused_before_any_model_call(
     assert envelope["error"]["code"] == "E1005"
     assert envelope["error"]["details"]["max_context_bytes"] == 256 * 1024
     assert fake_upstream.count() == 0
+
+
+async def test_chat_and_responses_module_calls_share_the_session(
+    px: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script("cheap", reviewer_answer(2, "code_review"), reviewer_answer(1, "verify_fix"))
+    async with aiohttp.ClientSession(headers=SESSION) as session:
+        chat = {"model": f"module:{REVIEWER}", "messages": [{"role": "user", "content": json.dumps(LOGIN)}]}
+        assert (await session.post(px.base + "/chat/completions", json=chat)).status == 200
+        responses = {"model": f"module:{REVIEWER}", "input": json.dumps(FIX)}
+        resp = await session.post(px.base + "/responses", json=responses)
+        assert resp.status == 200
+        bad = await session.post(
+            px.base + "/chat/completions", json=chat, headers={"X-Cognitive-User": "no spaces allowed"}
+        )
+        assert bad.status == 400 and (await bad.json())["error"]["code"] == "E1001"
+    assert sent_inputs(fake_upstream)[1]["_context"]["session_state"]["issues_found"] == 2
+    assert fake_upstream.count("/v1/chat/completions") == 2

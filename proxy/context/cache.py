@@ -96,4 +96,4 @@ async def lookup(store: ContextStore, key: str, version: str) -> Entry | None:
 async def save(store: ContextStore, key: str, entry: Entry, ttl: int) -> None:
     raw = orjson.dumps(asdict(entry))
     if len(raw) <= MAX_ENTRY_BYTES:
-        await store.put(key, raw, ttl)
+        await store.put(key, raw, ttl, wait=False)  # the next identical call may miss; no harm

@@ -46,7 +46,10 @@ class ContextUnavailable(Exception):
 class ContextStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, value: bytes, ttl: int) -> None: ...
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+        """Store ``value``; ``wait``: until the store has it (read-your-writes for the session's
+        next call), else in the background."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -85,7 +88,7 @@ class MemoryContextStore:
         self._items.move_to_end(key)
         return value
 
-    async def put(self, key: str, value: bytes, ttl: int) -> None:
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
         if ttl == 0:
             return
         if key in self._items:
@@ -135,13 +138,13 @@ class RedisContextStore:
             raise ContextUnavailable("the context store (Redis) is down") from exc
         return value
 
-    async def put(self, key: str, value: bytes, ttl: int) -> None:
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
         if ttl == 0:
             return
         delivered = self._outbox.put_key(
             KeyWrite(key, value.decode(), None if ttl == TTL_PERSISTENT else ttl)
         )
-        if delivered is None or not self._outbox.up:
+        if delivered is None or not wait or not self._outbox.up:
             return  # full (dropped and counted there), or Redis is down: delivered later, in order
         with contextlib.suppress(TimeoutError):  # past the wait: delivered later, in order
             await asyncio.wait_for(asyncio.shield(delivered), WRITE_WAIT_S)

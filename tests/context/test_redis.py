@@ -4,7 +4,9 @@ Also the spec §8.1 example on `make run`'s policy (the offline provider)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,15 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, up
 
 SESSION = {"X-Cognitive-Session": "review-1"}
 ENV = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+
+
+async def until(probe: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
+    """Poll ``probe`` until it returns something truthy, within ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (value := await probe()):
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+    return value
 
 
 def policy_file(tmp_path: Path, fake: FakeUpstream, **extra: Any) -> str:
@@ -42,6 +53,7 @@ async def test_two_replicas_share_context_and_cache_through_redis(
         # Without a session (no context), the same input on the other replica is a shared cache hit.
         fake_upstream.script("cheap", reviewer_answer(0, "code_review"))
         _, miss, answered = await execute(b.url, REVIEWER, {"code": "x = 1"})
+        await until(lambda: redis_db.keys("cogproxy:ctx:*:cache:*"))  # cache writes do not wait
         _, hit, cached = await execute(a.url, REVIEWER, {"code": "x = 1"})
         assert (miss["X-Cognitive-Cache"], hit["X-Cognitive-Cache"]) == ("miss", "hit")
         assert cached["data"] == answered["data"]

@@ -16,8 +16,21 @@ from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
-from proxy.api.state import METRICS, OUTBOX, ROUTER, RUNTIME, SESSION, SETTINGS, Runtime, RuntimeHolder
+from proxy.api.state import (
+    CONTEXT_STORE,
+    METRICS,
+    OUTBOX,
+    REDACT_NAMES,
+    ROUTER,
+    RUNTIME,
+    SESSION,
+    SETTINGS,
+    Runtime,
+    RuntimeHolder,
+)
 from proxy.api.target import target_form_middleware
+from proxy.context.sanitise import NameMatcher
+from proxy.context.store import ContextStore, MemoryContextStore, RedisContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
@@ -28,7 +41,7 @@ from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard
 from proxy.settings import Settings
 from proxy.state.memory import MemoryBreakerStore
-from proxy.state.outbox import RedisOutbox
+from proxy.state.outbox import KeyWrite, RedisOutbox, Write
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
@@ -101,16 +114,26 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
 
     metrics.watch_breakers(breaker_states)
     outbox = None
+    context: ContextStore = MemoryContextStore()
     if settings.redis_url:
+
+        def dropped(write: Write) -> None:
+            (metrics.context_writes_dropped if isinstance(write, KeyWrite) else metrics.review_dropped).inc()
+
+        def failed(write: Write) -> None:
+            if not isinstance(write, KeyWrite):
+                metrics.review_sink_failures.labels("redis-stream").inc()
+
         outbox = app[OUTBOX] = RedisOutbox(
-            settings.redis_url,
-            spool_dir=settings.spool_dir,
-            on_drop=lambda write: metrics.review_dropped.inc(),
-            on_first_failure=lambda write: metrics.review_sink_failures.labels("redis-stream").inc(),
+            settings.redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed
         )
         outbox.start()
         metrics.watch_redis(lambda: outbox.up)
+        context = RedisContextStore(settings.redis_url, outbox)
+    app[CONTEXT_STORE] = context
+    app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
     yield
+    await context.aclose()
     if outbox is not None:
         await outbox.aclose()
     await store.aclose()

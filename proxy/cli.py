@@ -328,14 +328,23 @@ SERVE_OPTIONS = (
         "REDIS_URL",
         str,
         None,
-        "share breaker state through this Redis, e.g. redis://127.0.0.1:6379/0",
+        "share breaker state, module context and the result cache through this Redis, "
+        "e.g. redis://127.0.0.1:6379/0",
     ),
     ServeOption(
         "--spool-dir",
         "SPOOL_DIR",
         str,
         None,
-        "keep Redis writes not yet delivered (review records) in a file here, replayed on start",
+        "keep Redis writes not yet delivered (review records, context) in a file here, replayed on start",
+    ),
+    ServeOption(
+        "--context-redact-names",
+        "CONTEXT_REDACT_NAMES",
+        str,
+        None,
+        "comma-separated field-name words whose _context values are redacted before the model "
+        "(default: password,passwd,token,secret,key,authorization,cookie,credential)",
     ),
     ServeOption(
         "--reload-interval",
@@ -433,6 +442,11 @@ def _admin_port(args: argparse.Namespace) -> int | None:
     return legacy
 
 
+def _redact_names(text: str | None) -> dict[str, tuple[str, ...]]:
+    names = tuple(n.strip().lower() for n in (text or "").split(",") if n.strip())
+    return {"context_redact_names": names} if names else {}
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
     if args.api_keys_file:
@@ -462,6 +476,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         stream_recovery=not args.no_stream_recovery,
         stream_heartbeat_s=args.stream_heartbeat,
         stream_session_max_bytes=args.stream_session_max_bytes,
+        **_redact_names(args.context_redact_names),
     )
 
 

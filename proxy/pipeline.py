@@ -15,13 +15,16 @@ never from a code the model wrote.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
+from proxy.context import cache
+from proxy.context.step import ContextCall, Prepared, emit, prepare
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
@@ -55,6 +58,9 @@ class Listener(Protocol):
 
     def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
         """The answer just seen is set aside: ``stage`` is ``escalating`` or ``reasking``."""
+
+
+CACHE_HEADER = "X-Cognitive-Cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,14 @@ class ModuleAnswer:
     usage: Mapping[str, int] = field(default_factory=dict)
     upstream_s: float = 0.0
     """Time spent waiting on providers (tries and backoff), for the overhead metric."""
+    emitted: dict[str, Any] | None = None
+    """The decided answer's valid ``_emitted_context`` (from the contract engine)."""
+    cache: str | None = None
+    """hit | miss | bypass when the module's answers are cached; None otherwise."""
+    saved_tokens: int = 0
+    """Tokens a cache hit did not spend (those of the cached answer)."""
+    redacted: tuple[str, ...] = ()
+    """Paths of ``_context`` values redacted before the model saw them."""
 
     @property
     def status(self) -> int:
@@ -149,6 +163,8 @@ class ModuleAnswer:
         }
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        if self.cache is not None:
+            headers[CACHE_HEADER] = self.cache
         return headers
 
 
@@ -167,6 +183,8 @@ class Call:
     """False for plain-text input: the input schema is skipped; size and depth are still checked."""
     listener: Listener | None = None
     """Set when the answer streams: providers are asked for a stream and the listener sees it."""
+    context: ContextCall | None = None
+    """The caller's context store and identity (None: no context is built or stored)."""
 
 
 def _reject(
@@ -370,16 +388,77 @@ class _Attempts:
 
 async def run_module(call: Call) -> ModuleAnswer:
     """Run ``call`` through the ladder and return the decided answer (never raises for
-    provider or contract failures: those are envelopes)."""
+    provider or contract failures: those are envelopes).
+
+        context step -> input check -> [cache lookup] -> ladder -> [cache save] -> emit step
+    """
     started = time.perf_counter()
     module, policy = call.module, call.policy
-    error = check_input(module, call.input, schema=call.check_input)
+    prepared = await prepare(module, call.input, call.context)
+    error = prepared.error or check_input(module, prepared.checked_input, schema=call.check_input)
     if error is not None:
-        return _finish(ModuleAnswer(module, error, "reject", Origin.CALLER), started, call.trace_id)
+        answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
+        return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
+    rule = cache.rule_for(policy, module) if call.context is not None and prepared.identity else None
+    key = version = ""
+    state: str | None = None
+    if rule is not None and call.context is not None and prepared.identity is not None:
+        key = cache.cache_key(prepared.identity, module, prepared.input_hash, prepared.context_digest)
+        version = cache.policy_version(thresholds)
+        state = cache.BYPASS if call.context.bypass_cache else cache.MISS
+        if state == cache.MISS:
+            entry = await cache.lookup(call.context.store, key, version)
+            if entry is not None:
+                hit = ModuleAnswer(
+                    module,
+                    entry.envelope,
+                    "accept",
+                    Origin.MODEL,
+                    model=entry.model,
+                    emitted=entry.emitted,
+                    cache=cache.HIT,
+                    saved_tokens=entry.tokens,
+                )
+                return _finish(await _emit(call, prepared, hit), started, call.trace_id)
+    answer = await _ladder(call, prepared, thresholds)
+    if state is not None:
+        answer = replace(answer, cache=state)
+    if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
+        envelope = copy.deepcopy(answer.envelope)
+        entry = cache.Entry(version, envelope, answer.model, dict(answer.usage), answer.emitted)
+        await cache.save(call.context.store, key, entry, rule.ttl_s)
+    return _finish(await _emit(call, prepared, answer), started, call.trace_id)
+
+
+def _with_warnings(answer: ModuleAnswer, warnings: list[str]) -> ModuleAnswer:
+    if warnings:
+        answer.envelope["_warnings"] = list(warnings)
+    return answer
+
+
+async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleAnswer:
+    """The emit step: store what an accepted answer emitted; give it (and warnings) to the client."""
+    emitted, warnings = await emit(
+        answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted
+    )
+    envelope = answer.envelope
+    if emitted or prepared.warnings or warnings:
+        envelope = dict(envelope)
+        if emitted:
+            envelope["_emitted_context"] = emitted
+    answer = replace(answer, envelope=envelope, redacted=tuple(prepared.redacted))
+    return _with_warnings(answer, prepared.warnings + warnings)
+
+
+async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> ModuleAnswer:
+    """The rungs: provider call -> contract -> decide, escalating until a decision."""
+    module, policy = call.module, call.policy
     start = policy.start_rung(thresholds)
-    messages = build_messages(module, call.input)
-    ctx = CallContext(trace_id=call.trace_id, client_key=call.client_key, module=module, input=call.input)
+    messages = build_messages(module, prepared.model_input)
+    ctx = CallContext(
+        trace_id=call.trace_id, client_key=call.client_key, module=module, input=prepared.checked_input
+    )
     deadline = time.monotonic() + policy.timeouts.total_s
     attempts = _Attempts()
     failures: list[ProviderError] = []
@@ -445,7 +524,7 @@ async def run_module(call: Call) -> ModuleAnswer:
         elif decision.action == "reject":
             envelope = _reject(thresholds, decision, result.envelope, module)
             origin = Origin.POLICY
-        answer = ModuleAnswer(
+        return ModuleAnswer(
             module,
             envelope,
             label,
@@ -455,19 +534,15 @@ async def run_module(call: Call) -> ModuleAnswer:
             result.repairs,
             usage=usage_of(reply),
             upstream_s=attempts.upstream_s,
+            emitted=result.emitted,
         )
-        return _finish(answer, started, call.trace_id)
     envelope, retry_after = _no_answer(failures, deadline_spent, module, last)
-    return _finish(
-        ModuleAnswer(
-            module,
-            envelope,
-            "reject",
-            Origin.RUNTIME,
-            tuple(attempts.items),
-            retry_after=retry_after,
-            upstream_s=attempts.upstream_s,
-        ),
-        started,
-        call.trace_id,
+    return ModuleAnswer(
+        module,
+        envelope,
+        "reject",
+        Origin.RUNTIME,
+        tuple(attempts.items),
+        retry_after=retry_after,
+        upstream_s=attempts.upstream_s,
     )

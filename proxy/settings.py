@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
+
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 DEFAULT_POOL_SIZE = 100
@@ -62,6 +64,9 @@ class Settings:
     applies (loopback bind, no client keys)."""
     allowed_origins: frozenset[str] = frozenset()
     """``Origin`` values (lower case) a browser page may send when the browser guard applies."""
+    context_redact_names: tuple[str, ...] = DEFAULT_SENSITIVE_NAMES
+    """Field-name words whose ``_context`` values are replaced before a model sees them (values
+    that look like credentials are masked whatever their name)."""
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S
     """How often policy and module files are checked for changes; 0 disables polling (SIGHUP
     still reloads)."""

@@ -78,6 +78,14 @@ def text_of(message: dict[str, Any]) -> str:
     )
 
 
+def module_history(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages before the last user message (the module input): the source of
+    ``conversation_history``, as ``{role, content}`` with text content."""
+    messages = [as_dict(m) for m in as_list(body.get("messages"))]
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    return [{"role": m.get("role"), "content": text_of(m)} for m in messages[:last]]
+
+
 def module_input(body: dict[str, Any]) -> tuple[Any, bool]:
     """The last user message as module input, and whether to check it against the schema:
     a JSON object is the input as is; plain text becomes ``{"$ARGUMENTS": text, "query": text}``
@@ -117,8 +125,10 @@ async def _module_chat(
             code=Code.STREAMING_NOT_SUPPORTED,
         )
     if wants_stream and negotiated.mode == "streaming":
-        return await stream_module_chat(request, runtime, module, value, check, body)
-    answer = await answer_module(request, runtime, module, value, check_input=check)
+        return await stream_module_chat(request, runtime, module, value, check, body, module_history(body))
+    answer = await answer_module(
+        request, runtime, module, value, check_input=check, history=module_history(body)
+    )
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])
     reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())

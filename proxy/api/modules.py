@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -9,11 +10,20 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
+from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
+from proxy.context.identity import (
+    SESSION_HEADER,
+    USER_HEADER,
+    Identity,
+    IdentityError,
+    check_id,
+    namespace_of,
+)
+from proxy.context.step import ContextCall
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer
-from proxy.observability.metrics import OTHER, OUTCOME_UNKNOWN_MODULE
+from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
 from proxy.pipeline import Call, Listener, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
 
@@ -57,8 +67,36 @@ def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | N
     )
 
 
+BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
+
+
+def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()) -> ContextCall:
+    """The caller's context identity: the client key's hash, ``X-Cognitive-Session`` and
+    ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
+    ``IdentityError`` for an id that is not an opaque short name."""
+    identity = Identity(
+        namespace_of(request.get(CLIENT_KEY)),
+        check_id(request.headers.get(SESSION_HEADER, "").strip(), SESSION_HEADER),
+        check_id(request.headers.get(USER_HEADER, "").strip(), USER_HEADER),
+    )
+    directives = {d.strip().lower() for d in request.headers.get("Cache-Control", "").split(",")}
+    return ContextCall(
+        request.app[CONTEXT_STORE],
+        identity,
+        history,
+        bypass_cache=bool(directives & BYPASS_DIRECTIVES),
+        matcher=request.app[REDACT_NAMES],
+    )
+
+
 async def _run(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, listener: Listener | None
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    listener: Listener | None,
+    context: ContextCall,
 ) -> ModuleAnswer:
     """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
     trace_id = request[TRACE_KEY]
@@ -74,6 +112,7 @@ async def _run(
                 request.get(CLIENT_KEY),
                 check,
                 listener,
+                context,
             )
         )
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
@@ -91,14 +130,25 @@ async def answer_module(
     *,
     check_input: bool = True,
     listener: Listener | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> ModuleAnswer:
-    """Run one module call for ``request`` and record it in the review sink when so decided
-    (``listener``: the call streams, see ``proxy.api.streaming``)."""
+    """Run one module call for ``request`` and record it in the review sink when so decided.
+    ``listener``: the call streams (see ``proxy.api.streaming``); ``history``: the earlier
+    messages of a chat-style call (``conversation_history``)."""
     trace_id = request[TRACE_KEY]
     record = request[RECORD_KEY]
     record.module = module.name
-    answer = await _run(request, runtime, module, value, check_input, listener)
+    try:
+        context = context_call(request, history)
+    except IdentityError as exc:
+        record.outcome = OUTCOME_INVALID_INPUT
+        answer = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
+        answer.envelope["meta"]["trace_id"] = trace_id
+        return answer
+    answer = await _run(request, runtime, module, value, check_input, listener, context)
     record.upstream_s += answer.upstream_s
+    if answer.cache is not None:
+        record.fields["cache"] = answer.cache
     record.fields.update(
         tier=module.tier,
         decision=answer.decision,

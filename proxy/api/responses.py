@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from proxy.api.body import read_json
-from proxy.api.chat import MODULE_PREFIX, module_input
+from proxy.api.chat import MODULE_PREFIX, module_history, module_input
 from proxy.api.errors import json_response
 from proxy.api.middleware import TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
@@ -52,10 +52,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     module = runtime.registry.get(name)
     if module is None:
         return module_not_found(name, runtime, request)
-    value, check = module_input(chat_messages(body))
+    messages = chat_messages(body)
+    value, check = module_input(messages)
+    history = module_history(messages)
     if body.get("stream") is True and module.response_mode != "sync":
-        return await stream_module_response(request, runtime, module, value, check)
-    answer = await answer_module(request, runtime, module, value, check_input=check)
+        return await stream_module_response(request, runtime, module, value, check, history)
+    answer = await answer_module(request, runtime, module, value, check_input=check, history=history)
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])
     final = response_object(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode(), answer.usage)

@@ -9,6 +9,8 @@ import aiohttp
 from aiohttp import web
 
 from proxy.api.errors import ApiError
+from proxy.context.sanitise import NameMatcher
+from proxy.context.store import ContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
@@ -44,6 +46,9 @@ ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
 OUTBOX = web.AppKey("outbox", RedisOutbox)
 """Set only with ``--redis-url``."""
+CONTEXT_STORE = web.AppKey("context_store", ContextStore)
+"""Module context and the result cache: Redis with ``--redis-url``, else in-process memory."""
+REDACT_NAMES = web.AppKey("redact_names", NameMatcher)
 
 
 def runtime_of(request: web.Request) -> Runtime:

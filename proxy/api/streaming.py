@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from proxy.api.errors import json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
 from proxy.api.state import METRICS, SETTINGS, Runtime
+from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
 from proxy.jsonshape import as_dict
@@ -283,11 +284,19 @@ def _outcome(chunk: dict[str, Any]) -> str:
 
 
 async def _produce(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, emitter: ChunkEmitter
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    emitter: ChunkEmitter,
+    history: Sequence[Mapping[str, Any]],
 ) -> ModuleAnswer | None:
     metrics = request.app[METRICS]
     try:
-        answer = await answer_module(request, runtime, module, value, check_input=check, listener=emitter)
+        answer = await answer_module(
+            request, runtime, module, value, check_input=check, listener=emitter, history=history
+        )
     except asyncio.CancelledError:
         emitter.fail(
             error_envelope(
@@ -312,7 +321,14 @@ class Started:
     producer: asyncio.Task[ModuleAnswer | None]
 
 
-def start_stream(request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool) -> Started:
+def start_stream(
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    history: Sequence[Mapping[str, Any]] = (),
+) -> Started:
     """Create the session and start its producer (which outlives this request)."""
     hub = request.app[STREAMS]
     metrics: Metrics = request.app[METRICS]
@@ -322,7 +338,7 @@ def start_stream(request: web.Request, runtime: Runtime, module: Module, value: 
         streamable_fields(module),
         on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
     )
-    return Started(session, hub.spawn(_produce(request, runtime, module, value, check, emitter)))
+    return Started(session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history)))
 
 
 def primary_field(module: Module) -> str:
@@ -544,8 +560,9 @@ async def _checkpoint_matches(
 
 def input_refused(request: web.Request, module: Module, value: Any, check: bool) -> web.Response | None:
     """The E1xxx answer for a bad input, checked before a stream opens so that the caller's
-    mistake keeps its 400; None when the input may be sent."""
-    refused = check_input(module, value, schema=check)
+    mistake keeps its 400; None when the input may be sent. ``_context`` is checked by the
+    pipeline's context step, not against the input schema."""
+    refused = check_input(module, without_context(value), schema=check)
     if refused is None:
         return None
     trace_id = request[TRACE_KEY]
@@ -560,13 +577,19 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
 
 
 async def _start_and_follow(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, framer: Framer
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    framer: Framer,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> web.StreamResponse:
     refused = input_refused(request, module, value, check)
     if refused is not None:
         return refused
     trace_id = request[TRACE_KEY]
-    started = start_stream(request, runtime, module, value, check)
+    started = start_stream(request, runtime, module, value, check, history)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
     return await respond(
@@ -582,17 +605,28 @@ async def stream_module_execute(
 
 
 async def stream_module_chat(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool, body: dict[str, Any]
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    body: dict[str, Any],
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> web.StreamResponse:
     """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
     include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
     framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
-    return await _start_and_follow(request, runtime, module, value, check, framer)
+    return await _start_and_follow(request, runtime, module, value, check, framer, history)
 
 
 async def stream_module_response(
-    request: web.Request, runtime: Runtime, module: Module, value: Any, check: bool
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    check: bool,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> web.StreamResponse:
     """A module answer streamed as Responses API events (``ResponsesFramer``)."""
     framer = ResponsesFramer(f"module:{module.name}", primary_field(module))
-    return await _start_and_follow(request, runtime, module, value, check, framer)
+    return await _start_and_follow(request, runtime, module, value, check, framer, history)

@@ -22,6 +22,7 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from proxy.contract.emitted import split_emitted
 from proxy.contract.errors import Code, error_envelope
 from proxy.contract.parse import ParseFailure, parse_json_object
 from proxy.contract.repair import Repair, repair
@@ -62,6 +63,8 @@ class ContractResult:
     violations: tuple[Violation, ...] = ()
     error_code: str | None = None
     """The code of a contract failure (E1000, E2003, E3001); None when the answer passed."""
+    emitted: dict[str, Any] | None = None
+    """The answer's declared, valid ``_emitted_context`` (success answers only)."""
 
     @property
     def passed(self) -> bool:
@@ -151,7 +154,9 @@ def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "st
     repairs: list[Repair] = []
     if extracted != "strict":
         repairs.append(Repair("json_extracted", "", extracted))
-    candidate = answer
+    split = split_emitted(answer, module)
+    repairs += split.repairs
+    candidate = answer = split.answer
     if module.compat.auto_wrap:
         wrapped = wrap_v21(answer, module.risk_rule)
         if wrapped is not None:
@@ -160,13 +165,19 @@ def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "st
                 wrapped["data"] = {k: v for k, v in wrapped["data"].items() if k != "confidence"}
             candidate = wrapped
             repairs.append(Repair("v21_wrapped", "", "meta promoted from data"))
-    violations = validate_answer(candidate, module)
+    violations = validate_answer(candidate, module) + list(split.violations)
     if not violations:
-        return ContractResult(candidate, tuple(repairs))
+        return ContractResult(candidate, tuple(repairs), emitted=_if_success(candidate, split.emitted))
     repaired, fixes = repair(candidate, module)
     if fixes:
-        after = validate_answer(repaired, module)
+        after = validate_answer(repaired, module) + list(split.violations)
         if not after:
-            return ContractResult(repaired, tuple(repairs + fixes))
+            emitted = _if_success(repaired, split.emitted)
+            return ContractResult(repaired, tuple(repairs + fixes), emitted=emitted)
         violations = after
     return _schema_failure(candidate, violations, tuple(repairs + fixes), module)
+
+
+def _if_success(envelope: dict[str, Any], emitted: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Context is emitted by answers, not by failures."""
+    return emitted if envelope.get("ok") is True else None

@@ -20,6 +20,7 @@ import orjson
 import yaml
 
 from proxy import schemas
+from proxy.context.spec import ContextSpecError, parse_context
 from proxy.contract.schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
@@ -185,6 +186,10 @@ def _build(
         meta=_compile(schema_path, "meta", meta_schema, documents),
         error=_compile(schema_path, "error", error_schema, documents),
     )
+    try:
+        context = parse_context(manifest.get("context"), root)
+    except ContextSpecError as exc:
+        raise ModuleLoadError(root / "module.yaml", f"module {name!r}: {exc}") from exc
     return Module(
         name=name,
         version=str(manifest.get("version", "0.0.0")),
@@ -207,6 +212,7 @@ def _build(
         tests=_tests(root, manifest.get("tests")),
         validators=validators,
         manifest=manifest,
+        context=context,
     )
 
 

@@ -8,6 +8,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from proxy.context.spec import NO_CONTEXT, ContextSpec
+
 Validator = Callable[[Any], Any]
 """A compiled fastjsonschema validator: returns on success, raises JsonSchemaValueException."""
 
@@ -99,6 +101,8 @@ class Module:
     validators: Validators = field(repr=False)
     manifest: dict[str, Any] = field(repr=False)
     """The manifest as written (module.yaml or MODULE.md front matter)."""
+    context: ContextSpec = NO_CONTEXT
+    """The ``context`` section: what the module accepts in ``_context`` and emits."""
 
     @property
     def input_schema(self) -> dict[str, Any] | None:
@@ -136,4 +140,5 @@ class Module:
             "response_mode": self.response_mode,
             "excludes": list(self.excludes),
             "input_schema": self.input_schema,
+            "context": self.context.summary(),
         }

@@ -94,7 +94,13 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
                 confidence=attempt.confidence,
                 risk=attempt.risk,
             )
-    if not answer.attempts:
+    if answer.redacted:
+        metrics.context_redactions.labels(module).inc(len(answer.redacted))
+    if answer.cache is not None:
+        metrics.cache.labels(module, answer.cache).inc()
+        if answer.saved_tokens:
+            metrics.cache_saved_tokens.labels(module).inc(answer.saved_tokens)
+    if not answer.attempts and answer.cache is None:
         code = str(as_dict(answer.envelope.get("error")).get("code", ""))
         if code.startswith("E1"):  # the input broke the module's input contract
             metrics.contract_errors.labels(module, code).inc()

@@ -162,6 +162,29 @@ class Metrics:
             "Review records dropped: the Redis outbox was full, or Redis refused the write.",
             registry=r,
         )
+        self.cache = Counter(
+            "cognitive_cache_total",
+            "Module result cache lookups: hit (no model called), miss, bypass (Cache-Control: no-cache).",
+            ["module", "result"],
+            registry=r,
+        )
+        self.cache_saved_tokens = Counter(
+            "cognitive_cache_saved_tokens_total",
+            "Tokens not spent because a module answer came from the result cache.",
+            ["module"],
+            registry=r,
+        )
+        self.context_redactions = Counter(
+            "cognitive_context_redactions_total",
+            "_context values redacted before a model saw them (credential-like names or values).",
+            ["module"],
+            registry=r,
+        )
+        self.context_writes_dropped = Counter(
+            "cognitive_context_writes_dropped_total",
+            "Context and cache writes dropped: the Redis outbox was full, or Redis refused the write.",
+            registry=r,
+        )
         self.inflight_body_bytes = Gauge(
             "cognitive_inflight_body_bytes",
             "Memory reserved by request bodies in flight, buffered and parsed (the body budget in use).",

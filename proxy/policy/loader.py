@@ -20,6 +20,8 @@ from proxy.jsonshape import as_dict
 from proxy.policy.model import (
     Backoff,
     BreakerPolicy,
+    CachePolicy,
+    CacheRule,
     Failover,
     PassthroughPolicy,
     PassthroughRoute,
@@ -158,6 +160,21 @@ def _base_url_problems(base_url: str) -> list[str]:
     return problems
 
 
+def _cache_rule(raw: dict[str, Any]) -> CacheRule:
+    defaults = CacheRule()
+    return CacheRule(
+        ttl_s=int(raw.get("ttl_s", defaults.ttl_s)),
+        only_decisions=frozenset(raw.get("only_decisions", defaults.only_decisions)),
+    )
+
+
+def _cache(raw: dict[str, Any]) -> CachePolicy:
+    return CachePolicy(
+        tiers=MappingProxyType({k: _cache_rule(v) for k, v in as_dict(raw.get("tiers")).items()}),
+        modules=MappingProxyType({k: _cache_rule(v) for k, v in as_dict(raw.get("modules")).items()}),
+    )
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -251,6 +268,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         failover=_failover(as_dict(doc.get("failover")), source),
         review=_review(as_dict(doc.get("review"))),
         passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
+        cache=_cache(as_dict(doc.get("cache"))),
         source=source,
     )
 

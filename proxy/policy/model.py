@@ -150,6 +150,28 @@ class ReviewPolicy:
     retries: int = 3
 
 
+CacheDecision = Literal["accept", "escalated"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRule:
+    """``cache.tiers.<tier>`` or ``cache.modules.<module>``: how accepted answers are reused."""
+
+    ttl_s: int = 3600
+    """Seconds an entry is served; -1 never expires; 0 turns caching off."""
+    only_decisions: frozenset[CacheDecision] = frozenset({"accept"})
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    tiers: Mapping[str, CacheRule] = field(default_factory=dict)
+    modules: Mapping[str, CacheRule] = field(default_factory=dict)
+
+    def rule_for(self, module: str, tier: str) -> CacheRule | None:
+        """The module's rule, else its tier's; None when neither is configured."""
+        return self.modules.get(module) or self.tiers.get(tier)
+
+
 @dataclass(frozen=True, slots=True)
 class PassthroughRoute:
     prefix: str
@@ -175,6 +197,7 @@ class Policy:
     failover: Failover = Failover()
     review: ReviewPolicy = ReviewPolicy()
     passthrough: PassthroughPolicy = PassthroughPolicy()
+    cache: CachePolicy = CachePolicy()
     source: str = "<memory>"
     known_targets: frozenset[str] = frozenset()
     """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""

@@ -1,5 +1,5 @@
-"""The Redis outbox: every record the proxy writes to Redis (review stream entries) goes through
-it, so a Redis outage delays records instead of losing them.
+"""The Redis outbox: every record the proxy writes to Redis (review stream entries, stored
+context) goes through it, so a Redis outage delays records instead of losing them.
 
 * ``put`` never waits: the write joins a bounded in-memory queue (``DEFAULT_OUTBOX_BOUND``); when
   the queue is full the new write is dropped and counted (``on_drop``).
@@ -9,7 +9,9 @@ it, so a Redis outage delays records instead of losing them.
 * One background task sends the queue in order and pops a write once Redis acknowledged it. While
   Redis fails it retries with backoff (``RETRY_MIN_S`` doubling to ``RETRY_MAX_S``); while idle it
   pings Redis every ``PING_INTERVAL_S`` so ``up`` (the ``cognitive_redis_up`` gauge) is current.
-* Delivery is at least once, made exactly once where it can be: each write carries an
+* A ``KeyWrite`` (a context item: SET with optional expiry) is idempotent; ``put_key`` returns a
+  future that completes once Redis has it, so a request can wait briefly for read-your-writes.
+* Delivery of stream entries is at least once, made exactly once where it can be: each carries an
   ``outbox_id`` field; after an ambiguous failure (a timeout: Redis may have applied it) and after
   a replay, the stream's newest entries are checked for the head's id before it is sent again.
 
@@ -61,6 +63,29 @@ class StreamWrite:
         return self if self.id else StreamWrite(self.stream, self.fields, self.maxlen, uuid.uuid4().hex)
 
 
+@dataclass(frozen=True, slots=True)
+class KeyWrite:
+    """One SET: ``value`` at ``key``, expiring after ``ttl`` seconds (None: never)."""
+
+    key: str
+    value: str
+    ttl: int | None
+    id: str = ""
+
+    def with_id(self) -> KeyWrite:
+        return self if self.id else KeyWrite(self.key, self.value, self.ttl, uuid.uuid4().hex)
+
+
+Write = StreamWrite | KeyWrite
+
+
+def _from_spool(raw: dict[str, Any]) -> Write:
+    if "key" in raw:
+        ttl = raw["ttl"]
+        return KeyWrite(str(raw["key"]), str(raw["value"]), None if ttl is None else int(ttl), raw["id"])
+    return StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"])
+
+
 class _Spool:
     """The append-only file mirroring the queue."""
 
@@ -69,21 +94,20 @@ class _Spool:
         self.path = directory / SPOOL_FILE
         self._file: IO[bytes] = self.path.open("ab")
 
-    def replay(self) -> list[StreamWrite]:
+    def replay(self) -> list[Write]:
         writes = []
         for line in self.path.read_bytes().splitlines():
             try:
-                raw = orjson.loads(line)
-                writes.append(StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"]))
+                writes.append(_from_spool(orjson.loads(line)))
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 log.warning("proxy.outbox_spool_line_skipped", path=str(self.path))  # a torn last append
         return writes
 
-    def append(self, write: StreamWrite) -> None:
+    def append(self, write: Write) -> None:
         self._file.write(orjson.dumps(asdict(write)) + b"\n")
         self._file.flush()
 
-    def rewrite(self, writes: deque[StreamWrite]) -> None:
+    def rewrite(self, writes: deque[Write]) -> None:
         """Keep only ``writes`` (the undelivered ones)."""
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("wb") as out:
@@ -107,8 +131,8 @@ class RedisOutbox:
         *,
         bound: int = DEFAULT_OUTBOX_BOUND,
         spool_dir: Path | None = None,
-        on_drop: Callable[[StreamWrite], None] = lambda write: None,
-        on_first_failure: Callable[[StreamWrite], None] = lambda write: None,
+        on_drop: Callable[[Write], None] = lambda write: None,
+        on_first_failure: Callable[[Write], None] = lambda write: None,
     ) -> None:
         self._redis: Any = aioredis.Redis.from_url(
             redis_url,
@@ -117,7 +141,8 @@ class RedisOutbox:
             decode_responses=True,
         )
         self._bound = bound
-        self._queue: deque[StreamWrite] = deque()
+        self._queue: deque[Write] = deque()
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
         self._spool = _Spool(spool_dir) if spool_dir is not None else None
         self._delivered_since_rewrite = 0
         self._on_drop = on_drop
@@ -137,17 +162,35 @@ class RedisOutbox:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def put(self, write: StreamWrite) -> bool:
+    def put(self, write: Write) -> bool:
         """Queue ``write`` for delivery; False (and ``on_drop``) when the outbox is full."""
+        return self._enqueue(write) is not None
+
+    def put_key(self, write: KeyWrite) -> asyncio.Future[bool] | None:
+        """Queue ``write``; the future completes (True) once Redis acknowledged it, or False when
+        Redis refused it. None (and ``on_drop``) when the outbox is full."""
+        queued = self._enqueue(write)
+        if queued is None:
+            return None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[queued.id] = future
+        return future
+
+    def _enqueue(self, write: Write) -> Write | None:
         if len(self._queue) >= self._bound:
             self._on_drop(write)
-            return False
+            return None
         write = write.with_id()
         self._queue.append(write)
         if self._spool is not None:
             self._spool.append(write)
         self._wake.set()
-        return True
+        return write
+
+    def _settle(self, write: Write, delivered: bool) -> None:
+        future = self._waiters.pop(write.id, None)
+        if future is not None and not future.done():
+            future.set_result(delivered)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -178,6 +221,9 @@ class RedisOutbox:
 
     async def _send_head(self) -> None:
         head = self._queue[0]
+        if isinstance(head, KeyWrite):  # idempotent: resending after an ambiguous failure is safe
+            await self._redis.set(head.key, head.value, ex=head.ttl)
+            return
         if self._uncertain:
             newest = await self._redis.xrevrange(head.stream, count=DEDUP_SCAN)
             self._uncertain = False
@@ -188,8 +234,8 @@ class RedisOutbox:
             head.stream, {**head.fields, "outbox_id": head.id}, maxlen=head.maxlen, approximate=True
         )
 
-    def _delivered(self) -> None:
-        self._queue.popleft()
+    def _delivered(self, ok: bool = True) -> None:
+        self._settle(self._queue.popleft(), ok)
         if not self.up:
             log.info("proxy.redis_available", pending=len(self._queue))
         self.up = True
@@ -204,9 +250,10 @@ class RedisOutbox:
         """Redis is up but refuses the head: resending cannot help and would block every write
         behind it, so it is dropped (and counted)."""
         head = self._queue[0]
-        log.error("proxy.outbox_write_refused", stream=head.stream, error=str(exc), outbox_id=head.id)
+        where = head.stream if isinstance(head, StreamWrite) else head.key
+        log.error("proxy.outbox_write_refused", target=where, error=str(exc), outbox_id=head.id)
         self._on_drop(head)
-        self._delivered()
+        self._delivered(ok=False)
 
     def _down(self, exc: Exception) -> None:
         head = self._queue[0] if self._queue else None

@@ -132,7 +132,8 @@ async def test_metrics_and_health_routes(proxy: RunningProxy) -> None:
         assert (await session.get(proxy.url + "/healthz")).status == 200
         ready = await (await session.get(proxy.url + "/readyz")).json()
         metrics = await session.get(proxy.url + "/metrics")
-    assert ready["status"] == "ready" and ready["modules"] == 5
+    bundled = sum(1 for path in MODULES.iterdir() if path.is_dir())
+    assert ready["status"] == "ready" and ready["modules"] == bundled == 6
     assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
 
 

@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 from tests.fake_upstream import STREAM_BREAK, FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
 from tests.stream.client import read_ndjson, read_sse, rendered, seq, sequenced
+from tests.test_bundled_modules import BUNDLED
 
 RATIONALE = "The function returns its argument unchanged, so nothing needs simplifying here."
 SSE = {"Accept": "text/event-stream"}
@@ -293,7 +294,7 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
         "stream_session_ttl_s": 300.0,
     }
     assert caps["chat_completions"]["module_stream"] == "deltas"
-    assert caps["max_body_bytes"] > 0 and caps["modules"] == 5  # today's fields stay
+    assert caps["max_body_bytes"] > 0 and caps["modules"] == len(BUNDLED)  # today's fields stay
 
 
 def _readme_client() -> Any:

@@ -21,6 +21,12 @@ The streaming section measures a streamed module answer's time to first delta ch
 holding a ``data.rationale`` token, fetched directly, at concurrency 1 (``--stream`` runs only
 that section, no wrk needed). Goal: overhead <= 2 ms p50.
 
+``--context`` runs only the context-protocol section (also part of the full run): the result
+cache's hit latency p50 at concurrency 1 through a proxy on Redis (``COGPROXY_BENCH_REDIS_URL``,
+default ``redis://127.0.0.1:6379/15``; its database is flushed), against a cache-bypassed call
+of the same module in the same run; and, in process, what the context steps add to a module
+call that carries no context, against the input check and prompt rendering of the same call.
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -374,6 +380,119 @@ def parse_bench() -> None:
         )
 
 
+REDIS_URL = os.environ.get("COGPROXY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+async def _sequential(url: str, body: dict[str, object], count: int, headers: dict[str, str]) -> list[float]:
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(count):
+            started = time.perf_counter()
+            async with session.post(url, json=body, headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _step_seconds(repeat: int) -> tuple[float, float, float]:
+    """Per call: the context steps (prepare + emit) for a module without context, the baseline
+    (input check + prompt rendering), and the steps for the §8.1 module in a session."""
+    from proxy.context.identity import Identity, namespace_of
+    from proxy.context.step import ContextCall, emit, prepare
+    from proxy.context.store import MemoryContextStore
+    from proxy.contract.inputs import check_input
+    from proxy.module.loader import load_module
+    from proxy.pipeline import build_messages
+
+    module = load_module(ROOT / "modules" / "code-reviewer")
+    reviewer = load_module(ROOT / "modules" / "interactive-reviewer")
+    value = MODULE_BODY["input"]
+    call = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench")))
+    session = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench"), "s1"))
+    envelope = {**ENVELOPE}
+
+    async def steps(ctx: ContextCall, mod: object, value: object) -> None:
+        prepared = await prepare(mod, value, ctx)  # type: ignore[arg-type]
+        await emit(mod, ctx, prepared, "accept", envelope, None)  # type: ignore[arg-type]
+
+    async def measure() -> tuple[float, float, float]:
+        timings: dict[str, list[float]] = {"ctx": [], "base": [], "session": []}
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            await steps(call, module, value)
+            t1 = time.perf_counter()
+            check_input(module, value)
+            build_messages(module, value)
+            t2 = time.perf_counter()
+            await steps(session, reviewer, {"code": "x", "file": "a.py"})
+            t3 = time.perf_counter()
+            timings["ctx"].append(t1 - t0)
+            timings["base"].append(t2 - t1)
+            timings["session"].append(t3 - t2)
+        return tuple(statistics.median(v) for v in timings.values())  # type: ignore[return-value]
+
+    return asyncio.run(measure())
+
+
+def context_bench(tmpdir: Path, up_port: int) -> None:
+    """Cache-hit latency through Redis, and the context steps' overhead, each against a baseline."""
+    import redis
+
+    sys.path.insert(0, str(ROOT))
+    ctx_s, base_s, session_s = _step_seconds(5_000)
+    print(
+        f"context steps, module without context: {ctx_s * 1e3:.4f} ms per call "
+        f"(input check + prompt render of the same call: {base_s * 1e3:.4f} ms; ratio {ctx_s / base_s:.2f})"
+    )
+    print(f"context steps, §8.1 module in a session (memory store): {session_s * 1e3:.4f} ms per call")
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    port = free_port()
+    policy = tmpdir / "cache-policy.yaml"
+    policy.write_text(
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n"
+        "cache:\n  modules:\n    code-reviewer: {ttl_s: 600}\n"
+    )
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--policy",
+            str(policy),
+            "--modules",
+            str(ROOT / "modules"),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--redis-url",
+            REDIS_URL,
+        ],
+        cwd=ROOT,
+    )
+    try:
+        wait_port(port)
+        url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
+        asyncio.run(_sequential(url, MODULE_BODY, 50, {}))  # warm-up; the first call fills the cache
+        hits = asyncio.run(_sequential(url, MODULE_BODY, 2_000, {}))
+        bypass = asyncio.run(_sequential(url, MODULE_BODY, 2_000, {"Cache-Control": "no-cache"}))
+        print(
+            f"cache hit p50 (c=1, Redis on loopback): {pct(hits, 50):.3f} ms, p99 {pct(hits, 99):.3f} ms; "
+            f"cache bypassed (model called) p50 {pct(bypass, 50):.3f} ms; ratio hit/bypass "
+            f"{pct(hits, 50) / pct(bypass, 50):.2f}"
+        )
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+        redis.Redis.from_url(REDIS_URL).flushdb()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -386,6 +505,7 @@ def main() -> int:
     parser.add_argument(
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
     )
+    parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     args = parser.parse_args()
     if args.upstream:
         upstream_main(args.upstream)
@@ -393,7 +513,7 @@ def main() -> int:
     if args.parse:
         parse_bench()
         return 0
-    if not (args.memory_only or args.stream) and shutil.which("wrk") is None:
+    if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -435,6 +555,9 @@ def main() -> int:
                 print(f"{'overhead p50':>14}{'proxy p99':>11}")
                 stream_section(up_port, proxy_port)
                 return 0
+            if args.context:
+                context_bench(tmpdir, up_port)
+                return 0
             memory_section(through, proxy.pid)
             if args.memory_only:
                 return 0
@@ -469,6 +592,7 @@ def main() -> int:
                 )
             stream_section(up_port, proxy_port)
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
+            context_bench(tmpdir, up_port)
             parse_bench()
         finally:
             for proc in (proxy, upstream):

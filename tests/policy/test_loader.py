@@ -158,3 +158,30 @@ def test_stream_bounds_load_and_idle_defaults_to_per_try() -> None:
     assert (timeouts.idle_s, timeouts.stream_total_s) == (2.5, 600)
     with pytest.raises(PolicyError, match="stream_idle_s"):
         parse_policy({**MINIMAL, "failover": {"timeout": {"stream_idle_s": 0}}})
+
+
+def test_cache_schema_defaults_are_the_dataclass_defaults() -> None:
+    from proxy.policy.model import CacheRule
+
+    rule = load("policy.schema.json")["definitions"]["cache_rule"]["properties"]
+    defaults = CacheRule()
+    assert rule["ttl_s"]["default"] == defaults.ttl_s
+    assert frozenset(rule["only_decisions"]["default"]) == defaults.only_decisions
+
+
+def test_a_cache_section_parses_per_tier_and_module() -> None:
+    doc = {
+        "version": 1,
+        "providers": {"o": {"kind": "offline"}},
+        "ladder": [{"name": "r", "targets": ["o/m"]}],
+        "cache": {
+            "tiers": {"exec": {"ttl_s": 60}},
+            "modules": {"m1": {"ttl_s": 0, "only_decisions": ["escalated"]}},
+        },
+    }
+    policy = parse_policy(doc)
+    assert policy.cache.rule_for("other", "exec").ttl_s == 60  # type: ignore[union-attr]
+    assert policy.cache.rule_for("m1", "exec").only_decisions == {"escalated"}  # type: ignore[union-attr]
+    assert policy.cache.rule_for("x", "decision") is None
+    with pytest.raises(PolicyError, match="cache"):
+        parse_policy({**doc, "cache": {"modules": {"m1": {"only_decisions": ["review"]}}}})

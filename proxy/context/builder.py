@@ -1,0 +1,100 @@
+"""The Context Builder (spec §7.1): context the proxy can supply itself, so applications need not.
+
+* ``conversation_history``: the earlier messages of a chat-completions module call, as
+  ``{role, content}``, the oldest dropped first beyond ``max_turns``.
+* ``previous_result``: the last accepted answer of ``from_module`` in the same session.
+* ``session_state`` (and any other accepted type): what was emitted for it in this session;
+  ``user_profile``: what was emitted for this user.
+
+A read the store cannot answer (Redis down) leaves the type out and is reported in
+``unavailable``, so a required type fails with a message that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.context.identity import Identity, expand
+from proxy.context.spec import (
+    CONVERSATION_HISTORY,
+    DEFAULT_KEY_PATTERNS,
+    PREVIOUS_RESULT,
+    ContextSpec,
+)
+from proxy.context.store import ContextStore, ContextUnavailable
+
+HISTORY_ROLES = frozenset({"user", "assistant", "system"})
+
+
+def stored_key(kind: str) -> str:
+    """The key pattern under which context of ``kind`` is stored and read by default."""
+    return DEFAULT_KEY_PATTERNS.get(kind, f"${{session_id}}:{kind}")
+
+
+def result_key(identity: Identity, module: str) -> str | None:
+    """Where the last accepted answer of ``module`` in the session is kept."""
+    return None if identity.session_id is None else identity.key(identity.session_id, "result", module)
+
+
+@dataclass
+class Built:
+    context: dict[str, Any] = field(default_factory=dict)
+    unavailable: set[str] = field(default_factory=set)
+
+
+def history_of(messages: Sequence[Mapping[str, Any]], max_turns: int | None) -> list[dict[str, str]]:
+    turns = [
+        {"role": str(m["role"]), "content": str(m["content"])}
+        for m in messages
+        if m.get("role") in HISTORY_ROLES and isinstance(m.get("content"), str)
+    ]
+    return turns[-max_turns:] if max_turns else turns
+
+
+async def build(
+    spec: ContextSpec, identity: Identity, store: ContextStore, history: Sequence[Mapping[str, Any]]
+) -> Built:
+    built = Built()
+    reads: dict[str, str] = {}
+    for accept in spec.accepts:
+        if accept.type == CONVERSATION_HISTORY:
+            if history:
+                built.context[accept.type] = history_of(history, accept.max_turns)
+        elif accept.type == PREVIOUS_RESULT:
+            key = result_key(identity, accept.from_module or "")
+            if key is not None:
+                reads[accept.type] = key
+        else:
+            name = expand(stored_key(accept.type), identity, "", "")
+            if name is not None:
+                reads[accept.type] = identity.key(name)
+    if not reads:
+        return built
+    results = await asyncio.gather(*(store.get(k) for k in reads.values()), return_exceptions=True)
+    for kind, result in zip(reads, results, strict=True):
+        if isinstance(result, ContextUnavailable):
+            built.unavailable.add(kind)
+        elif isinstance(result, BaseException):
+            raise result
+        elif result is not None:
+            try:
+                built.context[kind] = orjson.loads(result)
+            except orjson.JSONDecodeError:
+                built.unavailable.add(kind)
+    return built
+
+
+def merge(built: Mapping[str, Any], client: Mapping[str, Any]) -> dict[str, Any]:
+    """Client-supplied context wins over built context, field by field: for an object both
+    supply, the client's fields replace the built ones and the built fields it does not name
+    stay; any other value the client gives replaces the built one whole."""
+    merged = dict(built)
+    for kind, value in client.items():
+        before = merged.get(kind)
+        merged[kind] = {**before, **value} if isinstance(before, dict) and isinstance(value, dict) else value
+    return merged

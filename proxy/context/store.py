@@ -1,0 +1,153 @@
+"""Where context lives: a bounded in-process LRU by default, Redis with ``--redis-url``.
+
+Values are JSON bytes. ``ttl``: seconds, or ``TTL_PERSISTENT`` (-1) for no expiry; 0 is never
+stored (request-scoped). ``get`` raises ``ContextUnavailable`` when the store cannot answer
+(Redis down): the caller treats the context as not available, never as absent-and-fine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from proxy.context.spec import TTL_PERSISTENT
+from proxy.state.outbox import KeyWrite, RedisOutbox
+
+log = structlog.get_logger("proxy.context")
+
+Clock = Callable[[], float]
+
+MEMORY_MAX_BYTES = 16 * 1024 * 1024
+"""The in-process store's whole size: 64 full-size contexts, thousands of typical session
+states; a sidecar that needs more shares a Redis. Least recently used entries go first."""
+MEMORY_MAX_ENTRIES = 50_000
+"""Bounds the per-entry bookkeeping too, when values are tiny."""
+REDIS_OP_TIMEOUT_S = 0.25
+"""A context read is on the request path: a Redis that does not answer within this is down."""
+RETRY_REDIS_AFTER_S = 5.0
+"""After a failed read, context reads skip Redis (answering "not available") for this long."""
+WRITE_WAIT_S = 0.25
+"""How long a request waits for its context writes to reach Redis (read-your-writes for the
+next call of the session); past it the outbox delivers them later."""
+
+
+class ContextUnavailable(Exception):
+    """The store cannot answer now (Redis down)."""
+
+
+class ContextStore(Protocol):
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+        """Store ``value``; ``wait``: until the store has it (read-your-writes for the session's
+        next call), else in the background."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryContextStore:
+    """Bounded LRU with TTL; ``clock`` is injected so expiry is tested without sleeping."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = MEMORY_MAX_BYTES,
+        max_entries: int = MEMORY_MAX_ENTRIES,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._items: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._max_entries = max_entries
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    async def get(self, key: str) -> bytes | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        value, expires = item
+        if expires and self._clock() >= expires:
+            self._drop(key)
+            return None
+        self._items.move_to_end(key)
+        return value
+
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+        if ttl == 0:
+            return
+        if key in self._items:
+            self._drop(key)
+        if len(value) > self._max_bytes:
+            return
+        expires = 0.0 if ttl == TTL_PERSISTENT else self._clock() + ttl
+        self._items[key] = (value, expires)
+        self._bytes += len(value)
+        while self._bytes > self._max_bytes or len(self._items) > self._max_entries:
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, key: str) -> None:
+        value, _ = self._items.pop(key)
+        self._bytes -= len(value)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RedisContextStore:
+    """Context in Redis: TTL by Redis expiry, persistent items with none. Reads go straight to
+    Redis (with a short timeout); writes go through the app's outbox, in order with the other
+    Redis writes, and the request waits up to ``WRITE_WAIT_S`` for them."""
+
+    def __init__(self, url: str, outbox: RedisOutbox, *, clock: Clock = time.monotonic) -> None:
+        self._redis: Any = aioredis.Redis.from_url(
+            url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
+        )
+        self._outbox = outbox
+        self._clock = clock
+        self._down_until = 0.0
+
+    @property
+    def degraded(self) -> bool:
+        return self._clock() < self._down_until
+
+    async def get(self, key: str) -> bytes | None:
+        if self.degraded:
+            raise ContextUnavailable("the context store (Redis) is down")
+        try:
+            value: bytes | None = await self._redis.get(key)
+        except (RedisError, OSError) as exc:
+            if not self.degraded:
+                log.warning("proxy.context_store_unavailable", error=str(exc) or type(exc).__name__)
+            self._down_until = self._clock() + RETRY_REDIS_AFTER_S
+            raise ContextUnavailable("the context store (Redis) is down") from exc
+        return value
+
+    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+        if ttl == 0:
+            return
+        delivered = self._outbox.put_key(
+            KeyWrite(key, value.decode(), None if ttl == TTL_PERSISTENT else ttl)
+        )
+        if delivered is None or not wait or not self._outbox.up:
+            return  # full (dropped and counted there), or Redis is down: delivered later, in order
+        with contextlib.suppress(TimeoutError):  # past the wait: delivered later, in order
+            await asyncio.wait_for(asyncio.shield(delivered), WRITE_WAIT_S)
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()

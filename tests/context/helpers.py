@@ -1,0 +1,70 @@
+"""Shared pieces of the context-protocol tests: answers for interactive-reviewer, and reading the
+module input the proxy sent upstream out of the fake's request log."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from tests.fake_upstream import FakeUpstream
+
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REVIEWER = "interactive-reviewer"
+LOGIN = {"code": "def login(u, p): ...", "file": "login.py"}
+FIX = {"code": "# Fix the SQL injection", "file": "login.py"}
+
+
+def reviewer_answer(
+    issues: int, action: str, *, confidence: float = 0.9, risk: str = "medium", emitted: Any = None
+) -> str:
+    """An interactive-reviewer answer that emits its session state."""
+    state = {"files_reviewed": ["login.py"], "issues_found": issues, "last_action": action}
+    return json.dumps(
+        {
+            "ok": True,
+            "meta": {"confidence": confidence, "risk": risk, "explain": f"{issues} issues"},
+            "data": {
+                "issues": [{"description": f"issue {i}", "risk": risk} for i in range(issues)],
+                "summary": f"{issues} issues",
+                "rationale": "reasons",
+            },
+            "_emitted_context": {"session_state": state} if emitted is None else emitted,
+        }
+    )
+
+
+def sent_inputs(fake: FakeUpstream) -> list[dict[str, Any]]:
+    """The module input of every chat request the proxy sent upstream, in order."""
+    out = []
+    for record in fake.requests:
+        if record.path != "/v1/chat/completions" or not isinstance(record.json, dict):
+            continue
+        user = next(m for m in record.json["messages"] if m["role"] == "user")["content"]
+        out.append(json.loads(user.split("```json\n", 1)[1].rsplit("\n```", 1)[0]))
+    return out
+
+
+async def execute(
+    base: str, module: str, value: Any, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(
+            f"{base}/v1/modules/{module}/execute", json={"input": value}, headers=headers or {}
+        )
+        return resp.status, dict(resp.headers), await resp.json()
+
+
+@pytest.fixture
+async def redis_db() -> AsyncIterator[Any]:
+    """The test's own Redis database, emptied before and after."""
+    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.flushdb()
+    await client.aclose()

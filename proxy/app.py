@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, execute, meta, modules, openapi, passthrough, responses, streaming
+from proxy.api import chat, execute, meta, modules, openapi, passthrough, quota, responses, streaming
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
@@ -113,6 +113,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         return [(target, seen.get(target, False)) for target in targets]
 
     metrics.watch_breakers(breaker_states)
+    limits = app[quota.QUOTA] = quota.Quota.build(
+        settings.redis_url, settings.replicas_hint, lambda down: metrics.limits_degraded.set(int(down))
+    )
     outbox = None
     context: ContextStore = MemoryContextStore()
     if settings.redis_url:
@@ -137,6 +140,7 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     if outbox is not None:
         await outbox.aclose()
     await store.aclose()
+    await limits.aclose()
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -218,6 +222,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", meta.metrics)
     app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
+    app.router.add_get(quota.USAGE_PATH, quota.usage)
+    app.on_response_prepare.append(quota.add_ratelimit_headers)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
     app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all)

@@ -22,6 +22,7 @@ import orjson
 
 from proxy import __version__
 from proxy.app import build_app
+from proxy.clients import read_identities
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
@@ -307,7 +308,22 @@ SERVE_OPTIONS = (
         "seconds in-flight requests get to finish after SIGTERM",
     ),
     ServeOption("--api-keys", "API_KEYS", str, None, "comma-separated client keys; unset: no client auth"),
-    ServeOption("--api-keys-file", "API_KEYS_FILE", str, None, "file of client keys, one per line"),
+    ServeOption(
+        "--api-keys-file",
+        "API_KEYS_FILE",
+        str,
+        None,
+        "file of client keys, one per line: KEY [name=NAME] [team=TEAM]",
+    ),
+    ServeOption("--admin-keys", "ADMIN_KEYS", str, None, "comma-separated admin keys (GET /v1/usage)"),
+    ServeOption("--admin-keys-file", "ADMIN_KEYS_FILE", str, None, "file of admin keys, one per line"),
+    ServeOption(
+        "--replicas-hint",
+        "REPLICAS_HINT",
+        int,
+        1,
+        "replicas sharing the limits: with Redis down each enforces limit / replicas",
+    ),
     ServeOption(
         "--admin-host",
         "ADMIN_HOST",
@@ -449,8 +465,13 @@ def _redact_names(text: str | None) -> dict[str, tuple[str, ...]]:
 
 def _settings(args: argparse.Namespace) -> Settings:
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
-    if args.api_keys_file:
-        keys |= read_key_file(Path(args.api_keys_file))
+    identities = read_identities(Path(args.api_keys_file)) if args.api_keys_file else {}
+    keys |= frozenset(identities)
+    admin = frozenset(k.strip() for k in (args.admin_keys or "").split(",") if k.strip())
+    if args.admin_keys_file:
+        admin |= read_key_file(Path(args.admin_keys_file))
+    if admin & keys:
+        raise ValueError("an admin key must not also be a client key (--admin-keys vs --api-keys)")
     return Settings(
         policy_path=Path(args.policy),
         module_dirs=tuple(Path(d) for d in args.modules),
@@ -465,6 +486,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
+        client_identities=identities,
+        admin_keys=admin,
+        replicas_hint=args.replicas_hint,
         redis_url=args.redis_url or None,
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),

@@ -80,6 +80,8 @@ class Attempt:
     """``meta.risk`` as the model (or the repair pass) gave it."""
     rule_risk: Risk | None = None
     """The module's ``risk_rule`` over the data; None when the rule cannot say."""
+    cost_usd: float = 0.0
+    """The attempt's usage at its target's ``price`` (0 when unpriced)."""
 
     @property
     def risks_disagree(self) -> bool:
@@ -101,7 +103,52 @@ class Attempt:
             out["error"] = self.error
         if self.repairs:
             out["repairs"] = list(self.repairs)
+        if self.usage:
+            out["usage"] = dict(self.usage)
+            out["cost_usd"] = self.cost_usd
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a module call cost, and what it would have cost straight on the top rung."""
+
+    usd: float = 0.0
+    """Every attempt of the call."""
+    escalated_usd: float = 0.0
+    """The attempts that were escalated away from (and re-asked answers)."""
+    counterfactual_usd: float | None = None
+    """The final answer's usage at the top rung's price; None when the top rung is unpriced or no
+    answer came back."""
+
+    @property
+    def savings_usd(self) -> float | None:
+        """What the ladder saved against the top rung (negative: escalation cost more)."""
+        return None if self.counterfactual_usd is None else self.counterfactual_usd - self.usd
+
+    def as_dict(self) -> dict[str, Any]:
+        savings = self.savings_usd
+        return {
+            "usd": round(self.usd, 9),
+            "escalated_usd": round(self.escalated_usd, 9),
+            "counterfactual_usd": None
+            if self.counterfactual_usd is None
+            else round(self.counterfactual_usd, 9),
+            "savings_usd": None if savings is None else round(savings, 9),
+        }
+
+
+def call_cost(policy: Policy, attempts: tuple[Attempt, ...]) -> Cost:
+    """The ``Cost`` of a call from its attempts' usage and the policy's prices."""
+    total = sum(a.cost_usd for a in attempts)
+    answered = [a for a in attempts if a.confidence is not None]
+    if not answered:
+        return Cost(total, total)
+    final = answered[-1]
+    top = policy.ladder[-1].targets[0]
+    price = policy.price_of(str(top))
+    counterfactual = None if price is None else price.cost(final.usage)
+    return Cost(total, total - final.cost_usd, counterfactual)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +176,9 @@ class ModuleAnswer:
     """Tokens a cache hit did not spend (those of the cached answer)."""
     redacted: tuple[str, ...] = ()
     """Paths of ``_context`` values redacted before the model saw them."""
+    cost: Cost = Cost()
+    downgraded: bool = False
+    """The ladder was capped (``limits.on_budget: downgrade``)."""
 
     @property
     def status(self) -> int:
@@ -148,6 +198,7 @@ class ModuleAnswer:
             "decision": self.decision,
             "meta": self.meta,
             "attempts": [a.as_dict() for a in self.attempts],
+            "cost": {**self.cost.as_dict(), "downgraded": self.downgraded},
         }
 
     def headers(self) -> dict[str, str]:
@@ -160,6 +211,8 @@ class ModuleAnswer:
             "X-Cognitive-Tier": self.module.tier,
             "X-Cognitive-Model": self.model or "",
             "X-Cognitive-Attempts": str(len(self.attempts)),
+            "X-Cognitive-Cost-Usd": f"{self.cost.usd:.9f}",
+            "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
         }
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
@@ -185,6 +238,8 @@ class Call:
     """Set when the answer streams: providers are asked for a stream and the listener sees it."""
     context: ContextCall | None = None
     """The caller's context store and identity (None: no context is built or stored)."""
+    top_rung: int | None = None
+    """Cap the ladder at this rung (start there at most): ``limits.on_budget: downgrade``."""
 
 
 def _reject(
@@ -337,7 +392,8 @@ class _Attempts:
     """Collects the ``cognitive.attempts`` list: provider failures as they happen, answers
     once their outcome is known."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
         self.items: list[Attempt] = []
         self.last_ms = 0.0
         self.upstream_s = 0.0
@@ -369,6 +425,7 @@ class _Attempts:
         result: ContractResult,
         usage: dict[str, Any],
     ) -> None:
+        price = self.policy.price_of(str(target))
         self.items.append(
             Attempt(
                 rung,
@@ -382,6 +439,7 @@ class _Attempts:
                 usage,
                 assessed.model_risk,
                 assessed.rule_risk,
+                0.0 if price is None else price.cost(usage),
             )
         )
 
@@ -454,13 +512,14 @@ async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleA
 async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> ModuleAnswer:
     """The rungs: provider call -> contract -> decide, escalating until a decision."""
     module, policy = call.module, call.policy
-    start = policy.start_rung(thresholds)
+    rungs = len(policy.ladder) if call.top_rung is None else min(call.top_rung + 1, len(policy.ladder))
+    start = min(policy.start_rung(thresholds), rungs - 1)
     messages = build_messages(module, prepared.model_input)
     ctx = CallContext(
         trace_id=call.trace_id, client_key=call.client_key, module=module, input=prepared.checked_input
     )
     deadline = time.monotonic() + policy.timeouts.total_s
-    attempts = _Attempts()
+    attempts = _Attempts(policy)
     failures: list[ProviderError] = []
     deadline_spent = False
     last: dict[str, Any] | None = None
@@ -479,7 +538,7 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
         )
 
     rung = start
-    while rung < len(policy.ladder):
+    while rung < rungs:
         rung_name = policy.ladder[rung].name
         try:
             routed = await ask(policy.ladder[rung].targets, messages, rung_name)
@@ -507,7 +566,7 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
             routed, (reply, text) = again, again.value
             result = await _contract(reply, text, module)
         assessed = _assess(result, module, thresholds.risk_source)
-        decision = decide(thresholds, assessed.meta, rung, len(policy.ladder))
+        decision = decide(thresholds, assessed.meta, rung, rungs)
         attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
         last = result.envelope
         if decision.action == "escalate" and decision.next_rung is not None:
@@ -535,6 +594,8 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
             usage=usage_of(reply),
             upstream_s=attempts.upstream_s,
             emitted=result.emitted,
+            cost=call_cost(policy, tuple(attempts.items)),
+            downgraded=rungs < len(policy.ladder),
         )
     envelope, retry_after = _no_answer(failures, deadline_spent, module, last)
     return ModuleAnswer(
@@ -545,4 +606,6 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
         tuple(attempts.items),
         retry_after=retry_after,
         upstream_s=attempts.upstream_s,
+        cost=call_cost(policy, tuple(attempts.items)),
+        downgraded=rungs < len(policy.ladder),
     )

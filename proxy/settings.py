@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.clients import ClientIdentity, read_identities
 from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -50,6 +52,12 @@ class Settings:
     """Open client connections at most; 0: what the open-file limit leaves (proxy.server)."""
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+    client_identities: Mapping[str, ClientIdentity] = field(default_factory=dict, repr=False)
+    """Name and team of each client key (the keys file's labels); metrics and limits use these."""
+    admin_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+    """Keys of ``GET /v1/usage`` (a separate credential: a client key is never an admin key)."""
+    replicas_hint: int = 1
+    """Replicas sharing the limits; with Redis down each enforces its share (limit / replicas)."""
     redis_url: str | None = field(default=None, repr=False)
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
     admin_host: str | None = None
@@ -88,6 +96,8 @@ class Settings:
             raise ValueError(f"pool_size must be positive, not {self.pool_size}")
         if self.client_read_timeout_s <= 0:
             raise ValueError(f"client_read_timeout_s must be positive, not {self.client_read_timeout_s}")
+        if self.replicas_hint < 1:
+            raise ValueError(f"replicas_hint must be >= 1, not {self.replicas_hint}")
         if self.max_connections < 0:
             raise ValueError(f"max_connections must be >= 0, not {self.max_connections}")
         if self.reload_interval_s < 0:
@@ -113,9 +123,9 @@ class Settings:
 
 
 def read_key_file(path: Path) -> frozenset[str]:
-    """Client API keys, one per line; blank lines and ``#`` comments are ignored."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    """Client API keys, one per line (``KEY [name=NAME] [team=TEAM]``, see ``proxy.clients``);
+    blank lines and ``#`` comments are ignored."""
+    return frozenset(read_identities(path))
 
 
 def host_names(text: str | None) -> frozenset[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -16,13 +16,15 @@ from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.quota import admit, caller, estimate_body_tokens, settle
 from proxy.api.relay import serve
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import as_dict, as_list
-from proxy.observability.instrument import record_usage
+from proxy.observability.instrument import record_cost, record_usage, target_labels, total_tokens
+from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
 from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, Request, negotiate
@@ -189,6 +191,7 @@ async def _passthrough(
             code="model_not_found",
             param="model",
         )
+    await admit(request, runtime.policy, estimate_body_tokens(body), downgradable=False)
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
     router = request.app[ROUTER]
     started = time.monotonic()
@@ -219,12 +222,22 @@ async def _passthrough(
             stop_on_client_error=True,
         )
 
+    async def account(target: Target, usage: Mapping[str, Any], output_s: float) -> None:
+        """Tokens, cost, output speed, and the settlement of the request's limits."""
+        record_usage(metrics, runtime.policy, target, usage)
+        usd = record_cost(metrics, runtime.policy, NO_MODULE, target, usage, caller(request).label)
+        completion = usage.get("completion_tokens")
+        if isinstance(completion, int) and completion > 0 and output_s > 0:
+            metrics.output_tps.labels(*target_labels(runtime.policy, target)).observe(completion / output_s)
+        await settle(request, total_tokens(usage), usd)
+
+    asked = time.perf_counter()
     if body.get("stream") is not True:
         try:
             routed = await route(partial(_relay, body=body, ctx=ctx))
         except RungFailed as exc:
             return passthrough_failure(exc, trace_id)
-        record_usage(metrics, runtime.policy, routed.target, routed.value.usage)
+        await account(routed.target, routed.value.usage, time.perf_counter() - asked)
         record.fields["target"] = str(routed.target)
         return web.Response(
             body=routed.value.body,
@@ -241,6 +254,7 @@ async def _passthrough(
         return passthrough_failure(exc, trace_id)
     stream = opened.value
     record.fields["target"] = str(opened.target)
+    metrics.ttft.labels(*target_labels(runtime.policy, opened.target)).observe(time.perf_counter() - asked)
     usage = UsageSniffer()
     response = web.StreamResponse(
         headers={
@@ -267,7 +281,7 @@ async def _passthrough(
         await stream.chunks.aclose()
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
-        record_usage(metrics, runtime.policy, opened.target, usage.usage)
+        await account(opened.target, usage.usage, time.perf_counter() - streaming_since)
     return response
 
 

@@ -41,6 +41,8 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+ADMIN_PATHS = frozenset({"/v1/usage"})
+"""Authorised by an admin key in their handler (``proxy.api.quota``), never by a client key."""
 
 
 def trace_id_of(request: web.Request) -> str:
@@ -85,7 +87,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     token = bearer_of(request)
     if token is not None:
         request[CLIENT_KEY] = token
-    if keys and request.path not in UNAUTHENTICATED_PATHS:
+    if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
         presented = (token or "").encode()
         if not any(hmac.compare_digest(presented, key.encode()) for key in keys):
             raise ApiError(

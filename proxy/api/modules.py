@@ -20,9 +20,11 @@ from proxy.context.identity import (
     namespace_of,
 )
 from proxy.context.step import ContextCall
+from proxy.api.quota import admit, caller, settle
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
+from proxy.contract.inputs import estimate_tokens
 from proxy.module.model import Module
-from proxy.observability.instrument import record_module_answer
+from proxy.observability.instrument import record_module_answer, record_module_cost
 from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
 from proxy.pipeline import Call, Listener, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
@@ -97,6 +99,7 @@ async def _run(
     check: bool,
     listener: Listener | None,
     context: ContextCall,
+    top_rung: int | None,
 ) -> ModuleAnswer:
     """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
     trace_id = request[TRACE_KEY]
@@ -113,6 +116,7 @@ async def _run(
                 check,
                 listener,
                 context,
+                top_rung=top_rung,
             )
         )
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
@@ -145,7 +149,8 @@ async def answer_module(
         answer = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
         answer.envelope["meta"]["trace_id"] = trace_id
         return answer
-    answer = await _run(request, runtime, module, value, check_input, listener, context)
+    top_rung = await admit(request, runtime.policy, estimate_tokens(value), downgradable=True)
+    answer = await _run(request, runtime, module, value, check_input, listener, context, top_rung)
     record.upstream_s += answer.upstream_s
     if answer.cache is not None:
         record.fields["cache"] = answer.cache
@@ -158,6 +163,8 @@ async def answer_module(
         target=answer.model,
     )
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
+    tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)
+    await settle(request, tokens, answer.cost.usd)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)

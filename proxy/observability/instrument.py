@@ -34,6 +34,48 @@ def record_usage(metrics: Metrics, policy: Policy | None, target: Target, usage:
             metrics.tokens.labels(provider, model, kind).inc(count)
 
 
+def total_tokens(usage: Mapping[str, Any]) -> int:
+    """Input + output tokens of one usage object (OpenAI, Responses or Anthropic names)."""
+    total = 0
+    for names in (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens")):
+        value = next((usage.get(n) for n in names if isinstance(usage.get(n), int)), 0)
+        total += value if isinstance(value, int) and value > 0 else 0
+    return total
+
+
+def record_cost(
+    metrics: Metrics, policy: Policy, module: str, target: Target, usage: Mapping[str, Any], client: str
+) -> float:
+    """``cognitive_cost_usd_total`` of one answer; returns its USD (0 when the target is unpriced)."""
+    price = policy.price_of(str(target))
+    if price is None:
+        return 0.0
+    usd = price.cost(usage)
+    if usd > 0:
+        provider, model = target_labels(policy, target)
+        metrics.cost.labels(module, provider, model, client).inc(usd)
+    return usd
+
+
+def record_module_cost(metrics: Metrics, policy: Policy, answer: ModuleAnswer, client: str) -> int:
+    """Cost per attempt, savings against the top rung; returns the call's tokens."""
+    module = answer.module.name
+    tokens = 0
+    for attempt in answer.attempts:
+        provider, _, model = attempt.target.partition("/")
+        record_cost(metrics, policy, module, Target(provider, model), attempt.usage, client)
+        tokens += total_tokens(attempt.usage)
+    cost = answer.cost
+    savings = cost.savings_usd
+    if cost.counterfactual_usd is not None and savings is not None:
+        metrics.counterfactual.labels(module).inc(cost.counterfactual_usd)
+        if savings > 0:
+            metrics.savings.labels(module).inc(savings)
+        elif savings < 0:
+            metrics.savings_lost.labels(module).inc(-savings)
+    return tokens
+
+
 class MetricsObserver:
     """The router's observer: upstream attempts, latency and failovers."""
 

@@ -32,6 +32,7 @@ OUTCOME_INVALID_INPUT = "invalid_input"  # the caller's input broke the module's
 OUTCOME_UNKNOWN_MODULE = "unknown_module"  # the caller named a module that is not installed
 CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+TPS_BUCKETS = (1, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
@@ -225,6 +226,55 @@ class Metrics:
             "cognitive_stream_sessions", "Streamed answers still being produced in this process.", registry=r
         )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
+        self.cost = Counter(
+            "cognitive_cost_usd",
+            "USD spent, from the policy's prices x each answer's usage (client: the key's name).",
+            ["module", "provider", "model", "client"],
+            registry=r,
+        )
+        self.savings = Counter(
+            "cognitive_savings_usd",
+            "Module calls: top-rung cost of the final answer's usage minus the call's cost, when positive.",
+            ["module"],
+            registry=r,
+        )
+        self.savings_lost = Counter(
+            "cognitive_savings_lost_usd",
+            "Module calls that cost more than the top rung would have (escalations): the excess.",
+            ["module"],
+            registry=r,
+        )
+        self.counterfactual = Counter(
+            "cognitive_counterfactual_cost_usd",
+            "Module calls: what the final answers would have cost on the top rung.",
+            ["module"],
+            registry=r,
+        )
+        self.limited = Counter(
+            "cognitive_limited_total",
+            "Requests refused by a limit (429), by scope (client, team, global) and kind.",
+            ["scope", "kind", "client"],
+            registry=r,
+        )
+        self.limits_degraded = Gauge(
+            "cognitive_limits_degraded",
+            "1 while limits are enforced per replica (Redis unreachable), 0 while shared.",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "cognitive_ttft_seconds",
+            "Streams: time from the request to the first byte from the provider.",
+            ["provider", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.output_tps = Histogram(
+            "cognitive_output_tokens_per_second",
+            "Output tokens per second of an answer (streams: after the first token).",
+            ["provider", "model"],
+            buckets=TPS_BUCKETS,
+            registry=r,
+        )
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
         self._request_children: dict[tuple[str, str, int, str], Any] = {}

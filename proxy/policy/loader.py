@@ -34,6 +34,8 @@ from proxy.policy.model import (
     Thresholds,
     Timeouts,
 )
+from proxy.policy.quota import cross_check as quota_checks
+from proxy.policy.quota import parse_limits, parse_prices
 from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -230,7 +232,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
     violations = check(_validator(), doc, "")
     if violations:
         raise PolicyError(source, [str(v) for v in violations])
-    problems = _cross_checks(doc)
+    problems = _cross_checks(doc) + quota_checks(doc, [r["name"] for r in doc["ladder"]])
     if problems:
         raise PolicyError(source, problems)
     providers = {
@@ -270,6 +272,8 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
         cache=_cache(as_dict(doc.get("cache"))),
         source=source,
+        prices=parse_prices(as_dict(doc.get("prices"))),
+        limits=parse_limits(as_dict(doc.get("limits"))),
     )
 
 

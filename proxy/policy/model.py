@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
+from proxy.policy.quota import LimitsPolicy, Price
 
 ProviderKind = Literal["openai", "anthropic", "offline"]
 Exhausted = Literal["reject", "review", "accept"]
@@ -201,6 +202,12 @@ class Policy:
     source: str = "<memory>"
     known_targets: frozenset[str] = frozenset()
     """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    """USD per million tokens, by ``provider/model`` target; unpriced targets cost 0."""
+    limits: LimitsPolicy = field(default_factory=LimitsPolicy)
+
+    def price_of(self, target: str) -> Price | None:
+        return self.prices.get(target)
 
     @property
     def timeouts(self) -> Timeouts:

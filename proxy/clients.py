@@ -1,0 +1,80 @@
+"""Client identity: who a bearer key is (its name and team from the keys file), never the key.
+
+Keys file lines: ``KEY`` (the old format) or ``KEY name=alice team=search``; blank lines and
+``#`` comments are ignored. A key without ``name=`` is an anonymous client: its metrics label is
+``other`` and its limits are keyed by a hash of the key (never the key itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+OTHER = "other"
+ANONYMOUS = "anonymous"
+"""The client of a proxy without client keys: every request shares its limits."""
+LABELS = frozenset({"name", "team"})
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientIdentity:
+    name: str | None = None
+    team: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The bounded metrics label: the configured name, else ``other``."""
+        return self.name or OTHER
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A request's client as limits see it."""
+
+    id: str
+    """The client's limit key: its name, else ``key-<hash>``, else ``anonymous``."""
+    identity: ClientIdentity
+
+    @property
+    def label(self) -> str:
+        return self.identity.label
+
+
+def caller_of(token: str | None, identities: Mapping[str, ClientIdentity]) -> Caller:
+    identity = identities.get(token or "")
+    if identity is not None and identity.name:
+        return Caller(identity.name, identity)
+    if token:
+        return Caller("key-" + hashlib.sha256(token.encode()).hexdigest()[:16], identity or ClientIdentity())
+    return Caller(ANONYMOUS, ClientIdentity())
+
+
+def parse_key_line(line: str, where: str) -> tuple[str, ClientIdentity] | None:
+    """One keys-file line -> (key, identity); None for blank and comment lines."""
+    parts = line.split()
+    if not parts or parts[0].startswith("#"):
+        return None
+    labels: dict[str, str] = {}
+    for part in parts[1:]:
+        name, sep, value = part.partition("=")
+        if not sep or name not in LABELS or not _NAME.match(value):
+            raise ValueError(
+                f"{where}: {part!r} is not a label; write KEY [name=NAME] [team=TEAM] "
+                "(letters, digits, '_', '.', '-')"
+            )
+        labels[name] = value
+    return parts[0], ClientIdentity(labels.get("name"), labels.get("team"))
+
+
+def read_identities(path: Path) -> dict[str, ClientIdentity]:
+    """Every key of a keys file with its name and team; a malformed label is a ValueError."""
+    out: dict[str, ClientIdentity] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parsed = parse_key_line(line, f"{path}:{number}")
+        if parsed is not None:
+            out[parsed[0]] = parsed[1]
+    return out

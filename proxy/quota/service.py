@@ -1,0 +1,226 @@
+"""Admitting a request against its client's, team's and the global limits and budgets, and
+settling it with what the answer used and cost."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from proxy.clients import Caller
+from proxy.policy.quota import LimitSpec, LimitsPolicy
+from proxy.quota.windows import MICRO, Counters, MemoryCounters, RedisCounters, Window, WindowState
+
+log = structlog.get_logger("proxy.quota")
+
+Kind = Literal["requests", "tokens"]
+Scope = Literal["client", "team", "global"]
+Period = Literal["day", "month"]
+REDIS_TIMEOUT_S = 0.25
+"""A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
+beyond it the replica falls back to its local windows."""
+REDIS_RETRY_S = 1.0
+"""After a Redis failure, local windows are used this long before Redis is tried again, so a
+dead Redis costs one timeout per second, not one per request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """One window of a request."""
+
+    scope: Scope
+    kind: Kind
+    window: Window
+    cost: int
+    state: WindowState
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    scope: Scope
+    period: Literal["day", "month"]
+    key: str
+    limit_usd: float
+    spent_usd: float
+
+    @property
+    def exceeded(self) -> bool:
+        return self.spent_usd >= self.limit_usd
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    caller: Caller
+    windows: tuple[Limited, ...] = ()
+    budgets: tuple[Budget, ...] = ()
+    spend_keys: tuple[str, ...] = ()
+    estimate: int = 0
+
+    @property
+    def refused(self) -> Limited | None:
+        """The first window the request did not fit in."""
+        return next((w for w in self.windows if not w.state.allowed), None)
+
+    @property
+    def over_budget(self) -> Budget | None:
+        return next((b for b in self.budgets if b.exceeded), None)
+
+    def tightest(self, kind: Kind) -> Limited | None:
+        """The window of ``kind`` with the least left (what the ``x-ratelimit-*`` headers tell)."""
+        of_kind = [w for w in self.windows if w.kind == kind]
+        return min(of_kind, key=lambda w: w.state.remaining, default=None)
+
+    def retry_after_s(self) -> float:
+        refused = [w.state.reset_s for w in self.windows if not w.state.allowed]
+        return max(refused, default=0.0)
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: ``120ms``, ``17s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    return f"{whole}s" if whole < 60 else f"{whole // 60}m{whole % 60}s"
+
+
+def ratelimit_headers(admission: Admission) -> dict[str, str]:
+    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` as OpenAI sends them."""
+    headers = {}
+    for kind in ("requests", "tokens"):
+        window = admission.tightest(kind)
+        if window is not None:
+            headers[f"x-ratelimit-limit-{kind}"] = str(window.window.limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(window.state.remaining)
+            headers[f"x-ratelimit-reset-{kind}"] = duration(window.state.reset_s)
+    return headers
+
+
+def _scopes(policy: LimitsPolicy, caller: Caller) -> list[tuple[Scope, str, LimitSpec]]:
+    scopes: list[tuple[Scope, str, LimitSpec]] = []
+    client = policy.for_client(caller.identity.name or "")
+    if client is not None:
+        scopes.append(("client", caller.id, client))
+    team = policy.for_team(caller.identity.team)
+    if team is not None and caller.identity.team:
+        scopes.append(("team", caller.identity.team, team))
+    if policy.global_ is not None:
+        scopes.append(("global", "all", policy.global_))
+    return scopes
+
+
+def _periods(now: float) -> dict[str, str]:
+    day = datetime.fromtimestamp(now, UTC)
+    return {"day": day.strftime("%Y-%m-%d"), "month": day.strftime("%Y-%m")}
+
+
+@dataclass
+class Quota:
+    """The limits of every request of this replica."""
+
+    counters: Counters
+    local: MemoryCounters = field(default_factory=MemoryCounters)
+    """Used instead of ``counters`` while Redis is unreachable (``replicas_hint`` divides limits)."""
+    shared: bool = False
+    on_degraded: Callable[[bool], None] = lambda degraded: None
+    clock: Callable[[], float] = time.time
+    _down_until: float = 0.0
+
+    @classmethod
+    def build(cls, redis_url: str | None, replicas_hint: int, on_degraded: Callable[[bool], None]) -> Quota:
+        if redis_url is None:
+            return cls(MemoryCounters())
+        client = aioredis.from_url(
+            redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+        )
+        return cls(RedisCounters(client), MemoryCounters(replicas_hint), True, on_degraded)
+
+    @property
+    def degraded(self) -> bool:
+        return self.shared and time.monotonic() < self._down_until
+
+    async def _run(
+        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
+    ) -> tuple[list[WindowState], list[int]]:
+        if not self.degraded:
+            try:
+                result = await self.counters.hit(hits, spend_keys)
+            except (RedisError, OSError) as exc:
+                self._fail(exc)
+            else:
+                if self.shared and self._down_until:
+                    self._down_until = 0.0
+                    self.on_degraded(False)
+                    log.info("proxy.limits_shared_again")
+                return result
+        return await self.local.hit(hits, spend_keys)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._down_until or time.monotonic() >= self._down_until:
+            log.warning("proxy.limits_degraded", error=str(exc)[:200], retry_s=REDIS_RETRY_S)
+        self._down_until = time.monotonic() + REDIS_RETRY_S
+        self.on_degraded(True)
+
+    async def admit(
+        self, policy: LimitsPolicy, caller: Caller, estimate: int, *, count: bool = True
+    ) -> Admission:
+        """Take one request and ``estimate`` tokens from every window of ``caller`` (``count``
+        false: only read them) and read the spend of every budget."""
+        if not policy.active:
+            return Admission(caller)
+        hits: list[tuple[Scope, Kind, Window, int]] = []
+        budgets: list[tuple[Scope, Period, str, float]] = []
+        spend_keys: list[str] = []
+        periods = _periods(self.clock())
+        for scope, ident, spec in _scopes(policy, caller):
+            base = f"{scope}:{ident}"
+            if spec.rpm is not None:
+                hits.append((scope, "requests", Window(f"{base}:req", spec.rpm, policy.window_s), int(count)))
+            if spec.tpm is not None:
+                cost = min(estimate, spec.tpm) if count else 0
+                hits.append((scope, "tokens", Window(f"{base}:tok", spec.tpm, policy.window_s), cost))
+            periods_limits: tuple[tuple[Period, float | None], ...] = (
+                ("day", spec.usd_per_day),
+                ("month", spec.usd_per_month),
+            )
+            for period, limit in periods_limits:
+                key = f"spend:{base}:{period}:{periods[period]}"
+                spend_keys.append(key)  # every scope's spend grows, budgeted or not (/v1/usage)
+                if limit is not None:
+                    budgets.append((scope, period, key, limit))
+        all_spend = spend_keys
+        states, spent = await self._run([(w, c) for _, _, w, c in hits], all_spend)
+        spent_by_key = dict(zip(all_spend, spent, strict=True))
+        return Admission(
+            caller,
+            tuple(Limited(s, k, w, c, st) for (s, k, w, c), st in zip(hits, states, strict=True)),
+            tuple(Budget(s, p, key, limit, spent_by_key[key] / MICRO) for s, p, key, limit in budgets),
+            tuple(all_spend),
+            estimate,
+        )
+
+    async def settle(self, admission: Admission, tokens: int, cost_usd: float) -> None:
+        """Correct the token reservation with the tokens used; add the cost to every budget."""
+        corrections = [(w.window, tokens - w.cost) for w in admission.windows if w.kind == "tokens"]
+        micro = round(cost_usd * MICRO)
+        spend = [(key, micro) for key in admission.spend_keys] if micro > 0 else []
+        if not any(delta for _, delta in corrections) and not spend:
+            return
+        if not self.degraded:
+            try:
+                await self.counters.settle(corrections, spend)
+                return
+            except (RedisError, OSError) as exc:
+                self._fail(exc)
+        await self.local.settle(corrections, spend)
+
+    async def aclose(self) -> None:
+        await self.counters.aclose()
+        if self.local is not self.counters:
+            await self.local.aclose()

@@ -30,6 +30,7 @@ import pytest
 import yaml
 from yarl import URL
 
+from proxy.clients import ClientIdentity
 from tests.api.test_routing import routing_policy
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.prometheus_e2e import PrometheusError, PrometheusServer, run_prometheus
@@ -61,11 +62,27 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "cognitive_proxy_overhead_seconds": frozenset({"route"}),
     "cognitive_tokens_total": frozenset({"provider", "model", "kind"}),
     "cognitive_policy_reloads_total": frozenset({"result"}),
+    "cognitive_cost_usd_total": frozenset({"module", "provider", "model", "client"}),
+    "cognitive_savings_usd_total": frozenset({"module"}),
+    "cognitive_savings_lost_usd_total": frozenset({"module"}),
+    "cognitive_counterfactual_cost_usd_total": frozenset({"module"}),
+    "cognitive_limited_total": frozenset({"scope", "kind", "client"}),
+    "cognitive_limits_degraded": frozenset(),
+    "cognitive_ttft_seconds": frozenset({"provider", "model"}),
+    "cognitive_output_tokens_per_second": frozenset({"provider", "model"}),
 }
 HISTOGRAMS = frozenset(
-    {"cognitive_confidence", "cognitive_upstream_latency_seconds", "cognitive_proxy_overhead_seconds"}
+    {
+        "cognitive_confidence",
+        "cognitive_upstream_latency_seconds",
+        "cognitive_proxy_overhead_seconds",
+        "cognitive_ttft_seconds",
+        "cognitive_output_tokens_per_second",
+    }
 )
-GAUGES = frozenset({"cognitive_circuit_open"})
+GAUGES = frozenset({"cognitive_circuit_open", "cognitive_limits_degraded"})
+LIMITED_KEY = "sk-limited"
+"""A client key named ``limited`` (1 request per window): its second request is refused (429)."""
 TEMPLATE_VARIABLES = ("module", "tier", "instance")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -450,8 +467,17 @@ def patch_answer(confidence: float, change_risk: str = "low") -> str:
 
 
 def e2e_policy(fake: FakeUpstream) -> dict[str, Any]:
-    """Two targets on the first rung; one failure opens a breaker, which stays open for the test."""
-    return routing_policy(fake, circuit_breaker={"consecutive_failures": 1, "window_s": 60, "open_s": 300})
+    """Two targets on the first rung; one failure opens a breaker, which stays open for the test.
+    Priced targets (cost, savings) and a client limited to one request per window (429s)."""
+    policy = routing_policy(fake, circuit_breaker={"consecutive_failures": 1, "window_s": 60, "open_s": 300})
+    cheap = {"input_per_mtok": 0.15, "output_per_mtok": 0.6}
+    policy["prices"] = {
+        "up/cheap": cheap,
+        "up/backup": cheap,
+        "up/strong": {"input_per_mtok": 2.5, "output_per_mtok": 10.0},
+    }
+    policy["limits"] = {"clients": {"limited": {"rpm": 1}}}
+    return policy
 
 
 async def proxy_metrics(session: aiohttp.ClientSession, px: RunningProxy) -> str:
@@ -536,6 +562,16 @@ async def drive_traffic(
     body = {"model": "gpt-4o-mini", "messages": messages, "stream": True}
     async with session.post(px.base + "/chat/completions", json=body) as resp:
         got["truncated stream"] = (await resp.read()).decode()[-120:]
+    limited = []
+    for _ in range(2):
+        async with session.post(
+            px.base + "/chat/completions",
+            json={"model": "gpt-4o-mini", "messages": messages},
+            headers={"Authorization": f"Bearer {LIMITED_KEY}"},
+        ) as resp:
+            await resp.read()
+            limited.append(str(resp.status))
+    got["limited"] = ",".join(limited)
 
     if failover:  # up/cheap answers 500, up/backup answers; one failure opens cheap's breaker (open_s 300)
         await step(
@@ -582,6 +618,14 @@ EXPECTED_SERIES = [
         for k in ("prompt", "completion")
     ),
     *(f'cognitive_policy_reloads_total{{result="{r}"}}' for r in ("ok", "error")),
+    'cognitive_cost_usd_total{module="code-reviewer", provider="up", model="strong", client="other"}',
+    'cognitive_cost_usd_total{module="none", provider="up", model="cheap", client="limited"}',
+    'cognitive_savings_usd_total{module="code-reviewer"}',
+    'cognitive_savings_lost_usd_total{module="code-reviewer"}',
+    'cognitive_limited_total{scope="client", kind="requests", client="limited"}',
+    'cognitive_ttft_seconds_count{provider="up", model="cheap"}',
+    'cognitive_output_tokens_per_second_count{provider="up", model="cheap"}',
+    "cognitive_limits_degraded == 0",
 ]
 
 
@@ -653,7 +697,12 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     async with FakeUpstream.start() as fake:
         policy = e2e_policy(fake)
         async with (
-            running_proxy(tmp_path, policy, reload_interval_s=0.2) as px,
+            running_proxy(
+                tmp_path,
+                policy,
+                reload_interval_s=0.2,
+                client_identities={LIMITED_KEY: ClientIdentity("limited")},
+            ) as px,
             aiohttp.ClientSession() as session,
             run_prometheus(
                 prometheus_tools.prometheus,
@@ -674,6 +723,7 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                 assert decisions == EXPECTED_TRAFFIC, f"the traffic did not do what the test needs: {traffic}"
                 assert traffic["passthrough"] and traffic["streamed passthrough"], traffic
             assert got["failover"] == "accept", got
+            assert got["limited"] == "429,429" and first["limited"] == "200,429", (first, got)
             # Wait for a scrape after round two, and one rule evaluation.
             deadline = asyncio.get_running_loop().time() + 15
             while True:

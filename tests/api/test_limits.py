@@ -43,9 +43,7 @@ def usd(price: dict[str, float], usage: dict[str, int]) -> float:
 def metric(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
-        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(
-            f'{k}="{v}"' in line for k, v in labels.items()
-        ):
+        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -142,12 +140,15 @@ async def test_60_rpm_shared_by_two_replicas_admits_60(
     policy.write_text(yaml.safe_dump(priced(fake_upstream, {"clients": {"alice": {"rpm": 60}}})))
     args = ("--policy", str(policy), "--api-keys-file", str(keys), "--redis-url", REDIS_URL)
     env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
-    async with proxy_process(*args, env=env) as one, proxy_process(*args, env=env) as two:
-        async with aiohttp.ClientSession() as session:
-            replies = await asyncio.gather(
-                *(post_chat(session, (one, two)[i % 2].url, "sk-alice") for i in range(80))
-            )
-            other = await post_chat(session, one.url, "sk-bob")  # bob has no limit
+    async with (
+        proxy_process(*args, env=env) as one,
+        proxy_process(*args, env=env) as two,
+        aiohttp.ClientSession() as session,
+    ):
+        replies = await asyncio.gather(
+            *(post_chat(session, (one, two)[i % 2].url, "sk-alice") for i in range(80))
+        )
+        other = await post_chat(session, one.url, "sk-bob")  # bob has no limit
     statuses = [r.status for r in replies]
     assert 58 <= statuses.count(200) <= 62
     assert statuses.count(200) + statuses.count(429) == 80

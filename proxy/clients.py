@@ -62,9 +62,10 @@ def parse_key_line(line: str, where: str) -> tuple[str, ClientIdentity] | None:
     for part in parts[1:]:
         name, sep, value = part.partition("=")
         if not sep or name not in LABELS or not _NAME.match(value):
-            raise ValueError(
-                f"{where}: {part!r} is not a label; write KEY [name=NAME] [team=TEAM] "
-                "(letters, digits, '_', '.', '-')"
+            what = f"label {name!r}" if sep and name.isidentifier() else "a word after the key"
+            raise ValueError(  # never echoes the word: it may be a key pasted on the wrong line
+                f"{where}: {what} is not name=NAME or team=TEAM (letters, digits, '_', '.', '-'); "
+                "write KEY [name=NAME] [team=TEAM]"
             )
         labels[name] = value
     return parts[0], ClientIdentity(labels.get("name"), labels.get("team"))

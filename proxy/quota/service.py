@@ -23,6 +23,9 @@ log = structlog.get_logger("proxy.quota")
 Kind = Literal["requests", "tokens"]
 Scope = Literal["client", "team", "global"]
 Period = Literal["day", "month"]
+SECONDS_PER_DAY = 86400
+MAX_PLANS = 10_000
+"""Cached request plans (one per client and team a day): a backstop, cleared when full."""
 REDIS_TIMEOUT_S = 0.25
 """A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
 beyond it the replica falls back to its local windows."""
@@ -120,6 +123,40 @@ def _periods(now: float) -> dict[str, str]:
     return {"day": day.strftime("%Y-%m-%d"), "month": day.strftime("%Y-%m")}
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    windows: tuple[tuple[Scope, Kind, Window], ...]
+    spend_keys: tuple[str, ...]
+    """Every scope's day and month spend (all grow, budgeted or not: ``/v1/usage`` shows them)."""
+    budgets: tuple[tuple[Scope, Period, str, float], ...]
+
+    @property
+    def budget_keys(self) -> tuple[str, ...]:
+        return tuple(key for _, _, key, _ in self.budgets)
+
+
+def _build_plan(policy: LimitsPolicy, caller: Caller, periods: dict[str, str]) -> _Plan:
+    windows: list[tuple[Scope, Kind, Window]] = []
+    spend_keys: list[str] = []
+    budgets: list[tuple[Scope, Period, str, float]] = []
+    for scope, ident, spec in _scopes(policy, caller):
+        base = f"{scope}:{ident}"
+        if spec.rpm is not None:
+            windows.append((scope, "requests", Window(f"{base}:req", spec.rpm, policy.window_s)))
+        if spec.tpm is not None:
+            windows.append((scope, "tokens", Window(f"{base}:tok", spec.tpm, policy.window_s)))
+        periods_limits: tuple[tuple[Period, float | None], ...] = (
+            ("day", spec.usd_per_day),
+            ("month", spec.usd_per_month),
+        )
+        for period, limit in periods_limits:
+            key = f"spend:{base}:{period}:{periods[period]}"
+            spend_keys.append(key)
+            if limit is not None:
+                budgets.append((scope, period, key, limit))
+    return _Plan(tuple(windows), tuple(spend_keys), tuple(budgets))
+
+
 @dataclass
 class Quota:
     """The limits of every request of this replica."""
@@ -131,6 +168,7 @@ class Quota:
     on_degraded: Callable[[bool], None] = lambda degraded: None
     clock: Callable[[], float] = time.time
     _down_until: float = 0.0
+    _plans: dict[tuple[int, str, str | None, int], tuple[LimitsPolicy, _Plan]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, redis_url: str | None, replicas_hint: int, on_degraded: Callable[[bool], None]) -> Quota:
@@ -167,6 +205,20 @@ class Quota:
         self._down_until = time.monotonic() + REDIS_RETRY_S
         self.on_degraded(True)
 
+    def _plan(self, policy: LimitsPolicy, caller: Caller) -> _Plan:
+        """The windows and spend keys of ``caller``'s requests today (cached: the same for every
+        request of a client until the policy or the UTC day changes)."""
+        day = int(self.clock() // SECONDS_PER_DAY)
+        key = (id(policy), caller.id, caller.identity.team, day)
+        cached = self._plans.get(key)
+        if cached is not None and cached[0] is policy:
+            return cached[1]
+        plan = _build_plan(policy, caller, _periods(day * SECONDS_PER_DAY))
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[key] = (policy, plan)
+        return plan
+
     async def admit(
         self, policy: LimitsPolicy, caller: Caller, estimate: int, *, count: bool = True
     ) -> Admission:
@@ -174,34 +226,25 @@ class Quota:
         false: only read them) and read the spend of every budget."""
         if not policy.active:
             return Admission(caller)
-        hits: list[tuple[Scope, Kind, Window, int]] = []
-        budgets: list[tuple[Scope, Period, str, float]] = []
-        spend_keys: list[str] = []
-        periods = _periods(self.clock())
-        for scope, ident, spec in _scopes(policy, caller):
-            base = f"{scope}:{ident}"
-            if spec.rpm is not None:
-                hits.append((scope, "requests", Window(f"{base}:req", spec.rpm, policy.window_s), int(count)))
-            if spec.tpm is not None:
-                cost = min(estimate, spec.tpm) if count else 0
-                hits.append((scope, "tokens", Window(f"{base}:tok", spec.tpm, policy.window_s), cost))
-            periods_limits: tuple[tuple[Period, float | None], ...] = (
-                ("day", spec.usd_per_day),
-                ("month", spec.usd_per_month),
-            )
-            for period, limit in periods_limits:
-                key = f"spend:{base}:{period}:{periods[period]}"
-                spend_keys.append(key)  # every scope's spend grows, budgeted or not (/v1/usage)
-                if limit is not None:
-                    budgets.append((scope, period, key, limit))
-        all_spend = spend_keys
-        states, spent = await self._run([(w, c) for _, _, w, c in hits], all_spend)
-        spent_by_key = dict(zip(all_spend, spent, strict=True))
+        plan = self._plan(policy, caller)
+        hits = [
+            (window, (1 if kind == "requests" else min(estimate, window.limit)) if count else 0)
+            for _, kind, window in plan.windows
+        ]
+        reads = plan.spend_keys if not count else plan.budget_keys
+        states, spent = await self._run(hits, reads)
+        spent_by_key = dict(zip(reads, spent, strict=True))
         return Admission(
             caller,
-            tuple(Limited(s, k, w, c, st) for (s, k, w, c), st in zip(hits, states, strict=True)),
-            tuple(Budget(s, p, key, limit, spent_by_key[key] / MICRO) for s, p, key, limit in budgets),
-            tuple(all_spend),
+            tuple(
+                Limited(scope, kind, window, cost, state)
+                for (scope, kind, window), (_, cost), state in zip(plan.windows, hits, states, strict=True)
+            ),
+            tuple(
+                Budget(scope, period, key, limit, spent_by_key[key] / MICRO)
+                for scope, period, key, limit in plan.budgets
+            ),
+            plan.spend_keys,
             estimate,
         )
 

@@ -27,6 +27,12 @@ default ``redis://127.0.0.1:6379/15``; its database is flushed), against a cache
 of the same module in the same run; and, in process, what the context steps add to a module
 call that carries no context, against the input check and prompt rendering of the same call.
 
+``--limits`` runs only the limit-check micro-benchmark (no wrk; Redis of
+``COGPROXY_BENCH_REDIS_URL``, default db 14 on loopback): p50 of one request's limit check
+(client + team + global windows, requests and tokens, day and month budgets) in memory and in
+Redis (one EVALSHA round trip), and of its settlement after the answer; baselines in the same
+run: a check with no limits configured, and one Redis PING round trip.
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -493,6 +499,67 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
         redis.Redis.from_url(REDIS_URL).flushdb()
 
 
+LIMIT_ROUNDS = 3000
+
+
+async def _p50_us(action: object, rounds: int = LIMIT_ROUNDS) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await action()  # type: ignore[operator]
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+async def _limits_bench() -> None:
+    import redis.asyncio as aioredis
+
+    from proxy.clients import Caller, ClientIdentity
+    from proxy.policy.quota import LimitSpec, LimitsPolicy
+    from proxy.quota.service import Quota
+    from proxy.quota.windows import MemoryCounters, RedisCounters
+
+    url = os.environ.get("COGPROXY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+    big = LimitSpec(rpm=10**9, tpm=10**12, usd_per_day=10**6, usd_per_month=10**7)
+    policy = LimitsPolicy(clients={"default": big}, teams={"default": big}, global_=big)
+    caller = Caller("bench", ClientIdentity("bench", "team"))
+    memory = Quota(MemoryCounters())
+    client = aioredis.from_url(url)
+    shared = Quota(RedisCounters(client), shared=True)
+    try:
+        rows: list[tuple[str, float, str]] = []
+        none = await _p50_us(lambda: memory.admit(LimitsPolicy(), caller, 100))
+        rows.append(("no limits configured", none, "baseline"))
+        ping = await _p50_us(client.ping)
+        rows.append(("redis: PING", ping, "baseline"))
+        typical = LimitsPolicy(clients={"default": LimitSpec(rpm=10**9, tpm=10**12, usd_per_day=10**6)})
+        for label, limits in (("client rpm+tpm+day", typical), ("client+team+global, all", policy)):
+            admitted = await memory.admit(limits, caller, 100)
+            mem = await _p50_us(lambda limits=limits: memory.admit(limits, caller, 100))
+            rows.append((f"memory: check, {label}", mem, f"{mem / none:.1f}x baseline"))
+            mem_settle = await _p50_us(lambda admitted=admitted: memory.settle(admitted, 120, 0.001))
+            rows.append((f"memory: settle, {label}", mem_settle, f"{mem_settle / none:.1f}x baseline"))
+            admitted = await shared.admit(limits, caller, 100)
+            red = await _p50_us(lambda limits=limits: shared.admit(limits, caller, 100))
+            rows.append((f"redis: check, {label}", red, f"{red / ping:.2f}x PING"))
+            red_settle = await _p50_us(lambda admitted=admitted: shared.settle(admitted, 120, 0.001))
+            rows.append((f"redis: settle, {label}", red_settle, f"{red_settle / ping:.2f}x PING"))
+        print(f"{'limit check (one request)':<44}{'p50 us':>10}  ratio")
+        for name, us, ratio in rows:
+            print(f"{name:<44}{us:>10.1f}  {ratio}")
+        keys = await client.keys("cogproxy:limits:*bench*") + await client.keys("{cogproxy:limits:*")
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await shared.aclose()
+        await memory.aclose()
+
+
+def limits_bench() -> None:
+    sys.path.insert(0, str(ROOT))
+    asyncio.run(_limits_bench())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -502,6 +569,7 @@ def main() -> int:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     parser.add_argument("--memory-only", action="store_true", help="only the large-body memory section")
+    parser.add_argument("--limits", action="store_true", help="only the limit-check micro-benchmark")
     parser.add_argument(
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
     )
@@ -512,6 +580,9 @@ def main() -> int:
         return 0
     if args.parse:
         parse_bench()
+        return 0
+    if args.limits:
+        limits_bench()
         return 0
     if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
@@ -594,6 +665,7 @@ def main() -> int:
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
             context_bench(tmpdir, up_port)
             parse_bench()
+            limits_bench()
         finally:
             for proc in (proxy, upstream):
                 proc.terminate()

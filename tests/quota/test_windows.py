@@ -1,0 +1,102 @@
+"""The sliding-window counters: exact in memory with an injected clock, and the same answers
+from the Redis script (real Redis, db of COGPROXY_TEST_REDIS_URL)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window
+
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_020.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def redis_counters() -> AsyncIterator[RedisCounters]:
+    client = aioredis.from_url(REDIS_URL)
+    counters = RedisCounters(client)
+
+    async def clean() -> None:
+        keys = await client.keys(f"*{KEY_PREFIX}*test*")
+        if keys:
+            await client.delete(*keys)
+
+    await clean()
+    yield counters
+    await clean()
+    await counters.aclose()
+
+
+async def admitted(counters: MemoryCounters | RedisCounters, window: Window, count: int) -> int:
+    states = [(await counters.hit([(window, 1)], []))[0][0] for _ in range(count)]
+    return sum(s.allowed for s in states)
+
+
+async def test_60_rpm_admits_60_in_a_minute_and_slides_with_the_clock() -> None:
+    clock = Clock(1_000_020.0 + 20)  # 20 s into a fixed window
+    counters = MemoryCounters(clock=clock)
+    window = Window("test:a:req", 60, 60)
+    assert await admitted(counters, window, 80) == 60
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 0 and state.reset_s == pytest.approx(40)
+    clock.now += 60  # one window later the previous one still weighs (60 - 20) / 60 of its 60
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 20
+    clock.now += 30  # half its weight is gone: 10 of its 60 remain in the window, with 20 taken
+    assert await admitted(counters, window, 0) == 0
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 50
+    assert await admitted(counters, window, 80) == 50
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 0 and state.reset_s == pytest.approx(0.0)  # the fade has begun
+    clock.now += 0.5  # the previous window's 60 fade by one a second: half of one is enough
+    assert await admitted(counters, window, 2) == 1
+    clock.now += 120  # two windows later nothing is left of it
+    assert await admitted(counters, window, 80) == 60
+
+
+async def test_a_request_takes_from_every_window_or_from_none() -> None:
+    counters = MemoryCounters(clock=Clock())
+    small, large = Window("test:s", 2, 60), Window("test:l", 100, 60)
+    results = [(await counters.hit([(large, 1), (small, 1)], []))[0] for _ in range(3)]
+    assert [[s.allowed for s in r] for r in results] == [[True, True], [True, True], [True, False]]
+    assert results[-1][0].remaining == 98  # the refused request took nothing from the large window
+
+
+async def test_a_share_divides_the_limit_and_corrections_move_the_window() -> None:
+    counters = MemoryCounters(share=3, clock=Clock())
+    window = Window("test:t", 90, 60)
+    assert await admitted(counters, window, 40) == 30
+    await counters.settle([(window, -10)], [("spend:client:a:day:2026-01-01", 1500)])
+    (state,), spent = await counters.hit([(window, 0)], ["spend:client:a:day:2026-01-01"])
+    assert state.remaining == 10 and spent == [1500]
+
+
+async def test_the_redis_script_admits_exactly_the_limit_and_all_or_none(
+    redis_counters: RedisCounters,
+) -> None:
+    window = Window("test:r:req", 60, 60)
+    assert await admitted(redis_counters, window, 80) == 60
+    small, large = Window("test:r:s", 2, 60), Window("test:r:l", 100, 60)
+    results = [(await redis_counters.hit([(large, 1), (small, 1)], []))[0] for _ in range(3)]
+    assert [[s.allowed for s in r] for r in results] == [[True, True], [True, True], [True, False]]
+    assert results[-1][0].remaining == 98
+    tokens = Window("test:r:tok", 1000, 60)
+    (state,), _ = await redis_counters.hit([(tokens, 300)], [])
+    assert state.remaining == 700
+    await redis_counters.settle([(tokens, -100)], [("spend:client:test-r:day:2026-01-01", 2500)])
+    await redis_counters.settle([(tokens, -10_000)], [("spend:client:test-r:day:2026-01-01", 2500)])
+    (state,), spent = await redis_counters.hit([(tokens, 0)], ["spend:client:test-r:day:2026-01-01"])
+    assert state.remaining == 1000  # never below zero
+    assert spent == [5000]

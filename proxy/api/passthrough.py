@@ -28,6 +28,7 @@ from proxy.api.body import passthrough_failure, read_body
 from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
+from proxy.api.quota import count_request
 from proxy.api.relay import serve
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.api.target import ClientTarget, parse_target, upstream_url
@@ -425,4 +426,5 @@ def _failure(exc: RungFailed, trace_id: str) -> web.Response:
 
 async def catch_all(request: web.Request) -> web.StreamResponse:
     """Route handler for every ``/v1/*`` path the proxy does not handle itself."""
+    await count_request(request)
     return await forward(request)

@@ -89,6 +89,12 @@ def _to_period_end(period: str) -> float:
     return (end - now).total_seconds()
 
 
+async def count_request(request: web.Request) -> None:
+    """A passthrough route whose usage the proxy does not read (embeddings, files, Responses):
+    it counts against the request windows and the budgets, not the token windows."""
+    await admit(request, runtime_of(request).policy, 0, downgradable=False)
+
+
 async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
     admission = request.get(ADMISSION)
     if admission is not None:
@@ -96,11 +102,12 @@ async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
 
 
 async def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: every answer to an admitted request tells its windows."""
+    """``on_response_prepare``: every answer to an admitted request tells its windows (in
+    place of a provider's: the client is held to the proxy's limits, the provider's are the
+    proxy's own account's)."""
     admission = request.get(ADMISSION)
     if admission is not None:
-        for name, value in ratelimit_headers(admission).items():
-            response.headers.setdefault(name, value)
+        response.headers.update(ratelimit_headers(admission))
 
 
 async def usage(request: web.Request) -> web.Response:

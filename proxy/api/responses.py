@@ -13,6 +13,7 @@ from proxy.api.errors import json_response
 from proxy.api.middleware import TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.passthrough import forward
+from proxy.api.quota import count_request
 from proxy.api.state import runtime_of
 from proxy.api.streaming import stream_module_response
 from proxy.jsonshape import as_dict, as_list
@@ -47,6 +48,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         model[len(MODULE_PREFIX) :] if isinstance(model, str) and model.startswith(MODULE_PREFIX) else ""
     )
     if not name:
+        await count_request(request)
         return await forward(request, body=raw)
     runtime = runtime_of(request)
     module = runtime.registry.get(name)

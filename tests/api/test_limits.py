@@ -326,3 +326,33 @@ async def test_usage_needs_an_admin_key(fake_upstream: FakeUpstream, tmp_path: P
         assert body["windows"][0]["remaining"] == 10  # reading does not count
         # the admin key is not a client key
         assert (await post_chat(session, px.url, "sk-admin")).status == 401
+
+
+async def test_passthrough_routes_count_against_the_request_window(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(KEYS)
+    async with (
+        running_proxy(
+            tmp_path,
+            priced(fake_upstream, {"clients": {"default": {"rpm": 2}}}),
+            api_keys=frozenset(read_identities(keys)),
+            client_identities=read_identities(keys),
+        ) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        replies = []
+        for path, body in (
+            ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"}),
+            ("/v1/responses", {"model": "gpt-4o-mini", "input": "hi"}),
+            ("/v1/embeddings", {"model": "text-embedding-3-small", "input": "hi"}),
+        ):
+            resp = await session.post(px.url + path, json=body, headers={"Authorization": "Bearer sk-alice"})
+            await resp.read()
+            replies.append(resp)
+    assert [r.status for r in replies] == [200, 200, 429]
+    # the proxy's window replaces the provider's own x-ratelimit-* headers
+    assert replies[0].headers["x-ratelimit-limit-requests"] == "2"
+    assert replies[0].headers["x-ratelimit-remaining-requests"] == "1"
+    assert replies[1].headers["x-ratelimit-remaining-requests"] == "0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from structlog.testing import capture_logs
 
+import proxy.schemas
 from proxy.policy.loader import PolicyError, load_policy, parse_policy
 from proxy.policy.model import Timeouts
 from proxy.schemas import load
@@ -185,3 +187,58 @@ def test_a_cache_section_parses_per_tier_and_module() -> None:
     assert policy.cache.rule_for("x", "decision") is None
     with pytest.raises(PolicyError, match="cache"):
         parse_policy({**doc, "cache": {"modules": {"m1": {"only_decisions": ["review"]}}}})
+
+
+def test_prices_and_limits_parse_with_their_defaults() -> None:
+    from proxy.policy.quota import LimitSpec, LimitsPolicy, Price
+
+    doc = {
+        "version": 1,
+        "providers": {"p": {"kind": "offline"}},
+        "ladder": [{"name": "fast", "targets": ["p/a"]}, {"name": "strong", "targets": ["p/b"]}],
+        "prices": {
+            "p/a": {"input_per_mtok": 1, "output_per_mtok": 2, "cached_input_per_mtok": 0.5},
+            "p/b": {},
+        },
+        "limits": {"clients": {"alice": {"rpm": 10, "usd_per_day": 5}}, "teams": {"default": {"tpm": 1000}}},
+    }
+    policy = parse_policy(doc)
+    assert policy.prices["p/a"] == Price(1.0, 2.0, 0.5)
+    assert policy.prices["p/b"] == Price()
+    assert policy.limits.clients["alice"] == LimitSpec(rpm=10, usd_per_day=5.0)
+    assert policy.limits.for_team("anyone") == LimitSpec(tpm=1000)
+    defaults = LimitsPolicy()
+    assert (policy.limits.window_s, policy.limits.on_budget) == (defaults.window_s, defaults.on_budget)
+    schema = json.loads((Path(proxy.schemas.__file__).parent / "policy.schema.json").read_text())
+    limits = schema["properties"]["limits"]["properties"]
+    assert (
+        limits["window_s"]["default"] == defaults.window_s
+        and limits["on_budget"]["default"] == defaults.on_budget
+    )
+    price = schema["properties"]["prices"]["additionalProperties"]["properties"]
+    assert price["input_per_mtok"]["default"] == Price().input_per_mtok
+    assert price["output_per_mtok"]["default"] == Price().output_per_mtok
+    usage = {"prompt_tokens": 1000, "completion_tokens": 100, "prompt_tokens_details": {"cached_tokens": 400}}
+    assert policy.prices["p/a"].cost(usage) == pytest.approx((600 * 1 + 400 * 0.5 + 100 * 2) / 1e6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ({"prices": {"q/a": {"input_per_mtok": 1}}}, "prices.q/a: unknown provider 'q'"),
+        ({"prices": {"p/a": {"input_per_mtok": -1}}}, "prices.p/a.input_per_mtok"),
+        ({"limits": {"downgrade_to": "nowhere"}}, "limits.downgrade_to: no rung named 'nowhere'"),
+        ({"limits": {"clients": {"a": {"rpm": 0}}}}, "limits.clients.a.rpm"),
+        ({"limits": {"on_budget": "ignore"}}, "limits.on_budget"),
+        ({"limits": {"clients": {"a": {"rpms": 3}}}}, "limits.clients.a"),
+    ],
+)
+def test_bad_prices_and_limits_are_refused_with_their_path(extra: dict[str, Any], problem: str) -> None:
+    doc = {
+        "version": 1,
+        "providers": {"p": {"kind": "offline"}},
+        "ladder": [{"name": "fast", "targets": ["p/a"]}],
+    }
+    with pytest.raises(PolicyError) as caught:
+        parse_policy({**doc, **extra})
+    assert any(problem in p for p in caught.value.problems), caught.value.problems

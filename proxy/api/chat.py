@@ -191,7 +191,7 @@ async def _passthrough(
             code="model_not_found",
             param="model",
         )
-    await admit(request, runtime.policy, estimate_body_tokens(body), downgradable=False)
+    await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
     router = request.app[ROUTER]
     started = time.monotonic()

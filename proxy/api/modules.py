@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import structlog
@@ -10,6 +11,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.quota import admit, caller, estimate_input_tokens, settle
 from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
 from proxy.context.identity import (
     SESSION_HEADER,
@@ -20,9 +22,7 @@ from proxy.context.identity import (
     namespace_of,
 )
 from proxy.context.step import ContextCall
-from proxy.api.quota import admit, caller, settle
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
-from proxy.contract.inputs import estimate_tokens
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer, record_module_cost
 from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
@@ -149,7 +149,7 @@ async def answer_module(
         answer = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
         answer.envelope["meta"]["trace_id"] = trace_id
         return answer
-    top_rung = await admit(request, runtime.policy, estimate_tokens(value), downgradable=True)
+    top_rung = await admit(request, runtime.policy, partial(estimate_input_tokens, value), downgradable=True)
     answer = await _run(request, runtime, module, value, check_input, listener, context, top_rung)
     record.upstream_s += answer.upstream_s
     if answer.cache is not None:

@@ -161,6 +161,45 @@ _OWN_COMPONENTS: dict[str, Any] = {
             },
         },
     },
+    "Usage": {
+        "type": "object",
+        "required": ["object", "client", "team", "window_s", "windows", "budgets", "degraded"],
+        "properties": {
+            "object": {"const": "usage"},
+            "client": {"type": "string"},
+            "team": {"type": ["string", "null"]},
+            "window_s": {"type": "integer"},
+            "windows": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["scope", "kind", "limit", "remaining", "reset_s"],
+                    "properties": {
+                        "scope": {"enum": ["client", "team", "global"]},
+                        "kind": {"enum": ["requests", "tokens"]},
+                        "limit": {"type": "integer"},
+                        "remaining": {"type": "integer"},
+                        "reset_s": {"type": "number"},
+                    },
+                },
+            },
+            "budgets": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["scope", "period", "limit_usd", "spent_usd", "exceeded"],
+                    "properties": {
+                        "scope": {"enum": ["client", "team", "global"]},
+                        "period": {"enum": ["day", "month"]},
+                        "limit_usd": {"type": "number"},
+                        "spent_usd": {"type": "number"},
+                        "exceeded": {"type": "boolean"},
+                    },
+                },
+            },
+            "degraded": {"type": "boolean"},
+        },
+    },
     "Capabilities": {
         "type": "object",
         "required": ["runtime", "version", "spec_versions", "response_modes", "max_body_bytes"],
@@ -345,6 +384,23 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/usage": {
+            "get": {
+                "operationId": "usage",
+                "summary": "A client's current windows and spend (admin keys only)",
+                "security": [{"adminKey": []}],
+                "parameters": [
+                    {"name": "client", "in": "query", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": _json(_ref("Usage"), "The client's windows and budgets, read without counting"),
+                    "400": _json(_ref("OpenAIError"), "No client named (missing_client)"),
+                    "401": _json(_ref("OpenAIError"), "No admin key (admin_key_required)"),
+                    "403": _json(_ref("OpenAIError"), "Not an admin key (admin_key_required)"),
+                    "404": _json(_ref("OpenAIError"), "No such client in the keys file (client_not_found)"),
+                },
+            }
+        },
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",
@@ -367,7 +423,10 @@ def _base_document() -> dict[str, Any]:
         "paths": _paths(),
         "components": {
             "schemas": {**envelope_components(), **stream_components(), **_OWN_COMPONENTS},
-            "securitySchemes": {"clientKey": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "clientKey": {"type": "http", "scheme": "bearer"},
+                "adminKey": {"type": "http", "scheme": "bearer", "description": "--admin-keys"},
+            },
         },
         # {}: no key needed when the proxy runs without --api-keys.
         "security": [{}, {"clientKey": []}],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ from proxy.api.errors import ApiError, json_response, retry_after_value
 from proxy.api.middleware import CLIENT_KEY, bearer_of
 from proxy.api.state import METRICS, SETTINGS, runtime_of
 from proxy.clients import Caller, caller_of
+from proxy.contract.inputs import estimate_tokens
 from proxy.policy.model import Policy
 from proxy.quota.service import Admission, Quota, ratelimit_headers
 
@@ -31,19 +33,34 @@ def caller(request: web.Request) -> Caller:
 
 def estimate_body_tokens(body: dict[str, Any]) -> int:
     """Input tokens of a chat body (its messages) plus the output it asks for at most."""
-    size = len(orjson.dumps(body.get("messages"))) // BYTES_PER_TOKEN
+    try:
+        size = len(orjson.dumps(body.get("messages"))) // BYTES_PER_TOKEN
+    except TypeError:  # orjson.JSONEncodeError: nesting beyond its recursion limit
+        size = 0  # the provider refuses such a body; the request window still counts it
     out = body.get("max_completion_tokens") or body.get("max_tokens")
     return size + (out if isinstance(out, int) and not isinstance(out, bool) and out > 0 else 0)
 
 
-async def admit(request: web.Request, policy: Policy, estimate: int, *, downgradable: bool) -> int | None:
-    """Count the request against its limits; raise the 429 when it does not fit. Returns the
-    rung a downgraded module call is capped at (over budget with ``on_budget: downgrade``)."""
+def estimate_input_tokens(value: Any) -> int:
+    """A module input's token estimate; 0 for one too deep to serialise (the input check refuses
+    it, E1001, before any model call)."""
+    try:
+        return estimate_tokens(value)
+    except (TypeError, ValueError):  # orjson.JSONEncodeError: nesting beyond its recursion limit
+        return 0
+
+
+async def admit(
+    request: web.Request, policy: Policy, estimate: Callable[[], int], *, downgradable: bool
+) -> int | None:
+    """Count the request against its limits (``estimate``: its tokens, asked only when limits are
+    configured); raise the 429 when it does not fit. Returns the rung a downgraded module call is
+    capped at (over budget with ``on_budget: downgrade``)."""
     limits = policy.limits
     if not limits.active:
         return None
     who = caller(request)
-    admission = await request.app[QUOTA].admit(limits, who, estimate)
+    admission = await request.app[QUOTA].admit(limits, who, estimate())
     request[ADMISSION] = admission
     metrics = request.app[METRICS]
     refused = admission.refused
@@ -92,7 +109,7 @@ def _to_period_end(period: str) -> float:
 async def count_request(request: web.Request) -> None:
     """A passthrough route whose usage the proxy does not read (embeddings, files, Responses):
     it counts against the request windows and the budgets, not the token windows."""
-    await admit(request, runtime_of(request).policy, 0, downgradable=False)
+    await admit(request, runtime_of(request).policy, lambda: 0, downgradable=False)
 
 
 async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
+from proxy.api.quota import estimate_body_tokens
 from proxy.clients import read_identities
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream
@@ -356,3 +357,21 @@ async def test_passthrough_routes_count_against_the_request_window(
     assert replies[0].headers["x-ratelimit-limit-requests"] == "2"
     assert replies[0].headers["x-ratelimit-remaining-requests"] == "1"
     assert replies[1].headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_inputs_too_deep_to_estimate_are_refused_as_before_with_limits_on(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    deep: Any = "x"
+    for _ in range(400):
+        deep = {"a": deep}
+    limits = {"clients": {"default": {"rpm": 100, "tpm": 100000}}}
+    async with (
+        running_proxy(tmp_path, priced(fake_upstream, limits)) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        resp = await session.post(px.url + "/v1/modules/code-reviewer/execute", json={"input": deep})
+        assert resp.status == 400 and (await resp.json())["error"]["code"] == "E1001"
+    # passthrough chat: the estimate of a body too deep to serialise is 0, not a crash (the
+    # provider call itself still fails on it: see the report)
+    assert estimate_body_tokens({"messages": [{"role": "user", "content": deep}], "max_tokens": 7}) == 7

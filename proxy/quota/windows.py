@@ -124,22 +124,20 @@ class MemoryCounters:
         self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
     ) -> tuple[list[WindowState], list[int]]:
         now = self.clock()
-        counters = [self._counter(window, now) for window, _ in hits]
+        looked = []
         take = True
-        for (window, cost), counter in zip(hits, counters, strict=True):
+        for window, cost in hits:
+            counter = self._counter(window, now)
+            limit = window.limit // self.share or 1
             into = window.window_s - now % window.window_s  # seconds left in the current window
-            weighted = counter.previous * into / window.window_s + counter.current
-            if math.floor(weighted) + cost > max(1, window.limit // self.share):
-                take = False
-                break
-        states = []
-        for (window, cost), counter in zip(hits, counters, strict=True):
-            limit = max(1, window.limit // self.share)
-            into = window.window_s - now % window.window_s
             fits = math.floor(counter.previous * into / window.window_s + counter.current) + cost <= limit
+            take = take and fits
+            looked.append((window.window_s, cost, counter, limit, into, fits))
+        states = []
+        for expiry, cost, counter, limit, into, fits in looked:
             if take:
                 counter.current += cost
-            states.append(window_state(fits, limit, window.window_s, counter.previous, counter.current, into))
+            states.append(window_state(fits, limit, expiry, counter.previous, counter.current, into))
         return states, [self._spend.get(key, 0) for key in spend_keys]
 
     async def settle(

@@ -117,6 +117,16 @@ def test_policy_check_prints_a_summary(capsys: pytest.CaptureFixture[str]) -> No
     assert "exec: min_confidence 0.9, max_risk low, exhausted reject, start fast" in out
 
 
+def test_policy_check_summarises_prices_and_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import ROOT
+
+    assert main(["policy", "check", str(ROOT / "policies" / "examples" / "cost-saving-cascade.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "  openai/gpt-4o: 2.5/10" in out
+    assert "limits (window 60s; over a budget: downgrade):" in out
+    assert "  client batch-indexer: rpm 3000, tpm 2000000, usd/day 200" in out
+
+
 def test_policy_check_refuses_a_bad_file_naming_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

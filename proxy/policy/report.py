@@ -44,6 +44,36 @@ def summary(policy: Policy) -> list[str]:
     lines.append(f"review: {policy.review.sink}")
     routes = "".join(f"; {r.prefix} -> {', '.join(r.providers)}" for r in policy.passthrough.routes)
     lines.append(f"passthrough (/v1/* not handled here): {policy.passthrough.provider or 'none'}{routes}")
+    lines += _quota(policy)
+    return lines
+
+
+def _quota(policy: Policy) -> list[str]:
+    lines = []
+    if policy.prices:
+        lines.append("prices (USD per million tokens in/out):")
+        lines += [
+            f"  {target}: {p.input_per_mtok:g}/{p.output_per_mtok:g}"
+            for target, p in sorted(policy.prices.items())
+        ]
+    limits = policy.limits
+    if limits.active:
+        scopes = [(f"client {n}", s) for n, s in limits.clients.items()]
+        scopes += [(f"team {n}", s) for n, s in limits.teams.items()]
+        scopes += [("global", limits.global_)] if limits.global_ else []
+        lines.append(f"limits (window {limits.window_s}s; over a budget: {limits.on_budget}):")
+        for name, spec in scopes:
+            parts = [
+                f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"
+                for label, value in (
+                    ("rpm", spec.rpm),
+                    ("tpm", spec.tpm),
+                    ("usd/day", spec.usd_per_day),
+                    ("usd/month", spec.usd_per_month),
+                )
+                if value is not None
+            ]
+            lines.append(f"  {name}: {', '.join(parts)}")
     return lines
 
 

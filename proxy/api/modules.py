@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import structlog
@@ -11,7 +10,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.quota import admit, caller, estimate_input_tokens, settle
+from proxy.api.quota import admit_module, caller, settle
 from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
 from proxy.context.identity import (
     SESSION_HEADER,
@@ -149,7 +148,7 @@ async def answer_module(
         answer = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
         answer.envelope["meta"]["trace_id"] = trace_id
         return answer
-    top_rung = await admit(request, runtime.policy, partial(estimate_input_tokens, value), downgradable=True)
+    top_rung = await admit_module(request, runtime.policy, value)
     answer = await _run(request, runtime, module, value, check_input, listener, context, top_rung)
     record.upstream_s += answer.upstream_s
     if answer.cache is not None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import orjson
@@ -104,6 +106,25 @@ def _to_period_end(period: str) -> float:
         first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         end = (first + timedelta(days=32)).replace(day=1)
     return (end - now).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    rung: int | None
+    """The rung a downgraded module call is capped at; None: the whole ladder."""
+
+
+CAP = web.RequestKey("ladder_cap", Cap)
+
+
+async def admit_module(request: web.Request, policy: Policy, value: Any) -> int | None:
+    """``admit`` for a module call, once per request: a streamed call is admitted before its
+    stream starts (a 429 is still an HTTP answer), and its producer reuses the verdict."""
+    cap = request.get(CAP)
+    if cap is None:
+        rung = await admit(request, policy, partial(estimate_input_tokens, value), downgradable=True)
+        cap = request[CAP] = Cap(rung)
+    return cap.rung
 
 
 async def count_request(request: web.Request) -> None:

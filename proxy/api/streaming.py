@@ -24,6 +24,7 @@ from aiohttp import web
 from proxy.api.errors import json_response
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
+from proxy.api.quota import admit_module
 from proxy.api.state import METRICS, SETTINGS, Runtime
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
@@ -588,6 +589,7 @@ async def _start_and_follow(
     refused = input_refused(request, module, value, check)
     if refused is not None:
         return refused
+    await admit_module(request, runtime.policy, value)  # a 429 before the stream starts
     trace_id = request[TRACE_KEY]
     started = start_stream(request, runtime, module, value, check, history)
     first = meta_chunk(started.session.id, trace_id=trace_id)

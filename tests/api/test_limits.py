@@ -375,3 +375,27 @@ async def test_inputs_too_deep_to_estimate_are_refused_as_before_with_limits_on(
     # passthrough chat: the estimate of a body too deep to serialise is 0, not a crash (the
     # provider call itself still fails on it: see the report)
     assert estimate_body_tokens({"messages": [{"role": "user", "content": deep}], "max_tokens": 7}) == 7
+
+
+async def test_a_streamed_module_call_over_its_limit_is_a_429_not_a_broken_stream(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    fake_upstream.script("cheap", answer(0.9))
+    async with (
+        running_proxy(tmp_path, priced(fake_upstream, {"clients": {"default": {"rpm": 1}}})) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        replies = []
+        for _ in range(2):
+            resp = await session.post(
+                px.url + "/v1/modules/code-reviewer/execute",
+                json={"input": REVIEW_INPUT},
+                headers={"Accept": "text/event-stream"},
+            )
+            replies.append((resp.status, resp.headers.copy(), await resp.read()))
+    (first_status, first_headers, first_body), (status, headers, body) = replies
+    assert first_status == 200 and first_headers["Content-Type"].startswith("text/event-stream")
+    assert first_headers["x-ratelimit-remaining-requests"] == "0"
+    assert b"event: final" in first_body
+    assert status == 429 and json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+    assert int(headers["Retry-After"]) >= 1

@@ -20,6 +20,10 @@ def as_list(value: Any) -> list[Any]:
 # 254 levels, orjson.loads more than 1024, and validation, repair and deepcopy recurse in Python.
 MAX_JSON_DEPTH = 64
 
+# Nesting allowed in a passthrough chat body, which the proxy re-encodes for the provider:
+# orjson.dumps refuses more than 254 levels, so a deeper body could never be sent.
+MAX_FORWARDED_DEPTH = 250
+
 
 def deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether ``value`` nests objects/arrays more than ``limit`` levels deep. Breadth-first and

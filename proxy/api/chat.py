@@ -22,7 +22,7 @@ from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
-from proxy.jsonshape import as_dict, as_list
+from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, deeper_than
 from proxy.observability.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
@@ -190,6 +190,12 @@ async def _passthrough(
             f"The model {model!r} does not exist on this proxy. Available: {', '.join(model_names(runtime))}",
             code="model_not_found",
             param="model",
+        )
+    if deeper_than(body, MAX_FORWARDED_DEPTH):
+        raise ApiError(
+            400,
+            f"The request body nests more than {MAX_FORWARDED_DEPTH} levels and cannot be forwarded",
+            code="too_deeply_nested",
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))

@@ -222,3 +222,22 @@ async def test_an_answer_holding_json_the_proxy_cannot_write_is_e1000_not_500(
             ) as resp,
         ):
             assert resp.status == 200, (what, await resp.text())
+
+
+async def test_a_passthrough_chat_body_too_deep_to_forward_is_a_400(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """A chat body is re-encoded for the provider, and orjson writes at most 254 levels: a body
+    nested deeper used to be a 500; it is the caller's 400, and nothing is sent upstream."""
+    deep = '{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+    body = deep + '{"a": ' * 300 + "1" + "}" * 300 + "}"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{served.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as resp,
+    ):
+        status, answer = resp.status, await resp.json()
+    assert status == 400
+    assert answer["error"]["code"] == "too_deeply_nested"
+    assert fake_upstream.count("/v1/chat/completions") == 0

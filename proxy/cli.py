@@ -309,6 +309,13 @@ SERVE_OPTIONS = (
     ServeOption("--api-keys", "API_KEYS", str, None, "comma-separated client keys; unset: no client auth"),
     ServeOption("--api-keys-file", "API_KEYS_FILE", str, None, "file of client keys, one per line"),
     ServeOption(
+        "--admin-keys",
+        "ADMIN_KEYS",
+        str,
+        None,
+        "comma-separated admin keys: may judge any module answer (POST /v1/feedback); also client keys",
+    ),
+    ServeOption(
         "--admin-host",
         "ADMIN_HOST",
         str,
@@ -465,6 +472,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
         api_keys=keys,
+        admin_keys=frozenset(k.strip() for k in (args.admin_keys or "").split(",") if k.strip()),
         redis_url=args.redis_url or None,
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),

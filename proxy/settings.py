@@ -50,6 +50,8 @@ class Settings:
     """Open client connections at most; 0: what the open-file limit leaves (proxy.server)."""
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+    admin_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
+    """Keys that may also judge any module answer (``POST /v1/feedback``); accepted as client keys."""
     redis_url: str | None = field(default=None, repr=False)
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
     admin_host: str | None = None

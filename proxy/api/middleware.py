@@ -40,6 +40,8 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+TRACE_ID_PATTERN = _REQUEST_ID
+"""Every trace id the proxy hands out matches it (a traceparent's 32 hex digits included)."""
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -80,14 +82,18 @@ def bearer_of(request: web.Request) -> str | None:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """When client keys are configured, demand one of them as a bearer token (constant-time)."""
-    keys = request.app[SETTINGS].api_keys
+    """When client keys are configured, demand one of them (or an admin key) as a bearer token
+    (constant-time)."""
+    settings = request.app[SETTINGS]
+    keys = settings.api_keys
     token = bearer_of(request)
     if token is not None:
         request[CLIENT_KEY] = token
     if keys and request.path not in UNAUTHENTICATED_PATHS:
         presented = (token or "").encode()
-        if not any(hmac.compare_digest(presented, key.encode()) for key in keys):
+        if not any(hmac.compare_digest(presented, key.encode()) for key in keys) and not any(
+            hmac.compare_digest(presented, key.encode()) for key in settings.admin_keys
+        ):
             raise ApiError(
                 401,
                 "Missing or invalid API key for this proxy (Authorization: Bearer ...)",

@@ -22,6 +22,7 @@ import orjson
 
 from proxy import __version__
 from proxy.app import build_app
+from proxy.calibration import command as calibration_command
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
@@ -593,6 +594,7 @@ examples:
   cogproxy validate sentiment --v22 && cogproxy test sentiment
   echo '{"text": "hi"}' | cogproxy run sentiment --input -
   cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
+  cogproxy calibration report --prometheus http://localhost:9090
 
 'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
 
@@ -729,6 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
         "without it the module's own golden examples answer (offline)",
     )
     p.set_defaults(func=cmd_run)
+    calibration_command.add_parser(sub)
     return parser
 
 

@@ -86,7 +86,7 @@ def from_records(records: Iterable[AnswerRecord]) -> Reliability:
         outcome = out.outcomes.setdefault((r.tier, r.decision), Bin())
         outcome.count += 1
         outcome.correct += r.verdict == "correct"
-        if r.decision in ACCEPTED and r.confidence >= r.min_confidence and r.verdict == "incorrect":
+        if r.decision in ACCEPTED and r.calibrated >= r.min_confidence and r.verdict == "incorrect":
             key = (target, r.tier)
             out.would_have_been[key] = out.would_have_been.get(key, 0) + 1
     return out

@@ -138,7 +138,7 @@ def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previ
         metrics.feedback_confidence.labels(*labels).inc(p)
         metrics.feedback_score.labels(*labels).inc(y)
         metrics.feedback_brier.labels(record.module, provider, model, scale).inc((p - y) ** 2)
-    gate = "above" if record.confidence >= record.min_confidence else "below"
+    gate = "above" if record.calibrated >= record.min_confidence else "below"  # the gate it passed
     metrics.feedback_outcomes.labels(
         record.module, record.tier, provider, model, record.decision, gate, record.verdict
     ).inc()

@@ -156,7 +156,11 @@ def test_calibration_alert_rules_shape() -> None:
         assert "calibration fit" in rule["annotations"]["runbook"], name
     assert "cognitive_tier_min_confidence" in rules["CognitiveAccuracyBelowThreshold"]["expr"]
     readme = (GRAFANA / "README.md").read_text()
-    for needle in ("cognitive-calibration.json", "CognitiveModelMiscalibrated", "CognitiveAccuracyBelowThreshold"):
+    for needle in (
+        "cognitive-calibration.json",
+        "CognitiveModelMiscalibrated",
+        "CognitiveAccuracyBelowThreshold",
+    ):
         assert needle in readme, needle  # listed, with its runbook
 
 

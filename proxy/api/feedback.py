@@ -80,7 +80,7 @@ def _parse(body: dict[str, Any]) -> tuple[str, str, float, str | None, str | Non
     if not isinstance(trace_id, str) or not TRACE_ID_PATTERN.match(trace_id):
         raise ApiError(400, "trace_id must be the X-Cognitive-Trace-Id of a module answer", param="trace_id")
     verdict = body.get("verdict")
-    if verdict not in VERDICT_SCORES:
+    if not isinstance(verdict, str) or verdict not in VERDICT_SCORES:
         raise ApiError(400, f"verdict must be one of {', '.join(VERDICT_SCORES)}", param="verdict")
     score = body.get("score", VERDICT_SCORES[verdict])
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:

@@ -290,7 +290,7 @@ class Metrics:
         )
         self.feedback_outcomes = Counter(
             "cognitive_feedback_outcomes_total",
-            "First verdicts by tier, decision and gate (calibrated confidence at/above or below the threshold).",
+            "First verdicts by tier, decision and gate (above: calibrated confidence >= min_confidence).",
             ["module", "tier", "provider", "model", "decision", "gate", "verdict"],
             registry=r,
         )

@@ -81,6 +81,8 @@ async def test_a_verdict_is_counted_by_model_bucket_and_verdict_and_a_second_rep
         ({"verdict": "correct"}, "trace_id"),
         ({"trace_id": "a b", "verdict": "correct"}, "trace_id"),
         ({"trace_id": "t", "verdict": "maybe"}, "verdict"),
+        ({"trace_id": "t", "verdict": {}}, "verdict"),
+        ({"trace_id": ["t"], "verdict": "correct"}, "trace_id"),
         ({"trace_id": "t", "verdict": "correct", "score": 1.5}, "score"),
         ({"trace_id": "t", "verdict": "correct", "score": True}, "score"),
         ({"trace_id": "t", "verdict": "correct", "note": "x" * 1001}, "note"),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from redis.exceptions import RedisError
 
 from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Bin, Reliability, from_records
@@ -100,7 +101,7 @@ async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, 
         async for record in scan_records(url):
             if record.verdict is not None and (module is None or record.module == module):
                 records.append(record)
-    except (OSError, Exception) as exc:  # redis-py raises its own ConnectionError family
+    except (RedisError, OSError) as exc:
         raise SourceError(f"Redis at {url}: {exc}") from exc
     points: dict[str, list[Point]] = {}
     for r in records:

@@ -224,8 +224,12 @@ async def scan_records(url: str) -> AsyncIterator[AnswerRecord]:
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT):
             raw = await client.get(key)
-            if raw is not None:
+            if raw is None:
+                continue
+            try:
                 yield AnswerRecord.loads(raw)
+            except (orjson.JSONDecodeError, TypeError):
+                log.warning("proxy.feedback_record_skipped", key=str(key))  # not written by this version
     finally:
         await client.aclose()
 

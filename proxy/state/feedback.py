@@ -170,7 +170,10 @@ class RedisFeedbackStore:
             return None
         if raw is None:
             return None
-        found = AnswerRecord.loads(raw)
+        try:
+            found = AnswerRecord.loads(raw)
+        except (orjson.JSONDecodeError, TypeError):  # written by another version: not judgeable here
+            return None
         return found if found.expires > self._clock() else None
 
     async def judged(self, record: AnswerRecord) -> None:

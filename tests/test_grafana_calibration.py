@@ -134,8 +134,8 @@ def test_calibration_dashboard_shape() -> None:
                     if (var in labels or var == "instance") and f'{var}=~"${var}"' not in matchers:
                         problems.append(f"panel {panel['id']}: {name} lacks {var}")
                 after = expr[match.end() :]
-                if base_metric(name) not in GAUGES and not (
-                    after.startswith("[$__range])") or after.startswith("[$__rate_interval])")
+                if base_metric(name) not in GAUGES and not after.startswith(
+                    ("[$__range])", "[$__rate_interval])")
                 ):
                     problems.append(f"panel {panel['id']}: counter {name} not over $__range/$__rate_interval")
     assert not problems, "\n".join(problems)

@@ -54,10 +54,9 @@ async def test_a_verdict_is_counted_by_model_bucket_and_verdict_and_a_second_rep
                 'cognitive_feedback_total{bucket="0.9",model="cheap",module="code-reviewer",'
                 f'provider="up",scale="{scale}",verdict="incorrect"}} 1.0'
             ) in text
-        assert (
-            'cognitive_feedback_brier_total{model="cheap",module="code-reviewer",provider="up",scale="reported"} 0.8464'
-            in text
-        )
+        brier = 'cognitive_feedback_brier_total{model="cheap",module="code-reviewer",'
+        brier += 'provider="up",scale="reported"}'
+        assert f"{brier} 0.8464" in text  # (0.92 - 0)^2
         assert (
             'cognitive_feedback_outcomes_total{decision="accept",gate="above",model="cheap",module="code-reviewer",'
             'provider="up",tier="decision",verdict="incorrect"} 1.0'

@@ -11,13 +11,25 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import chat, execute, meta, modules, openapi, passthrough, quota, responses, streaming
+from proxy.api import (
+    chat,
+    execute,
+    feedback,
+    meta,
+    modules,
+    openapi,
+    passthrough,
+    quota,
+    responses,
+    streaming,
+)
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import (
     CONTEXT_STORE,
+    FEEDBACK,
     METRICS,
     OUTBOX,
     REDACT_NAMES,
@@ -40,6 +52,7 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard
 from proxy.settings import Settings
+from proxy.state.feedback import MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import KeyWrite, RedisOutbox, Write
 from proxy.state.redis_store import RedisBreakerStore
@@ -116,6 +129,19 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     limits = app[quota.QUOTA] = quota.Quota.build(
         settings.redis_url, settings.replicas_hint, lambda down: metrics.limits_degraded.set(int(down))
     )
+
+    def tier_thresholds() -> list[tuple[str, float]]:
+        policy = current_policy()
+        return [(tier, t.min_confidence) for tier, t in policy.tiers.items()] if policy else []
+
+    metrics.watch_thresholds(tier_thresholds)
+    feedback_store: MemoryFeedbackStore | RedisFeedbackStore
+    if settings.redis_url:
+        feedback_store = RedisFeedbackStore(settings.redis_url)
+        feedback_store.start()
+    else:
+        feedback_store = MemoryFeedbackStore()
+    app[FEEDBACK] = feedback_store
     outbox = None
     context: ContextStore = MemoryContextStore()
     if settings.redis_url:
@@ -139,6 +165,7 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     await context.aclose()
     if outbox is not None:
         await outbox.aclose()
+    await feedback_store.aclose()
     await store.aclose()
     await limits.aclose()
 
@@ -215,6 +242,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/modules/{name}", modules.get_module)
     app.router.add_route("*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"))
+    app.router.add_post("/v1/feedback", feedback.post_feedback)
+    app.router.add_route("*", "/v1/feedback", modules.method_not_allowed("POST"))
     app.router.add_get("/v1/capabilities", meta.capabilities)
     app.router.add_route("*", "/v1/capabilities", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/healthz", meta.healthz)

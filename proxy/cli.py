@@ -22,6 +22,7 @@ import orjson
 
 from proxy import __version__
 from proxy.app import build_app
+from proxy.calibration import command as calibration_command
 from proxy.clients import read_identities
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
@@ -315,7 +316,13 @@ SERVE_OPTIONS = (
         None,
         "file of client keys, one per line: KEY [name=NAME] [team=TEAM]",
     ),
-    ServeOption("--admin-keys", "ADMIN_KEYS", str, None, "comma-separated admin keys (GET /v1/usage)"),
+    ServeOption(
+        "--admin-keys",
+        "ADMIN_KEYS",
+        str,
+        None,
+        "comma-separated admin keys: GET /v1/usage, and judging any answer (POST /v1/feedback)",
+    ),
     ServeOption("--admin-keys-file", "ADMIN_KEYS_FILE", str, None, "file of admin keys, one per line"),
     ServeOption(
         "--replicas-hint",
@@ -609,6 +616,7 @@ examples:
   cogproxy validate sentiment --v22 && cogproxy test sentiment
   echo '{"text": "hi"}' | cogproxy run sentiment --input -
   cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
+  cogproxy calibration report --prometheus http://localhost:9090
 
 'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
 
@@ -745,6 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
         "without it the module's own golden examples answer (offline)",
     )
     p.set_defaults(func=cmd_run)
+    calibration_command.add_parser(sub)
     return parser
 
 

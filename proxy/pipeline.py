@@ -62,6 +62,8 @@ class Listener(Protocol):
 
 CACHE_HEADER = "X-Cognitive-Cache"
 
+Calibrate = Callable[[float], float]
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
@@ -82,6 +84,8 @@ class Attempt:
     """The module's ``risk_rule`` over the data; None when the rule cannot say."""
     cost_usd: float = 0.0
     """The attempt's usage at its target's ``price`` (0 when unpriced)."""
+    calibrated: float | None = None
+    """``confidence`` through the policy's calibration map of the target: what was decided on."""
 
     @property
     def risks_disagree(self) -> bool:
@@ -99,6 +103,7 @@ class Attempt:
         if self.confidence is not None:  # an answer, not a provider failure
             out["model_risk"] = self.model_risk
             out["rule_risk"] = self.rule_risk
+            out["confidence_calibrated"] = self.calibrated
         if self.error:
             out["error"] = self.error
         if self.repairs:
@@ -190,6 +195,14 @@ class ModuleAnswer:
     def meta(self) -> dict[str, Any]:
         return as_dict(self.envelope.get("meta"))
 
+    @property
+    def final(self) -> Attempt | None:
+        """The attempt whose answer was decided last (None when no model answered)."""
+        for attempt in reversed(self.attempts):
+            if attempt.confidence is not None:
+                return attempt
+        return None
+
     def cognitive(self) -> dict[str, Any]:
         """The ``cognitive`` block of DESIGN §3."""
         return {
@@ -214,6 +227,9 @@ class ModuleAnswer:
             "X-Cognitive-Cost-Usd": f"{self.cost.usd:.9f}",
             "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
         }
+        final = self.final
+        if final is not None and final.calibrated is not None:
+            headers["X-Cognitive-Confidence-Calibrated"] = f"{final.calibrated:.6g}"
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         if self.cache is not None:
@@ -331,20 +347,24 @@ def _meta_of(envelope: dict[str, Any]) -> Meta:
 @dataclass(frozen=True, slots=True)
 class _Assessed:
     meta: Meta
+    """What ``decide()`` sees: the calibrated confidence and the routed risk."""
     model_risk: str
     rule_risk: Risk | None
+    reported: float
+    """``meta.confidence`` as the model reported it (the envelope keeps this one)."""
 
 
-def _assess(result: ContractResult, module: Module, source: RiskSource) -> _Assessed:
+def _assess(result: ContractResult, module: Module, source: RiskSource, calibrate: Calibrate) -> _Assessed:
     """The meta the router decides on: ``meta.risk`` is replaced by the ``risk_source`` choice
-    (in the envelope too, so that the caller sees the risk that was routed on)."""
+    (in the envelope too, so that the caller sees the risk that was routed on); the confidence
+    goes through the target's calibration map (the envelope keeps the model's)."""
     envelope = result.envelope
     meta = _meta_of(envelope)
     computed = rule_risk(envelope.get("data"), module.risk_rule) if envelope.get("ok") is True else None
     routed = routed_risk(meta.risk, computed, source)
     if routed != meta.risk and isinstance(envelope.get("meta"), dict):
         envelope["meta"]["risk"] = routed
-    return _Assessed(Meta(meta.confidence, routed), meta.risk, computed)
+    return _Assessed(Meta(calibrate(meta.confidence), routed), meta.risk, computed, meta.confidence)
 
 
 def reask_messages(messages: list[dict[str, str]], text: str, result: ContractResult) -> list[dict[str, str]]:
@@ -431,7 +451,7 @@ class _Attempts:
                 rung,
                 str(target),
                 outcome,
-                assessed.meta.confidence,
+                assessed.reported,
                 assessed.meta.risk,
                 self.last_ms,
                 result.error_code and f"contract:{result.error_code}",
@@ -440,6 +460,7 @@ class _Attempts:
                 assessed.model_risk,
                 assessed.rule_risk,
                 0.0 if price is None else price.cost(usage),
+                assessed.meta.confidence,
             )
         )
 
@@ -554,7 +575,9 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
         for _ in range(thresholds.reask):
             if result.passed:
                 break
-            assessed = _assess(result, module, thresholds.risk_source)
+            assessed = _assess(
+                result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
+            )
             attempts.answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
             if call.listener is not None:
                 call.listener.retrying("reasking", rung_name, rung_name, f"contract:{result.error_code}")
@@ -565,7 +588,9 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
                 break
             routed, (reply, text) = again, again.value
             result = await _contract(reply, text, module)
-        assessed = _assess(result, module, thresholds.risk_source)
+        assessed = _assess(
+            result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
+        )
         decision = decide(thresholds, assessed.meta, rung, rungs)
         attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
         last = result.envelope

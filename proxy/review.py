@@ -1,7 +1,8 @@
-"""Review sinks: where answers decided ``review`` are recorded. A sink never fails or delays
-the request: the log sink writes a line; the Redis stream sink queues an XADD in the Redis outbox
-(``proxy.state.outbox``: kept and re-sent in order while Redis is away); the webhook sink POSTs
-in the background with retries."""
+"""Review sinks: where answers decided ``review`` are recorded. Every record carries the
+answer's trace id, so a review tool can send its verdict straight back (``POST /v1/feedback``).
+A sink never fails or delays the request: the log sink writes a line; the Redis stream sink
+queues an XADD in the Redis outbox (``proxy.state.outbox``: kept and re-sent in order while Redis
+is away); the webhook sink POSTs in the background with retries."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class LogSink:
     async def submit(self, record: dict[str, Any]) -> None:
         log.warning(
             "proxy.review",
+            trace_id=record["trace_id"],
             module=record["module"],
             tier=record["tier"],
             confidence=record["meta"].get("confidence"),

@@ -55,7 +55,8 @@ class Settings:
     client_identities: Mapping[str, ClientIdentity] = field(default_factory=dict, repr=False)
     """Name and team of each client key (the keys file's labels); metrics and limits use these."""
     admin_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
-    """Keys of ``GET /v1/usage`` (a separate credential: a client key is never an admin key)."""
+    """Admin keys: ``GET /v1/usage`` and judging any answer (``POST /v1/feedback``); a client key
+    is never an admin key."""
     replicas_hint: int = 1
     """Replicas sharing the limits; with Redis down each enforces its share (limit / replicas)."""
     redis_url: str | None = field(default=None, repr=False)

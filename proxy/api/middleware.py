@@ -40,8 +40,12 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+TRACE_ID_PATTERN = _REQUEST_ID
+"""Every trace id the proxy hands out matches it (a traceparent's 32 hex digits included)."""
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 ADMIN_PATHS = frozenset({"/v1/usage"})
+ADMIN_JUDGED_PATHS = frozenset({"/v1/feedback"})
+"""Client routes an admin key may also call (judging any answer); an admin key opens nothing else."""
 """Authorised by an admin key in their handler (``proxy.api.quota``), never by a client key."""
 
 
@@ -82,14 +86,19 @@ def bearer_of(request: web.Request) -> str | None:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """When client keys are configured, demand one of them as a bearer token (constant-time)."""
-    keys = request.app[SETTINGS].api_keys
+    """When client keys are configured, demand one of them as a bearer token (constant-time); an
+    admin key counts only on ``ADMIN_JUDGED_PATHS``."""
+    settings = request.app[SETTINGS]
+    keys = settings.api_keys
     token = bearer_of(request)
     if token is not None:
         request[CLIENT_KEY] = token
     if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
         presented = (token or "").encode()
-        if not any(hmac.compare_digest(presented, key.encode()) for key in keys):
+        admin_here = request.path in ADMIN_JUDGED_PATHS and any(
+            hmac.compare_digest(presented, key.encode()) for key in settings.admin_keys
+        )
+        if not admin_here and not any(hmac.compare_digest(presented, key.encode()) for key in keys):
             raise ApiError(
                 401,
                 "Missing or invalid API key for this proxy (Authorization: Bearer ...)",

@@ -9,9 +9,10 @@ import structlog
 from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
+from proxy.api.feedback import answer_record
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
-from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
+from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
 from proxy.context.identity import (
     SESSION_HEADER,
     USER_HEADER,
@@ -164,6 +165,9 @@ async def answer_module(
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)
     await settle(request, tokens, answer.cost.usd)
+    remembered = answer_record(answer, module, runtime.policy, trace_id, request.get(CLIENT_KEY))
+    if remembered is not None:
+        request.app[FEEDBACK].remember(remembered, runtime.policy.feedback.max_entries)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)

@@ -280,6 +280,35 @@ def _module_statuses() -> list[int]:
     return sorted({200, *(spec.http_status for spec in BY_CODE.values())})
 
 
+_FEEDBACK_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["trace_id", "verdict"],
+    "properties": {
+        "trace_id": {"type": "string", "pattern": "^[A-Za-z0-9._:/=+-]{1,128}$"},
+        "verdict": {"enum": ["correct", "incorrect", "partially_correct"]},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "source": {"type": "string", "maxLength": 64},
+        "note": {"type": "string", "maxLength": 1000},
+    },
+}
+_FEEDBACK_RESULT: dict[str, Any] = {
+    "type": "object",
+    "required": ["object", "trace_id", "verdict", "score", "replaced", "module", "model"],
+    "properties": {
+        "object": {"const": "feedback"},
+        "trace_id": {"type": "string"},
+        "verdict": {"type": "string"},
+        "score": {"type": "number"},
+        "replaced": {"type": "boolean"},
+        "module": {"type": "string"},
+        "model": {"type": "string"},
+        "confidence": {"type": "number"},
+        "confidence_calibrated": {"type": "number"},
+    },
+}
+
+
 def _paths() -> dict[str, Any]:
     envelope = _ref("Envelope")
     module_answers = {
@@ -318,6 +347,19 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("ModuleSummary"), "Manifest summary"),
                     "404": _json(envelope, _ERROR_STATUS_TEXT[404]),
+                    **api_errors,
+                },
+            }
+        },
+        "/v1/feedback": {
+            "post": {
+                "operationId": "postFeedback",
+                "summary": "A verdict on a module answer, by its trace id (the calling key or an admin key)",
+                "requestBody": {"required": True, "content": {_JSON: {"schema": _FEEDBACK_REQUEST}}},
+                "responses": {
+                    "200": _json(_FEEDBACK_RESULT, "Recorded (replaced: an earlier verdict was replaced)"),
+                    "400": _json(_ref("OpenAIError"), "Malformed feedback (param names the field)"),
+                    "404": _json(_ref("OpenAIError"), "Unknown or expired trace id (trace_not_found)"),
                     **api_errors,
                 },
             }

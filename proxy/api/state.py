@@ -16,6 +16,7 @@ from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
 from proxy.review import ReviewSink
 from proxy.settings import Settings
+from proxy.state.feedback import FeedbackStore
 from proxy.state.outbox import RedisOutbox
 from proxy.upstream.base import Provider
 from proxy.upstream.router import Router
@@ -44,6 +45,8 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
+FEEDBACK = web.AppKey("feedback", FeedbackStore)
+"""Module answers remembered for ``POST /v1/feedback`` (memory, or Redis with ``--redis-url``)."""
 OUTBOX = web.AppKey("outbox", RedisOutbox)
 """Set only with ``--redis-url``."""
 CONTEXT_STORE = web.AppKey("context_store", ContextStore)

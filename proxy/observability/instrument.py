@@ -9,9 +9,16 @@ import structlog
 
 from proxy.contract.risk import RISK_RANK
 from proxy.jsonshape import as_dict
-from proxy.observability.metrics import OTHER, OUTCOME_DECIDED, OUTCOME_INVALID_INPUT, Metrics
+from proxy.observability.metrics import (
+    OTHER,
+    OUTCOME_DECIDED,
+    OUTCOME_INVALID_INPUT,
+    Metrics,
+    feedback_bucket,
+)
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy, Target
+from proxy.state.feedback import AnswerRecord
 from proxy.upstream.base import ProviderError
 
 log = structlog.get_logger("proxy")
@@ -107,6 +114,8 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
         metrics.confidence.labels(module, tier, "final" if final else "intermediate").observe(
             attempt.confidence
         )
+        if final and attempt.calibrated is not None:
+            metrics.confidence_calibrated.labels(module, tier).observe(attempt.calibrated)
         if attempt.risks_disagree:
             metrics.risk_disagreements.labels(module).inc()
             log.info(
@@ -152,3 +161,26 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
     if answered:
         metrics.risk.labels(module, tier, risk if risk in RISK_RANK else OTHER).inc()
     return OUTCOME_DECIDED
+
+
+def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previous: AnswerRecord) -> None:
+    """Count a verdict: the reliability counters take an answer's first verdict only (a counter
+    cannot take back a replaced one); later verdicts count in ``cognitive_feedback_replaced_total``."""
+    assert record.verdict is not None and record.score is not None
+    if previous.verdict is not None:
+        changed = (previous.verdict, previous.score) != (record.verdict, record.score)
+        metrics.feedback_replaced.labels(record.module, "true" if changed else "false").inc()
+        return
+    provider, model = target_labels(policy, Target(record.provider, record.model))
+    y = record.score
+    for scale, p in (("reported", record.confidence), ("calibrated", record.calibrated)):
+        bucket = feedback_bucket(p)
+        labels = (record.module, provider, model, scale, bucket)
+        metrics.feedback.labels(*labels, record.verdict).inc()
+        metrics.feedback_confidence.labels(*labels).inc(p)
+        metrics.feedback_score.labels(*labels).inc(y)
+        metrics.feedback_brier.labels(record.module, provider, model, scale).inc((p - y) ** 2)
+    gate = "above" if record.calibrated >= record.min_confidence else "below"  # the gate it passed
+    metrics.feedback_outcomes.labels(
+        record.module, record.tier, provider, model, record.decision, gate, record.verdict
+    ).inc()

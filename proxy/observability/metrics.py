@@ -31,6 +31,10 @@ OUTCOME_DECIDED = "decided"  # a module answer that got a decision
 OUTCOME_INVALID_INPUT = "invalid_input"  # the caller's input broke the module's input contract
 OUTCOME_UNKNOWN_MODULE = "unknown_module"  # the caller named a module that is not installed
 CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+FEEDBACK_BUCKETS = tuple(f"{0.1 * i:.1f}" for i in range(10))
+"""``bucket`` label of the feedback counters: the lower edge of a 0.1-wide confidence bin
+(``"0.9"`` holds [0.9, 1.0], 1.0 included)."""
+SCALES = ("reported", "calibrated")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 TPS_BUCKETS = (1, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -54,6 +58,34 @@ class BreakerCollector(Collector):
         yield GaugeMetricFamily(
             "cognitive_circuit_open", "1 while a target's circuit breaker is open.", labels=["target"]
         )
+
+
+def feedback_bucket(confidence: float) -> str:
+    """The fixed bin of ``confidence`` (clamped into [0, 1])."""
+    return FEEDBACK_BUCKETS[min(9, max(0, int(confidence * 10)))]
+
+
+class ThresholdCollector(Collector):
+    """``cognitive_tier_min_confidence{tier}``, read from the current policy at scrape time."""
+
+    def __init__(self, thresholds: Callable[[], Iterable[tuple[str, float]]]) -> None:
+        self._thresholds = thresholds
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "cognitive_tier_min_confidence",
+            "Each tier's min_confidence in the current policy.",
+            labels=["tier"],
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for tier, value in self._thresholds():
+            family.add_metric([tier], value)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
 
 
 class Metrics:
@@ -225,6 +257,50 @@ class Metrics:
         self.stream_sessions = Gauge(
             "cognitive_stream_sessions", "Streamed answers still being produced in this process.", registry=r
         )
+        self.confidence_calibrated = Histogram(
+            "cognitive_confidence_calibrated",
+            "meta.confidence of final module answers through the target's calibration map.",
+            ["module", "tier"],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=r,
+        )
+        feedback = ["module", "provider", "model", "scale", "bucket"]
+        self.feedback = Counter(
+            "cognitive_feedback_total",
+            "First verdicts on module answers, by confidence bin (of the reported or calibrated scale).",
+            [*feedback, "verdict"],
+            registry=r,
+        )
+        self.feedback_confidence = Counter(
+            "cognitive_feedback_confidence_total",
+            "Sum of the confidence of judged answers, per bin: mean confidence = this / count.",
+            feedback,
+            registry=r,
+        )
+        self.feedback_score = Counter(
+            "cognitive_feedback_correct_total",
+            "Sum of the correctness (1, 0, or the score) of judged answers per bin: accuracy = this / count.",
+            feedback,
+            registry=r,
+        )
+        self.feedback_brier = Counter(
+            "cognitive_feedback_brier_total",
+            "Sum of (confidence - correctness)^2 of judged answers: Brier score = this / count.",
+            ["module", "provider", "model", "scale"],
+            registry=r,
+        )
+        self.feedback_outcomes = Counter(
+            "cognitive_feedback_outcomes_total",
+            "First verdicts by tier, decision and gate (above: calibrated confidence >= min_confidence).",
+            ["module", "tier", "provider", "model", "decision", "gate", "verdict"],
+            registry=r,
+        )
+        self.feedback_replaced = Counter(
+            "cognitive_feedback_replaced_total",
+            "Verdicts that replaced an earlier verdict for the same answer (changed: differs from it).",
+            ["module", "changed"],
+            registry=r,
+        )
         self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
         self.cost = Counter(
             "cognitive_cost_usd",
@@ -311,6 +387,9 @@ class Metrics:
             "cognitive_redis_up", "1 while the Redis of --redis-url answers.", registry=self.registry
         )
         gauge.set_function(lambda: 1.0 if up() else 0.0)
+
+    def watch_thresholds(self, thresholds: Callable[[], Iterable[tuple[str, float]]]) -> None:
+        self.registry.register(ThresholdCollector(thresholds))
 
     def watch_breakers(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
         self.registry.register(BreakerCollector(snapshot))

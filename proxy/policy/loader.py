@@ -17,12 +17,14 @@ from yarl import URL
 from proxy import schemas
 from proxy.contract.schema import Validator, check, compile_schema
 from proxy.jsonshape import as_dict
+from proxy.policy.calibration import parse_map, points_problems
 from proxy.policy.model import (
     Backoff,
     BreakerPolicy,
     CachePolicy,
     CacheRule,
     Failover,
+    FeedbackPolicy,
     PassthroughPolicy,
     PassthroughRoute,
     Policy,
@@ -144,6 +146,14 @@ def _review(raw: dict[str, Any]) -> ReviewPolicy:
     )
 
 
+def _feedback(raw: dict[str, Any]) -> FeedbackPolicy:
+    defaults = FeedbackPolicy()
+    return FeedbackPolicy(
+        window_s=float(raw.get("window_s", defaults.window_s)),
+        max_entries=int(raw.get("max_entries", defaults.max_entries)),
+    )
+
+
 def _base_url_problems(base_url: str) -> list[str]:
     """A base URL names a host and a path only: credentials belong in ``api_key_env`` (userinfo
     would be quoted in error texts, and aiohttp refuses it beside an ``Authorization`` header),
@@ -221,6 +231,10 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
     if timeout.get("per_try_s", 30) > timeout.get("total_s", 90):
         problems.append("failover.timeout.per_try_s: larger than total_s (total_s bounds every try)")
+    for target, entry in as_dict(doc.get("calibration")).items():
+        if target.split("/", 1)[0] not in providers:
+            problems.append(f"calibration.{target}: unknown provider {target.split('/', 1)[0]!r}")
+        problems += [f"calibration.{target}.{p}" for p in points_problems(entry.get("points", []))]
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
@@ -274,6 +288,10 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         source=source,
         prices=parse_prices(as_dict(doc.get("prices"))),
         limits=parse_limits(as_dict(doc.get("limits"))),
+        calibration=MappingProxyType(
+            {target: parse_map(entry) for target, entry in as_dict(doc.get("calibration")).items()}
+        ),
+        feedback=_feedback(as_dict(doc.get("feedback"))),
     )
 
 

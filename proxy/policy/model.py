@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
+from proxy.policy.calibration import CalibrationMap
 from proxy.policy.quota import LimitsPolicy, Price
 
 ProviderKind = Literal["openai", "anthropic", "offline"]
@@ -187,6 +188,20 @@ class PassthroughPolicy:
     routes: tuple[PassthroughRoute, ...] = ()
 
 
+DEFAULT_FEEDBACK_WINDOW_S = 7 * 24 * 3600.0
+DEFAULT_FEEDBACK_MAX_ENTRIES = 100_000
+"""At ~0.5 KiB a record, the in-process feedback store stays near 50 MiB at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackPolicy:
+    """How long module answers are remembered for ``POST /v1/feedback``."""
+
+    window_s: float = DEFAULT_FEEDBACK_WINDOW_S
+    max_entries: int = DEFAULT_FEEDBACK_MAX_ENTRIES
+    """The in-process store's bound (least recently written dropped first); Redis expires by time."""
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     providers: Mapping[str, ProviderConfig]
@@ -208,6 +223,15 @@ class Policy:
 
     def price_of(self, target: str) -> Price | None:
         return self.prices.get(target)
+
+    calibration: Mapping[str, CalibrationMap] = field(default_factory=dict)
+    """Per target: reported -> calibrated confidence, applied before ``decide()``."""
+    feedback: FeedbackPolicy = FeedbackPolicy()
+
+    def calibrate(self, target: str, confidence: float) -> float:
+        """The confidence decided on for ``target``'s answer (the reported one without a map)."""
+        mapping = self.calibration.get(target)
+        return confidence if mapping is None else mapping(confidence)
 
     @property
     def timeouts(self) -> Timeouts:

@@ -116,9 +116,10 @@ async def test_review_goes_to_the_log_by_default(
     fake_upstream: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with running_proxy(tmp_path, routing_policy(fake_upstream)) as px:
-        await send_to_review(px, fake_upstream)
+        envelope = await send_to_review(px, fake_upstream)
     out = capsys.readouterr()
-    assert "proxy.review" in out.out + out.err
+    (line,) = [line for line in (out.out + out.err).splitlines() if "proxy.review" in line]
+    assert envelope["_trace"] in line  # a review tool can answer with POST /v1/feedback
 
 
 async def test_two_proxy_processes_share_breaker_state_through_redis(

@@ -33,6 +33,11 @@ call that carries no context, against the input check and prompt rendering of th
 Redis (one EVALSHA round trip), and of its settlement after the answer; baselines in the same
 run: a check with no limits configured, and one Redis PING round trip.
 
+``--feedback`` runs only the feedback micro-benchmark (no servers): what remembering a module
+answer for ``POST /v1/feedback`` and calibrating its confidence add to one module call (record,
+LRU write into a full store, calibration map, calibrated histogram, header), p50 in
+microseconds, beside the per-answer metrics the proxy already recorded (the baseline).
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -511,6 +516,16 @@ async def _p50_us(action: object, rounds: int = LIMIT_ROUNDS) -> float:
     return statistics.median(times) * 1e6
 
 
+def _sync_p50_us(fn: object, repeat: int) -> float:
+    assert callable(fn)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
 async def _limits_bench() -> None:
     import redis.asyncio as aioredis
 
@@ -560,6 +575,60 @@ def limits_bench() -> None:
     asyncio.run(_limits_bench())
 
 
+def feedback_bench() -> None:
+    """Added per-call cost of feedback and calibration, against the existing per-answer metrics."""
+    sys.path.insert(0, str(ROOT))
+    from proxy.api.feedback import answer_record
+    from proxy.contract.errors import Origin
+    from proxy.module.registry import ModuleRegistry
+    from proxy.observability.instrument import record_module_answer
+    from proxy.observability.metrics import Metrics
+    from proxy.pipeline import Attempt, ModuleAnswer
+    from proxy.policy.loader import parse_policy
+    from proxy.state.feedback import MemoryFeedbackStore
+
+    module = ModuleRegistry.load((ROOT / "modules",)).modules["code-reviewer"]
+    doc = {
+        "version": 1,
+        "providers": {"up": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"}},
+        "ladder": [{"name": "fast", "targets": ["up/m"]}],
+    }
+    mapped = parse_policy(
+        {**doc, "calibration": {"up/m": {"points": [[0.5, 0.2], [0.7, 0.4], [0.9, 0.6], [1.0, 0.7]]}}}
+    )
+    metrics = Metrics()
+    store = MemoryFeedbackStore()
+    bound = mapped.feedback.max_entries
+    attempt = Attempt("fast", "up/m", "accept", 0.93, "low", 12.0, calibrated=0.66, model_risk="low")
+    answer = ModuleAnswer(
+        module, json.loads(json.dumps(ENVELOPE)), "accept", Origin.MODEL, (attempt,), "up/m"
+    )
+    counter = iter(range(10**9))
+    for i in range(bound):  # a full store: every write also evicts
+        store.remember(answer_record(answer, module, mapped, f"warm-{i}", "sk-client") or _fail(), bound)
+
+    def added() -> None:
+        mapped.calibrate("up/m", 0.93)
+        metrics.confidence_calibrated.labels(module.name, module.tier).observe(0.66)
+        record = answer_record(answer, module, mapped, f"t-{next(counter)}", "sk-client")
+        assert record is not None
+        store.remember(record, bound)
+        answer.headers()
+
+    def baseline() -> None:
+        record_module_answer(metrics, mapped, answer)
+
+    repeat = 20_000
+    base, extra = _sync_p50_us(baseline, repeat), _sync_p50_us(added, repeat)
+    print(f"{'feedback per module call':<34}{'p50 us':>10}{'x baseline':>12}")
+    print(f"{'baseline: per-answer metrics':<34}{base:>10.2f}{1.0:>12.2f}")
+    print(f"{'added: feedback + calibration':<34}{extra:>10.2f}{extra / base:>12.2f}")
+
+
+def _fail() -> object:
+    raise AssertionError("no record")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -568,6 +637,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
+    parser.add_argument("--feedback", action="store_true", help="only the feedback micro-benchmark")
     parser.add_argument("--memory-only", action="store_true", help="only the large-body memory section")
     parser.add_argument("--limits", action="store_true", help="only the limit-check micro-benchmark")
     parser.add_argument(
@@ -583,6 +653,9 @@ def main() -> int:
         return 0
     if args.limits:
         limits_bench()
+        return 0
+    if args.feedback:
+        feedback_bench()
         return 0
     if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
@@ -666,6 +739,7 @@ def main() -> int:
             context_bench(tmpdir, up_port)
             parse_bench()
             limits_bench()
+            feedback_bench()
         finally:
             for proc in (proxy, upstream):
                 proc.terminate()

@@ -1,0 +1,1 @@
+"""Offline calibration tools: reliability figures from verdicts, maps (``cogproxy calibration``)."""

@@ -1,0 +1,92 @@
+"""``cogproxy calibration report|fit``: the reliability table, and a proposed map as policy YAML."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import yaml
+
+from proxy.calibration.fit import Point, fit_map
+from proxy.calibration.reliability import Reliability, render
+from proxy.calibration.sources import SourceError, from_prometheus, from_redis, points_from_bins
+
+DEFAULT_WINDOW = "7d"
+DEFAULT_MIN_VERDICTS = 100
+"""Below this a target's map would follow noise: with n verdicts a bin's accuracy is off by about
+0.5/sqrt(n/bins) (±0.16 for 100 verdicts over 10 bins)."""
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    calibration = sub.add_parser("calibration", help="reliability of model confidence, and calibration maps")
+    commands = calibration.add_subparsers(dest="calibration_command", required=True, metavar="SUBCOMMAND")
+    for name, help_text, func in (
+        ("report", "per model: verdicts, ECE, Brier, reliability bins; per tier and decision", cmd_report),
+        ("fit", "propose calibration maps (isotonic regression) and print them as policy YAML", cmd_fit),
+    ):
+        p = commands.add_parser(name, help=help_text)
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--prometheus", metavar="URL", help="read the cognitive_feedback_* counters here")
+        source.add_argument(
+            "--redis-url", metavar="URL", help="read the judged answers the proxy stored here"
+        )
+        p.add_argument(
+            "--window",
+            default=DEFAULT_WINDOW,
+            help=f"with --prometheus: over this range (default {DEFAULT_WINDOW})",
+        )
+        p.add_argument("--module", default=None, help="only this module's verdicts")
+        if name == "fit":
+            p.add_argument(
+                "--min-verdicts",
+                type=int,
+                default=DEFAULT_MIN_VERDICTS,
+                help=f"skip targets with fewer verdicts (default {DEFAULT_MIN_VERDICTS})",
+            )
+        p.set_defaults(func=func)
+
+
+async def _load(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]]:
+    if args.prometheus:
+        rel = await from_prometheus(args.prometheus, args.window, args.module)
+        return rel, points_from_bins(rel)
+    return await from_redis(args.redis_url, args.module)
+
+
+def _read(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]] | None:
+    try:
+        return asyncio.run(_load(args))
+    except SourceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    loaded = _read(args)
+    if loaded is None:
+        return 2
+    print(render(loaded[0]))
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    loaded = _read(args)
+    if loaded is None:
+        return 2
+    maps = {}
+    for target, points in sorted(loaded[1].items()):
+        verdicts = sum(p.weight for p in points)
+        fitted = fit_map(points) if verdicts >= args.min_verdicts else None
+        if fitted is None:
+            print(f"# {target}: {verdicts:.0f} verdicts, no map proposed", file=sys.stderr)
+            continue
+        maps[target] = fitted.as_yaml()
+        print(f"# {target}: fitted on {verdicts:.0f} verdicts", file=sys.stderr)
+    if not maps:
+        print("error: no target has enough verdicts to fit a map", file=sys.stderr)
+        return 1
+    print("# Proposed by `cogproxy calibration fit` (isotonic regression). Review it, put it in the")
+    print("# policy, and reload (SIGHUP, or the file change is picked up): nothing applies it for you.")
+    print(yaml.safe_dump({"calibration": maps}, sort_keys=True, default_flow_style=None), end="")
+    return 0

@@ -1,0 +1,138 @@
+"""The feedback stores: the bounded, expiring memory LRU and Redis shared between replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from proxy.state.feedback import (
+    KEY_PREFIX,
+    AnswerRecord,
+    MemoryFeedbackStore,
+    RedisFeedbackStore,
+    scan_records,
+)
+
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def record(trace_id: str, at: float = 1000.0, window: float = 60.0) -> AnswerRecord:
+    return AnswerRecord(
+        trace_id,
+        "code-reviewer",
+        "decision",
+        "fast",
+        "up",
+        "cheap",
+        0.9,
+        0.6,
+        "low",
+        "accept",
+        0.7,
+        at,
+        at + window,
+    )
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_memory_store_expires_with_the_window() -> None:
+    clock = Clock(1000.0)
+    store = MemoryFeedbackStore(clock)
+    store.remember(record("t1"), 10)
+    assert await store.get("t1") == record("t1")
+    clock.now = 1059.9
+    assert await store.get("t1") is not None
+    clock.now = 1060.0
+    assert await store.get("t1") is None
+    assert len(store) == 0  # dropped, not only hidden
+
+
+async def test_memory_store_is_a_bounded_lru() -> None:
+    store = MemoryFeedbackStore(Clock(1000.0))
+    for i in range(5):
+        store.remember(record(f"t{i}"), 3)
+    assert len(store) == 3
+    assert [await store.get(f"t{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    store.remember(record("t2"), 3)  # written again: the newest
+    store.remember(record("t5"), 3)
+    assert [r.trace_id for r in store.records()] == ["t4", "t2", "t5"]
+
+
+async def test_memory_store_judged_keeps_the_expiry_and_ignores_evicted() -> None:
+    store = MemoryFeedbackStore(Clock(1000.0))
+    store.remember(record("t1"), 1)
+    await store.judged(replace(record("t1"), verdict="correct", score=1.0, verdicts=1))
+    got = await store.get("t1")
+    assert got is not None and (got.verdict, got.expires) == ("correct", 1060.0)
+    store.remember(record("t2"), 1)
+    await store.judged(replace(record("t1"), verdict="incorrect"))  # evicted: not brought back
+    assert await store.get("t1") is None
+
+
+@pytest.fixture
+async def redis_keys() -> AsyncIterator[tuple[str, Any]]:
+    """A unique trace-id prefix; the keys written under it are deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:8]}-"
+    client: Any = aioredis.Redis.from_url(REDIS_URL)
+    yield prefix, client
+    keys = [k async for k in client.scan_iter(match=f"{KEY_PREFIX}{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def test_redis_store_shares_answers_between_replicas_and_expires_them(
+    redis_keys: tuple[str, Any],
+) -> None:
+    prefix, client = redis_keys
+    clock = Clock(1000.0)
+    one, two = RedisFeedbackStore(REDIS_URL, clock), RedisFeedbackStore(REDIS_URL, clock)
+    one.start()
+    two.start()
+    try:
+        one.remember(record(prefix + "a", window=30.0), 10)
+        await one.flush()
+        assert one.pending == 0
+        ttl = await client.pttl(KEY_PREFIX + prefix + "a")
+        assert 29_000 < ttl <= 30_000
+        assert await two.get(prefix + "a") == record(prefix + "a", window=30.0)  # the other replica
+        judged = replace(record(prefix + "a", window=30.0), verdict="correct", score=1.0, verdicts=1)
+        await two.judged(judged)
+        await two.flush()
+        assert await one.get(prefix + "a") == record(prefix + "a", window=30.0)  # its own cache is older
+        fresh = RedisFeedbackStore(REDIS_URL, clock)
+        assert await fresh.get(prefix + "a") == judged
+        await fresh.aclose()
+        assert [r async for r in scan_records(REDIS_URL) if r.trace_id.startswith(prefix)] == [judged]
+        clock.now = 1031.0
+        assert await two.get(prefix + "a") is None  # past the window even before Redis expires it
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_redis_store_keeps_serving_and_queues_while_redis_is_down() -> None:
+    store = RedisFeedbackStore("redis://127.0.0.1:1/0", Clock(1000.0))  # nothing listens on port 1
+    store.start()
+    try:
+        store.remember(record("down"), 10)
+        assert await store.get("down") == record("down")  # from this replica's memory
+        assert await store.get("elsewhere") is None  # the lookup failed: unknown, not a crash
+        await asyncio.sleep(0)  # the writer tries (and fails) in the background
+        assert store.pending == 1
+    finally:
+        await store.aclose()

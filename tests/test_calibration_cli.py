@@ -1,0 +1,108 @@
+"""``cogproxy calibration report|fit`` on the Redis store (the Prometheus source is driven in
+tests/test_grafana_calibration.py), and its errors."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import yaml
+
+from proxy.policy.loader import parse_policy
+from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
+from tests.policy.test_loader import MINIMAL
+from tests.prometheus_e2e import free_port
+
+REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def cogproxy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "calibration", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def judged_module() -> AsyncIterator[str]:
+    """400 judged answers of p/m (right with probability confidence - 0.3) under a unique module
+    name in Redis; its keys are deleted afterwards."""
+    module = f"calib-{uuid.uuid4().hex[:8]}"
+    rng = random.Random(3)
+    store = RedisFeedbackStore(REDIS_URL)
+    store.start()
+    for i in range(400):
+        c = round(rng.uniform(0.5, 1.0), 4)
+        correct = rng.random() < c - 0.3
+        store.remember(
+            AnswerRecord(
+                f"{module}-{i}",
+                module,
+                "exec",
+                "fast",
+                "p",
+                "m",
+                c,
+                c,
+                "low",
+                "accept",
+                0.9,
+                0.0,
+                4e9,
+                verdict="correct" if correct else "incorrect",
+                score=float(correct),
+                verdicts=1,
+            ),
+            1000,
+        )
+    await store.flush()
+    await store.aclose()
+    yield module
+    client: Any = aioredis.Redis.from_url(REDIS_URL)
+    keys = [k async for k in client.scan_iter(match=f"{KEY_PREFIX}{module}-*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+def test_report_from_redis(judged_module: str) -> None:
+    done = cogproxy("report", "--redis-url", REDIS_URL, "--module", judged_module)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("p/m") and " reported " in line)
+    _, _, verdicts, ece, brier = line.split()
+    assert int(verdicts) == 400 and float(ece) == pytest.approx(0.3, abs=0.06) and 0 < float(brier) < 1
+    assert "exec         accept" in done.stdout  # accuracy per tier and decision
+
+
+def test_fit_from_redis_prints_a_policy_the_loader_accepts(judged_module: str) -> None:
+    done = cogproxy("fit", "--redis-url", REDIS_URL, "--module", judged_module)
+    assert done.returncode == 0, done.stderr
+    assert "fitted on 400 verdicts" in done.stderr
+    proposal = yaml.safe_load(done.stdout)
+    policy = parse_policy({**MINIMAL, **proposal})
+    assert policy.calibrate("p/m", 0.95) < 0.8  # right ~65% of the time at 0.95
+    assert policy.calibrate("p/m", 0.6) < policy.calibrate("p/m", 0.95)
+    too_few = cogproxy("fit", "--redis-url", REDIS_URL, "--module", judged_module, "--min-verdicts", "401")
+    assert too_few.returncode == 1 and "p/m: 400 verdicts, no map proposed" in too_few.stderr
+
+
+def test_unreachable_sources_and_bad_windows_are_reported_not_raised() -> None:
+    port = free_port()
+    for args in (
+        ("report", "--prometheus", f"http://127.0.0.1:{port}"),
+        ("fit", "--redis-url", f"redis://127.0.0.1:{port}/0"),
+        ("report", "--prometheus", "http://127.0.0.1:9", "--window", "7 days"),
+    ):
+        done = cogproxy(*args)
+        assert done.returncode == 2 and done.stderr.startswith("error: "), (args, done.stderr)
+        assert "Traceback" not in done.stderr

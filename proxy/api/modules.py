@@ -9,6 +9,7 @@ import structlog
 from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
+from proxy.api.media import media_env
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.state import CONTEXT_STORE, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
 from proxy.context.identity import (
@@ -113,8 +114,11 @@ async def _run(
                 check,
                 listener,
                 context,
+                media_env(request, runtime.policy.media),
             )
         )
+    except ApiError:
+        raise  # the edge's own answers (a busy memory budget: 503), not a module failure
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
         log.exception("proxy.internal_error", module=module.name, trace_id=trace_id)
         answer = internal_error(module)

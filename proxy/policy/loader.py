@@ -23,6 +23,7 @@ from proxy.policy.model import (
     CachePolicy,
     CacheRule,
     Failover,
+    MediaPolicy,
     PassthroughPolicy,
     PassthroughRoute,
     Policy,
@@ -175,6 +176,20 @@ def _cache(raw: dict[str, Any]) -> CachePolicy:
     )
 
 
+def _media(raw: dict[str, Any]) -> MediaPolicy:
+    defaults = MediaPolicy()
+    return MediaPolicy(
+        allow_http=bool(raw.get("allow_http", defaults.allow_http)),
+        allowed_hosts=tuple(raw.get("allowed_hosts", defaults.allowed_hosts)),
+        trusted_hosts=tuple(raw.get("trusted_hosts", defaults.trusted_hosts)),
+        max_redirects=int(raw.get("max_redirects", defaults.max_redirects)),
+        fetch_timeout_s=float(raw.get("fetch_timeout_s", defaults.fetch_timeout_s)),
+        strip_metadata=bool(raw.get("strip_metadata", defaults.strip_metadata)),
+        cache_max_bytes=int(raw.get("cache_max_bytes", defaults.cache_max_bytes)),
+        cache_ttl_s=float(raw.get("cache_ttl_s", defaults.cache_ttl_s)),
+    )
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -219,6 +234,9 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
     if timeout.get("per_try_s", 30) > timeout.get("total_s", 90):
         problems.append("failover.timeout.per_try_s: larger than total_s (total_s bounds every try)")
+    for key in as_dict(doc.get("modalities")):
+        if key.split("/", 1)[0] not in providers:
+            problems.append(f"modalities.{key}: unknown provider {key.split('/', 1)[0]!r}")
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
@@ -269,6 +287,8 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         review=_review(as_dict(doc.get("review"))),
         passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
         cache=_cache(as_dict(doc.get("cache"))),
+        media=_media(as_dict(doc.get("media"))),
+        modalities=MappingProxyType({k: frozenset(v) for k, v in as_dict(doc.get("modalities")).items()}),
         source=source,
     )
 

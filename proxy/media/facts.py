@@ -104,14 +104,15 @@ def _image(data: Buffer, where: str) -> Facts:
         raise MediaError("E1013", f"{where}: the image header cannot be read: {exc}", {}) from None
     limit = LIMITS["image"].max_dimension or (0, 0)
     dims = {"width": width, "height": height}
+    # Pixels first: an image too large both ways is refused as Pillow's bomb guard refuses it.
+    if width * height > MAX_IMAGE_PIXELS:
+        raise MediaError("E1017", f"{where}: {width * height} pixels exceed {MAX_IMAGE_PIXELS}", dims)
     if width > limit[0] or height > limit[1]:
         raise MediaError("E1015", f"{where}: {width}x{height} exceeds {limit[0]}x{limit[1]}", dims)
     if width < MIN_IMAGE_SIDE or height < MIN_IMAGE_SIDE:
         raise MediaError(
             "E1016", f"{where}: {width}x{height} is below {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}", dims
         )
-    if width * height > MAX_IMAGE_PIXELS:
-        raise MediaError("E1017", f"{where}: {width * height} pixels exceed {MAX_IMAGE_PIXELS}", dims)
     return Facts(width, height, mode, has_exif=has_exif)
 
 

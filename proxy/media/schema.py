@@ -60,3 +60,15 @@ def check(
             "has no media input (an object with type url | base64 | file | upload_ref)"
         )
     return None
+
+
+def without_content_encoding(node: Any) -> Any:
+    """``node`` without ``contentEncoding``: an annotation in draft-07 that fastjsonschema would
+    enforce by decoding every base64 string once more. The media step decodes media strictly
+    itself (E1013, after the size check), so the schema check neither doubles that memory nor
+    turns a bad media encoding into a generic E1001."""
+    if isinstance(node, dict):
+        return {k: without_content_encoding(v) for k, v in node.items() if k != "contentEncoding"}
+    if isinstance(node, list):
+        return [without_content_encoding(v) for v in node]
+    return node

@@ -162,7 +162,7 @@ def _build(
         max_input_tokens=runtime_raw.get("max_input_tokens"),
         preferred_capabilities=tuple(runtime_raw.get("preferred_capabilities") or ()),
     )
-    input_schema = with_definitions(schema, "input")
+    input_schema = media_schema.without_content_encoding(with_definitions(schema, "input"))
     meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
     error_schema = with_definitions(schema, "error") or {
         "type": "object",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import socket
 import time
 import zlib
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from proxy.media.addresses import refusal
 from proxy.media.decode import decode_strict
 from proxy.media.facts import read_facts
+from proxy.media.fetch import PinnedResolver
 from proxy.media.resolve import MediaRequest, NoBudget, prepare
 from proxy.media.sniff import candidates, matches
 from proxy.media.types import LIMITS, MediaError
@@ -248,3 +250,15 @@ def test_non_public_addresses_are_refused(address: str) -> None:
 @pytest.mark.parametrize("address", ["93.184.215.14", "8.8.8.8", "2606:4700:4700::1111"])
 def test_public_addresses_pass(address: str) -> None:
     assert refusal(ipaddress.ip_address(address)) is None
+
+
+def test_the_fetch_resolver_answers_only_vetted_addresses_and_never_asks_dns() -> None:
+    async def scenario() -> None:
+        resolver = PinnedResolver()
+        with pytest.raises(OSError, match="not vetted"):
+            await resolver.resolve("example.com", 443)
+        resolver.vetted["example.com"] = [(socket.AF_INET, "93.184.215.14")]
+        (answer,) = await resolver.resolve("example.com", 443)
+        assert (answer["host"], answer["hostname"], answer["port"]) == ("93.184.215.14", "example.com", 443)
+
+    asyncio.run(scenario())

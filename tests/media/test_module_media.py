@@ -11,8 +11,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from PIL import Image
 
+from proxy.upstream.offline import DEMO_EXPLAIN
+from tests.conftest import MODULES, ROOT
 from tests.fake_upstream import FakeUpstream
 from tests.media import samples
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, running_proxy, upstream_policy
@@ -199,3 +202,18 @@ async def test_escalation_resends_the_same_media_without_reading_them_again(
     parts = [r.json["messages"][1]["content"][1] for r in fake_upstream.requests]
     assert [r.model for r in fake_upstream.requests] == ["cheap", "strong"]
     assert parts[0] == parts[1]
+
+
+async def test_make_run_demo_answers_image_describer_offline(tmp_path: Path) -> None:
+    """``make run``: policies/demo.yaml, the offline provider, the bundled module's golden input."""
+    demo = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    case = json.loads((MODULES / "image-describer" / "tests" / "case_png_base64.input.json").read_text())
+    async with running_proxy(tmp_path, demo) as proxy:
+        status, golden = await execute(proxy.url, {"input": case})
+        _, unseen = await execute(proxy.url, image_input(inline("image/png", samples.PNG)))
+        _, mismatch = await execute(proxy.url, image_input(inline("image/png", samples.JPEG)))
+    assert status == 200 and golden["ok"] is True and golden["meta"]["confidence"] == 0.86
+    assert golden["meta"]["model"] == "offline/small" and "landscape" in golden["data"]["tags"]
+    assert golden["meta"]["media_validation"]["validated"][0]["dimensions"] == {"width": 64, "height": 48}
+    assert unseen["meta"]["explain"] == DEMO_EXPLAIN and "media_validation" in unseen["meta"]
+    assert mismatch["error"]["code"] == "E1014"

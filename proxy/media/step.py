@@ -10,7 +10,7 @@ from proxy.contract.errors import error_envelope
 from proxy.media.cache import MediaCache
 from proxy.media.model import Media
 from proxy.media.resolve import MediaRequest, MemoryBudget, NoBudget, prepare
-from proxy.media.types import MediaError
+from proxy.media.types import LIMITS, MB, MediaError
 from proxy.module.model import Module
 from proxy.policy.model import MediaPolicy, Policy, Target
 
@@ -54,3 +54,14 @@ def unsupported(policy: Policy, media: Sequence[Media], start: int) -> dict[str,
         f"No target of the policy's ladder takes {', '.join(want)} input (declare it under modalities:)",
         details={"modalities": want},
     )
+
+
+def ladder_modalities(policy: Policy) -> list[str]:
+    """The media modalities some target of the ladder takes (``GET /v1/capabilities``)."""
+    found = frozenset().union(*(policy.modalities_of(t) for rung in policy.ladder for t in rung.targets))
+    return sorted(found - {"text"})
+
+
+def max_media_size_mb(modalities: Sequence[str]) -> float:
+    """The largest media size limit (§4.1.3) among ``modalities``, in MB (2^20 bytes)."""
+    return max((LIMITS[m].max_bytes / MB for m in LIMITS if m in modalities), default=0)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
+from aiohttp import web
 from PIL import Image
 
 from tests.conftest import MODULES
@@ -43,10 +45,14 @@ def module_copy(tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def serve(
-    fake: FakeUpstream, tmp_path: Path, *args: str, modules: Path = MODULES
+    fake: FakeUpstream,
+    tmp_path: Path,
+    *args: str,
+    modules: Path = MODULES,
+    media: dict[str, Any] | None = None,
 ) -> AsyncIterator[ServedProcess]:
     path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(security_policy(fake)))
+    path.write_text(yaml.safe_dump(security_policy(fake, media=media or {})))
     env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
     async with proxy_process("--policy", str(path), *args, env=env, modules=modules) as proc:
         yield proc
@@ -109,29 +115,44 @@ async def test_media_over_the_in_flight_budget_is_e1011(fake_upstream: FakeUpstr
     assert fake_upstream.requests == []
 
 
+@pytest.mark.parametrize("form", ["file", "url"])
 async def test_a_20_mb_image_passes_with_peak_memory_growth_under_twice_its_size(
-    fake_upstream: FakeUpstream, tmp_path: Path
+    fake_upstream: FakeUpstream, tmp_path: Path, form: str
 ) -> None:
     modules = module_copy(tmp_path)
-    size = noise_png(modules / "image-describer" / "big.png", 2600)
+    big = modules / "image-describer" / "big.png"
+    size = noise_png(big, 2600)
     assert 20 * 10**6 < size <= 20 * MB
     fake_upstream.set_default_reply("cheap", ANSWER)
-    async with serve(fake_upstream, tmp_path, modules=modules) as proc:
-        pid = proc.proc.pid
-        warm, _ = await describe(
-            proc, {"type": "base64", "media_type": "image/png", "data": samples.b64(samples.PNG)}
-        )
-        assert warm == 200  # imports and first-call allocations are part of the baseline
-        before = memory_kb(pid, "VmRSS")
-        status, env = await describe(proc, {"type": "file", "path": "big.png"})
-        peak = memory_kb(pid, "VmHWM")
+    origin = web.Application()
+
+    async def serve_big(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(big)
+
+    origin.router.add_get("/big.png", serve_big)
+    runner = web.AppRunner(origin, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    image = (
+        {"type": "file", "path": "big.png"}
+        if form == "file"
+        else {"type": "url", "url": f"http://localhost:{runner.addresses[0][1]}/big.png"}
+    )
+    media = {"allow_http": True, "trusted_hosts": ["localhost"]}
+    try:
+        async with serve(fake_upstream, tmp_path, modules=modules, media=media) as proc:
+            pid = proc.proc.pid
+            small = {"type": "base64", "media_type": "image/png", "data": samples.b64(samples.PNG)}
+            warm, _ = await describe(proc, small)
+            assert warm == 200  # imports and first-call allocations are part of the baseline
+            before = memory_kb(pid, "VmRSS")
+            status, env = await describe(proc, image)
+            peak = memory_kb(pid, "VmHWM")
+    finally:
+        await runner.cleanup()
     assert status == 200 and env["meta"]["media_validation"]["validated"][0]["size_bytes"] == size, env
     growth = (peak - before) * 1024
-    print(
-        f"\n20 MB image ({size} bytes): peak RSS growth {growth / MB:.1f} MiB = {growth / size:.2f}x its size"
-    )
+    print(f"\n20 MB image as {form} ({size} B): peak RSS growth {growth / MB:.1f} MiB = {growth / size:.2f}x")
     assert growth < 2 * size
     url = fake_upstream.requests[-1].json["messages"][1]["content"][1]["image_url"]["url"]
-    assert url == "data:image/png;base64," + samples.b64(
-        (modules / "image-describer" / "big.png").read_bytes()
-    )
+    assert url == "data:image/png;base64," + samples.b64(big.read_bytes())

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from proxy.media.types import LIMITS, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE, MediaCategory, MediaError
 
@@ -100,7 +100,7 @@ def _image(data: Buffer, where: str) -> Facts:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's own bomb guard fires above ~89 M pixels, past E1017's bound: the same refusal.
         raise MediaError("E1017", f"{where}: {exc}", {"max_pixels": MAX_IMAGE_PIXELS}) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error) as exc:
+    except Exception as exc:
         raise MediaError("E1013", f"{where}: the image header cannot be read: {exc}", {}) from None
     limit = LIMITS["image"].max_dimension or (0, 0)
     dims = {"width": width, "height": height}
@@ -195,12 +195,15 @@ def read_facts(data: Buffer, media_type: str, category: MediaCategory, where: st
     """The header facts of ``data``; E1015-E1017 (image bounds), E1011 (duration, pages)."""
     if category == "image":
         return _image(data, where)
-    if media_type == "audio/wav":
-        facts = Facts(duration_ms=_wav_duration(data))
-    elif media_type in ("video/mp4", "video/quicktime"):
-        facts = Facts(duration_ms=_mp4_duration(data))
-    elif media_type == "application/pdf":
-        facts = Facts(pages=_pdf_pages(data))
-    else:
-        facts = Facts()
+    try:
+        if media_type == "audio/wav":
+            facts = Facts(duration_ms=_wav_duration(data))
+        elif media_type in ("video/mp4", "video/quicktime"):
+            facts = Facts(duration_ms=_mp4_duration(data))
+        elif media_type == "application/pdf":
+            facts = Facts(pages=_pdf_pages(data))
+        else:
+            facts = Facts()
+    except (struct.error, ValueError, IndexError, ZeroDivisionError):
+        facts = Facts()  # a header the scan cannot follow states no duration: none is reported
     return _bounded(category, facts, where)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import random
 import socket
 import time
 import zlib
@@ -262,3 +263,27 @@ def test_the_fetch_resolver_answers_only_vetted_addresses_and_never_asks_dns() -
         assert (answer["host"], answer["hostname"], answer["port"]) == ("93.184.215.14", "example.com", 443)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("media_type", "category", "data"),
+    [
+        ("audio/wav", "audio", samples.wav(1.0)),
+        ("video/mp4", "video", samples.mp4(3)),
+        ("application/pdf", "document", samples.pdf(2)),
+        ("image/png", "image", samples.PNG),
+        ("image/jpeg", "image", samples.JPEG),
+        ("image/gif", "image", samples.GIF),
+        ("image/webp", "image", samples.WEBP),
+    ],
+)
+def test_truncated_or_corrupted_headers_never_escape_as_exceptions(
+    media_type: str, category: str, data: bytes
+) -> None:
+    rng = random.Random(17)
+    for cut in range(min(len(data), 160)):
+        corrupted = bytearray(data[:cut] + bytes(rng.randrange(256) for _ in range(rng.randrange(40))))
+        try:
+            read_facts(corrupted, media_type, category, "x")  # type: ignore[arg-type]
+        except MediaError as exc:
+            assert exc.code in {"E1013", "E1015", "E1016", "E1017", "E1011"}

@@ -26,6 +26,7 @@ from proxy.api import (
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
+from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import (
     CONTEXT_STORE,
@@ -230,6 +231,7 @@ def build_app(settings: Settings) -> web.Application:
     app[METRICS] = Metrics()
     app[METRICS].info.labels(__version__).set(1)
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
+    app[MEDIA_CACHES] = MediaCaches()
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _admin_ctx])
     app.router.add_post("/v1/chat/completions", chat.chat_completions)

@@ -27,6 +27,9 @@ from proxy.clients import read_identities
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
+from proxy.media.model import Media
+from proxy.media.resolve import stubbed, validation_meta
+from proxy.media.step import MediaEnv, prepare_media
 from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
 from proxy.module.lint import lint_module
 from proxy.module.loader import ModuleLoadError, load_module
@@ -38,7 +41,7 @@ from proxy.observability.logging import configure_logging
 from proxy.pipeline import Call, ModuleAnswer, run_module
 from proxy.policy.decide import Meta
 from proxy.policy.loader import PolicyError, load_policy
-from proxy.policy.model import Policy
+from proxy.policy.model import MediaPolicy, Policy
 from proxy.policy.report import explain, summary
 from proxy.server import run as run_server
 from proxy.settings import (
@@ -73,13 +76,22 @@ def _print_json(value: Any) -> None:
 
 
 OFFLINE_MODEL = "offline/examples"
+OFFLINE_MEDIA_S = 30.0
+"""Time an offline run gives its media step (a URL input is fetched for real, with the
+default media policy)."""
 """``meta.model`` of an answer ``run``/``test`` produce without a policy (no rung, no provider)."""
 
 
 def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None) -> dict[str, Any]:
     """One module call answered by the offline provider: input check, answer, contract."""
     started = time.perf_counter()
-    error = check_input(module, value)
+    error = check_input(module, value, sized=stubbed(value) if module.takes_media else value)
+    media: tuple[Media, ...] = ()
+    if error is None and module.takes_media:
+        prepared = asyncio.run(
+            prepare_media(module, value, MediaPolicy(), time.monotonic() + OFFLINE_MEDIA_S, MediaEnv())
+        )
+        error, media = (prepared, ()) if isinstance(prepared, dict) else (None, prepared)
     envelope = (
         error if error is not None else run_contract(offline_answer(module, value, case), module).envelope
     )
@@ -87,6 +99,8 @@ def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None)
     if isinstance(meta, dict) and error is None:
         meta["model"] = OFFLINE_MODEL
         meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        if media:
+            meta["media_validation"] = validation_meta(media)
     return envelope
 
 

@@ -31,6 +31,10 @@ from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
 from proxy.contract.risk import Risk, RiskSource, routed_risk, rule_risk
 from proxy.jsonshape import as_dict
+from proxy.media.model import Media
+from proxy.media.parts import user_content
+from proxy.media.resolve import replaced, stubbed, validation_meta
+from proxy.media.step import MediaEnv, capable, prepare_media, unsupported
 from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
 from proxy.policy.decide import Decision, Meta, decide
@@ -256,6 +260,8 @@ class Call:
     """The caller's context store and identity (None: no context is built or stored)."""
     top_rung: int | None = None
     """Cap the ladder at this rung (start there at most): ``limits.on_budget: downgrade``."""
+    media: MediaEnv = field(default_factory=MediaEnv)
+    """The request's memory budget and the fetched-media cache, for the media step."""
 
 
 def _reject(
@@ -328,9 +334,14 @@ def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer
     return answer
 
 
-def build_messages(module: Module, value: Any) -> list[dict[str, str]]:
-    prompt = render_prompt(module, value)
-    return [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
+def build_messages(module: Module, value: Any, media: tuple[Media, ...] = ()) -> list[dict[str, Any]]:
+    """System and user messages; media follow the user's text as provider parts and the input
+    shows their descriptions instead of their bytes."""
+    prompt = render_prompt(module, replaced(value, media) if media else value, media)
+    return [
+        {"role": "system", "content": prompt.system},
+        {"role": "user", "content": user_content(prompt.user, media)},
+    ]
 
 
 def _meta_of(envelope: dict[str, Any]) -> Meta:
@@ -367,7 +378,7 @@ def _assess(result: ContractResult, module: Module, source: RiskSource, calibrat
     return _Assessed(Meta(calibrate(meta.confidence), routed), meta.risk, computed, meta.confidence)
 
 
-def reask_messages(messages: list[dict[str, str]], text: str, result: ContractResult) -> list[dict[str, str]]:
+def reask_messages(messages: list[dict[str, Any]], text: str, result: ContractResult) -> list[dict[str, Any]]:
     """The conversation for a re-ask: the rejected answer and what was wrong with it."""
     problems = "\n".join(f"- {v}" for v in result.violations[:20]) or "- not a valid envelope"
     return [
@@ -417,6 +428,15 @@ class _Attempts:
         self.items: list[Attempt] = []
         self.last_ms = 0.0
         self.upstream_s = 0.0
+
+    def modality_skips(
+        self, rung: str, targets: tuple[Target, ...], able: tuple[Target, ...]
+    ) -> tuple[Target, ...]:
+        """Record the targets of ``rung`` that cannot take the call's media; return the others."""
+        for target in targets:
+            if target not in able:
+                self.items.append(Attempt(rung, str(target), "skipped:modality_unsupported"))
+        return able
 
     def on_try(self, rung: str) -> Callable[[Try], None]:
         def record(attempt: Try) -> None:
@@ -469,16 +489,28 @@ async def run_module(call: Call) -> ModuleAnswer:
     """Run ``call`` through the ladder and return the decided answer (never raises for
     provider or contract failures: those are envelopes).
 
-        context step -> input check -> [cache lookup] -> ladder -> [cache save] -> emit step
+        context step -> input check -> media step -> [cache lookup] -> ladder -> [cache save]
+        -> emit step
     """
     started = time.perf_counter()
     module, policy = call.module, call.policy
+    deadline = time.monotonic() + policy.timeouts.total_s
     prepared = await prepare(module, call.input, call.context)
-    error = prepared.error or check_input(module, prepared.checked_input, schema=call.check_input)
+    checked = prepared.checked_input
+    sized = stubbed(checked) if module.takes_media else checked
+    error = prepared.error or check_input(module, checked, schema=call.check_input, sized=sized)
+    media: tuple[Media, ...] = ()
+    if error is None and module.takes_media:
+        found = await prepare_media(module, checked, policy.media, deadline, call.media)
+        error, media = (found, ()) if isinstance(found, dict) else (None, found)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
         return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
+    refused = unsupported(policy, media, policy.start_rung(thresholds))
+    if refused is not None:
+        answer = ModuleAnswer(module, refused, "reject", Origin.RUNTIME)
+        return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
     rule = cache.rule_for(policy, module) if call.context is not None and prepared.identity else None
     key = version = ""
     state: str | None = None
@@ -500,7 +532,7 @@ async def run_module(call: Call) -> ModuleAnswer:
                     saved_tokens=entry.tokens,
                 )
                 return _finish(await _emit(call, prepared, hit), started, call.trace_id)
-    answer = await _ladder(call, prepared, thresholds)
+    answer = await _ladder(call, prepared, thresholds, media, deadline)
     if state is not None:
         answer = replace(answer, cache=state)
     if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
@@ -530,23 +562,29 @@ async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleA
     return _with_warnings(answer, prepared.warnings + warnings)
 
 
-async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> ModuleAnswer:
-    """The rungs: provider call -> contract -> decide, escalating until a decision."""
+async def _ladder(
+    call: Call, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
+) -> ModuleAnswer:
+    """The rungs: provider call -> contract -> decide, escalating until a decision. A rung's
+    targets that cannot take the call's media are skipped like unavailable ones."""
     module, policy = call.module, call.policy
     rungs = len(policy.ladder) if call.top_rung is None else min(call.top_rung + 1, len(policy.ladder))
     start = min(policy.start_rung(thresholds), rungs - 1)
-    messages = build_messages(module, prepared.model_input)
+    messages = build_messages(module, prepared.model_input, media)
     ctx = CallContext(
-        trace_id=call.trace_id, client_key=call.client_key, module=module, input=prepared.checked_input
+        trace_id=call.trace_id,
+        client_key=call.client_key,
+        module=module,
+        input=prepared.checked_input,
+        media=media,
     )
-    deadline = time.monotonic() + policy.timeouts.total_s
     attempts = _Attempts(policy)
     failures: list[ProviderError] = []
     deadline_spent = False
     last: dict[str, Any] | None = None
 
     def ask(
-        targets: tuple[Target, ...], conversation: list[dict[str, str]], rung_name: str
+        targets: tuple[Target, ...], conversation: list[dict[str, Any]], rung_name: str
     ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
         body = {"messages": conversation}
         operation = (
@@ -561,8 +599,14 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
     rung = start
     while rung < rungs:
         rung_name = policy.ladder[rung].name
+        targets = policy.ladder[rung].targets
+        if media:
+            targets = attempts.modality_skips(rung_name, targets, capable(targets, policy, media))
+            if not targets:
+                rung += 1  # no target of this rung takes the media: skipped like unavailable ones
+                continue
         try:
-            routed = await ask(policy.ladder[rung].targets, messages, rung_name)
+            routed = await ask(targets, messages, rung_name)
         except RungFailed as exc:
             failures += exc.failures
             if exc.deadline_spent:
@@ -608,6 +652,8 @@ async def _ladder(call: Call, prepared: Prepared, thresholds: Thresholds) -> Mod
         elif decision.action == "reject":
             envelope = _reject(thresholds, decision, result.envelope, module)
             origin = Origin.POLICY
+        if media and isinstance(envelope.get("meta"), dict):
+            envelope["meta"]["media_validation"] = validation_meta(media)
         return ModuleAnswer(
             module,
             envelope,

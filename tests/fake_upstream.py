@@ -365,7 +365,8 @@ class FakeUpstream:
 
     def app(self) -> web.Application:
         """The aiohttp application serving the fake routes."""
-        app = web.Application(middlewares=[self._record])
+        # Large enough for a module call carrying a 20 MB image as base64 (the media memory test).
+        app = web.Application(middlewares=[self._record], client_max_size=256 * 1024 * 1024)
         app.on_response_prepare.append(self._openai_headers)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)

@@ -11,6 +11,7 @@ from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
 from proxy.api.errors import ApiError, json_response
 from proxy.api.state import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
+from proxy.media.step import ladder_modalities, max_media_size_mb
 from proxy.stream.negotiate import TRANSPORTS
 
 
@@ -56,24 +57,25 @@ async def capabilities(request: web.Request) -> web.Response:
     """The runtime's capability declaration (spec v2.5 §8.1, in its shape, plus the proxy's own)."""
     runtime = runtime_of(request)
     settings = request.app[SETTINGS]
+    media = ladder_modalities(runtime.policy)
     return json_response(
         {
             "runtime": "cognitive-proxy",
             "version": __version__,
             "capabilities": {
                 "streaming": True,
-                "multimodal": {"input": [], "output": []},
-                "max_media_size_mb": 0,
+                "multimodal": {"input": media, "output": []},
+                "max_media_size_mb": max_media_size_mb(media),
                 "supported_transports": list(TRANSPORTS),
                 "stream_recovery": settings.stream_recovery,
                 "stream_session_ttl_s": settings.stream_session_ttl_s,
             },
             "spec_versions": ["2.2", "2.1", "1.0"],
-            "v2_5_features": ["streaming"],
+            "v2_5_features": ["streaming", "multimodal"] if media else ["streaming"],
             "conformance_level": 2,
             "response_modes": ["sync", "streaming"],
             "chat_completions": {"stream": True, "module_stream": "deltas"},
-            "modalities": {"input": ["text"], "output": ["text"]},
+            "modalities": {"input": ["text", *media], "output": ["text"]},
             "max_body_bytes": request.app[SETTINGS].max_body_bytes,
             "modules": len(runtime.registry.modules),
             "providers": sorted(runtime.policy.providers),

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.feedback import answer_record
+from proxy.api.media import media_env
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
 from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
@@ -117,8 +118,11 @@ async def _run(
                 listener,
                 context,
                 top_rung=top_rung,
+                media=media_env(request, runtime.policy.media),
             )
         )
+    except ApiError:
+        raise  # the edge's own answers (a busy memory budget: 503), not a module failure
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
         log.exception("proxy.internal_error", module=module.name, trace_id=trace_id)
         answer = internal_error(module)

@@ -104,6 +104,37 @@ _SPECS = (
         "Shorten the input or split it into several calls",
     ),
     ErrorSpec("E1006", "INVALID_REFERENCE", "Referenced resource not found", True, 400),
+    # spec v2.5 §7.1 (E1010-E1013, E4011) and §4.5.2-§4.5.3 (E1014-E1017, named here: the spec
+    # gives their codes and meanings but no names).
+    ErrorSpec(
+        "E1010",
+        "UNSUPPORTED_MEDIA_TYPE",
+        "Media type not supported by module",
+        True,
+        415,
+        "Send one of the media types the module's modalities allow",
+    ),
+    ErrorSpec("E1011", "MEDIA_TOO_LARGE", "Media exceeds size limit", True, 413, "Send smaller media"),
+    ErrorSpec(
+        "E1012",
+        "MEDIA_FETCH_FAILED",
+        "Failed to fetch media from URL",
+        True,
+        422,
+        "Send a public https URL, or the media inline as base64",
+    ),
+    ErrorSpec("E1013", "MEDIA_DECODE_FAILED", "Failed to decode base64 media", True, 400),
+    ErrorSpec(
+        "E1014",
+        "MEDIA_TYPE_MISMATCH",
+        "Media content does not match declared type",
+        True,
+        415,
+        "Declare the media type the content really has",
+    ),
+    ErrorSpec("E1015", "MEDIA_DIMENSIONS_TOO_LARGE", "Image width or height above 8192", True, 400),
+    ErrorSpec("E1016", "MEDIA_DIMENSIONS_TOO_SMALL", "Image width or height below 10", True, 400),
+    ErrorSpec("E1017", "MEDIA_TOO_MANY_PIXELS", "Image has more than 67,108,864 pixels", True, 400),
     ErrorSpec(
         "E2001",
         "LOW_CONFIDENCE",
@@ -200,6 +231,14 @@ _SPECS = (
         400,
         "Retry without recovery context (a new stream)",
     ),
+    ErrorSpec(
+        "E4011",
+        "MULTIMODAL_NOT_SUPPORTED",
+        "Runtime doesn't support multimodal",
+        False,
+        422,
+        "Declare the modality for a target of the policy (modalities:), or send text only",
+    ),
 )
 
 BY_CODE: dict[str, ErrorSpec] = {s.code: s for s in _SPECS}
@@ -222,6 +261,14 @@ class Code(StrEnum):
     MISSING_REQUIRED_FIELD = "E1002"
     TYPE_MISMATCH = "E1003"
     INPUT_TOO_LARGE = "E1005"
+    UNSUPPORTED_MEDIA_TYPE = "E1010"
+    MEDIA_TOO_LARGE = "E1011"
+    MEDIA_FETCH_FAILED = "E1012"
+    MEDIA_DECODE_FAILED = "E1013"
+    MEDIA_TYPE_MISMATCH = "E1014"
+    MEDIA_DIMENSIONS_TOO_LARGE = "E1015"
+    MEDIA_DIMENSIONS_TOO_SMALL = "E1016"
+    MEDIA_TOO_MANY_PIXELS = "E1017"
     LOW_CONFIDENCE = "E2001"
     TIMEOUT = "E2002"
     TOKEN_LIMIT = "E2003"
@@ -238,6 +285,7 @@ class Code(StrEnum):
     PERMISSION_DENIED = "E4007"
     STREAMING_NOT_SUPPORTED = "E4010"
     RECOVERY_NOT_SUPPORTED = "E4012"
+    MULTIMODAL_NOT_SUPPORTED = "E4011"
 
 
 def to_numeric(code: str) -> str | None:

@@ -36,11 +36,17 @@ def estimate_tokens(value: Any) -> int:
     return math.ceil(len(orjson.dumps(value)) / BYTES_PER_TOKEN)
 
 
-def check_input(module: Module, value: Any, *, schema: bool = True) -> dict[str, Any] | None:
+_SAME = object()
+
+
+def check_input(
+    module: Module, value: Any, *, schema: bool = True, sized: Any = _SAME
+) -> dict[str, Any] | None:
     """The E1xxx error envelope for a bad input, or None when the input may be sent.
 
     E1001 for an input that is not an object or nests deeper than ``MAX_JSON_DEPTH``; E1005 when
-    it exceeds ``max_input_tokens`` (every input form, plain text included); then, with
+    it exceeds ``max_input_tokens`` (every input form, plain text included; ``sized`` is what is
+    counted when it differs from ``value``: media inputs stubbed, their bytes are no prompt text); then, with
     ``schema``, the input schema: E1002 when every problem is a missing required field, E1003
     when every problem is a type mismatch, E1001 otherwise.
     """
@@ -59,7 +65,7 @@ def check_input(module: Module, value: Any, *, schema: bool = True) -> dict[str,
         )
     limit = module.runtime.max_input_tokens
     if limit is not None:
-        tokens = estimate_tokens(value)
+        tokens = estimate_tokens(value if sized is _SAME else sized)
         if tokens > limit:
             return error_envelope(
                 Code.INPUT_TOO_LARGE,

@@ -24,6 +24,7 @@ from proxy.context.spec import ContextSpecError, parse_context
 from proxy.contract.schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
+from proxy.media import schema as media_schema
 from proxy.module.model import (
     CompatPolicy,
     FailurePolicy,
@@ -161,7 +162,7 @@ def _build(
         max_input_tokens=runtime_raw.get("max_input_tokens"),
         preferred_capabilities=tuple(runtime_raw.get("preferred_capabilities") or ()),
     )
-    input_schema = with_definitions(schema, "input")
+    input_schema = media_schema.without_content_encoding(with_definitions(schema, "input"))
     meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
     error_schema = with_definitions(schema, "error") or {
         "type": "object",
@@ -173,6 +174,10 @@ def _build(
         documents = referenced_files(schema, schema_path, root)
     except RefError as exc:
         raise ModuleLoadError(exc.path, str(exc)) from exc
+    modalities = frozenset(as_dict(manifest.get("modalities")).get("input") or ("text",))
+    problem = media_schema.check(input_schema, schema, modalities)
+    if problem is not None:
+        raise ModuleLoadError(root, f"module {name!r}: {problem}")
     validators = Validators(
         input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
         data=_compile(
@@ -213,6 +218,7 @@ def _build(
         validators=validators,
         manifest=manifest,
         context=context,
+        input_modalities=modalities,
     )
 
 

@@ -103,6 +103,12 @@ class Module:
     """The manifest as written (module.yaml or MODULE.md front matter)."""
     context: ContextSpec = NO_CONTEXT
     """The ``context`` section: what the module accepts in ``_context`` and emits."""
+    input_modalities: frozenset[str] = frozenset({"text"})
+    """``modalities.input`` (spec v2.5 §2.2): media inputs are read only when it names more than text."""
+
+    @property
+    def takes_media(self) -> bool:
+        return bool(self.input_modalities - {"text"})
 
     @property
     def input_schema(self) -> dict[str, Any] | None:
@@ -141,4 +147,5 @@ class Module:
             "excludes": list(self.excludes),
             "input_schema": self.input_schema,
             "context": self.context.summary(),
+            "modalities": {"input": sorted(self.input_modalities)},
         }

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.contract.errors import EXPLAIN_MAX
 from proxy.module.model import Module, ModuleFormat
+
+if TYPE_CHECKING:
+    from proxy.media.model import Media
+
+MEDIA_PLACEHOLDER = "$MEDIA_INPUTS"
 
 _PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
 
@@ -89,9 +95,32 @@ def _envelope_instructions(module: Module) -> str:
     )
 
 
-def render_prompt(module: Module, value: Any) -> RenderedPrompt:
-    """The system and user messages for one call of ``module`` with input ``value``."""
-    parts = [substitute_arguments(module.prompt, value).strip(), _envelope_instructions(module)]
+def describe_media(media: Sequence[Media]) -> str:
+    """What ``$MEDIA_INPUTS`` stands for: one line per media input (spec v2.5 §4.6)."""
+    if not media:
+        return "(no media inputs)"
+    lines = []
+    for m in media:
+        facts = m.facts
+        extra = f", {facts.width}x{facts.height} px" if facts.width is not None else ""
+        if facts.duration_ms is not None:
+            extra += f", {facts.duration_ms / 1000:g} s"
+        if facts.pages is not None:
+            extra += f", {facts.pages} pages"
+        lines.append(
+            f"- media {m.index} ({m.path}): {m.category}, {m.media_type}, {m.size} bytes{extra}; "
+            f"attached after the input as {m.category} part {m.index}"
+        )
+    return "\n".join(lines)
+
+
+def render_prompt(module: Module, value: Any, media: Sequence[Media] = ()) -> RenderedPrompt:
+    """The system and user messages for one call of ``module`` with input ``value``.
+
+    ``$MEDIA_INPUTS`` is replaced before the arguments, so that argument text can never expand it.
+    """
+    template = module.prompt.replace(MEDIA_PLACEHOLDER, describe_media(media))
+    parts = [substitute_arguments(template, value).strip(), _envelope_instructions(module)]
     if module.data_schema:
         parts.append("## Output schema (data)\n" + orjson.dumps(module.data_schema).decode())
     if module.excludes:

@@ -25,6 +25,7 @@ from proxy.policy.model import (
     CacheRule,
     Failover,
     FeedbackPolicy,
+    MediaPolicy,
     PassthroughPolicy,
     PassthroughRoute,
     Policy,
@@ -187,6 +188,20 @@ def _cache(raw: dict[str, Any]) -> CachePolicy:
     )
 
 
+def _media(raw: dict[str, Any]) -> MediaPolicy:
+    defaults = MediaPolicy()
+    return MediaPolicy(
+        allow_http=bool(raw.get("allow_http", defaults.allow_http)),
+        allowed_hosts=tuple(raw.get("allowed_hosts", defaults.allowed_hosts)),
+        trusted_hosts=tuple(raw.get("trusted_hosts", defaults.trusted_hosts)),
+        max_redirects=int(raw.get("max_redirects", defaults.max_redirects)),
+        fetch_timeout_s=float(raw.get("fetch_timeout_s", defaults.fetch_timeout_s)),
+        strip_metadata=bool(raw.get("strip_metadata", defaults.strip_metadata)),
+        cache_max_bytes=int(raw.get("cache_max_bytes", defaults.cache_max_bytes)),
+        cache_ttl_s=float(raw.get("cache_ttl_s", defaults.cache_ttl_s)),
+    )
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -235,6 +250,9 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
         if target.split("/", 1)[0] not in providers:
             problems.append(f"calibration.{target}: unknown provider {target.split('/', 1)[0]!r}")
         problems += [f"calibration.{target}.{p}" for p in points_problems(entry.get("points", []))]
+    for key in as_dict(doc.get("modalities")):
+        if key.split("/", 1)[0] not in providers:
+            problems.append(f"modalities.{key}: unknown provider {key.split('/', 1)[0]!r}")
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
@@ -285,6 +303,8 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         review=_review(as_dict(doc.get("review"))),
         passthrough=_passthrough(as_dict(doc.get("passthrough")), doc["providers"]),
         cache=_cache(as_dict(doc.get("cache"))),
+        media=_media(as_dict(doc.get("media"))),
+        modalities=MappingProxyType({k: frozenset(v) for k, v in as_dict(doc.get("modalities")).items()}),
         source=source,
         prices=parse_prices(as_dict(doc.get("prices"))),
         limits=parse_limits(as_dict(doc.get("limits"))),

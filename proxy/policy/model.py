@@ -202,6 +202,39 @@ class FeedbackPolicy:
     """The in-process store's bound (least recently written dropped first); Redis expires by time."""
 
 
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MediaPolicy:
+    """How module media inputs are fetched and prepared (spec v2.5 §4.3, §11.1)."""
+
+    allow_http: bool = False
+    """Fetch ``http://`` URLs too (https only by default)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """When set, only these hosts (``*.example.com`` for subdomains) are fetched from."""
+    trusted_hosts: tuple[str, ...] = ()
+    """Exact host names that may resolve to private addresses (an internal asset server).
+    IP literals and other names are still held to public addresses."""
+    max_redirects: int = 3
+    fetch_timeout_s: float = 10.0
+    """Bounds one fetch, redirects included; never beyond the call's own deadline."""
+    strip_metadata: bool = False
+    """Re-encode images without EXIF/metadata before they are sent (decodes the image)."""
+    cache_max_bytes: int = 64 * MB
+    """Fetched media kept for a client's retry; 0 turns the cache off."""
+    cache_ttl_s: float = 300.0
+
+
+Modalities = frozenset[str]
+DEFAULT_MODALITIES: Mapping[str, Modalities] = {
+    # What a provider kind's chat API takes when the policy does not say (per target or provider).
+    "openai": frozenset({"text", "image", "audio", "document"}),
+    "anthropic": frozenset({"text", "image", "document"}),
+    "offline": frozenset({"text", "image", "audio", "video", "document"}),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     providers: Mapping[str, ProviderConfig]
@@ -214,6 +247,9 @@ class Policy:
     review: ReviewPolicy = ReviewPolicy()
     passthrough: PassthroughPolicy = PassthroughPolicy()
     cache: CachePolicy = CachePolicy()
+    media: MediaPolicy = MediaPolicy()
+    modalities: Mapping[str, Modalities] = field(default_factory=dict)
+    """Input modalities per ``provider/model`` or per ``provider``, as the policy declares them."""
     source: str = "<memory>"
     known_targets: frozenset[str] = frozenset()
     """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""
@@ -236,6 +272,14 @@ class Policy:
     @property
     def timeouts(self) -> Timeouts:
         return self.failover.timeouts
+
+    def modalities_of(self, target: Target) -> Modalities:
+        """What ``target`` accepts: its own entry, else its provider's, else its kind's default."""
+        declared = self.modalities.get(str(target)) or self.modalities.get(target.provider)
+        if declared is not None:
+            return declared
+        provider = self.providers.get(target.provider)
+        return DEFAULT_MODALITIES.get(provider.kind if provider else "", frozenset({"text"}))
 
     def rung_index(self, name: str) -> int | None:
         for i, rung in enumerate(self.ladder):

@@ -62,7 +62,7 @@ class AnthropicProvider:
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
     ) -> dict[str, Any]:
         payload = self._request(body, model, stream=False)
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
             answer = await read_json(resp)
         try:
             return from_messages_response(answer, model)
@@ -80,7 +80,7 @@ class AnthropicProvider:
         translator = StreamTranslator(model, include_usage=include_usage)
         payload = self._request(body, model, stream=True)
         buffer = b""
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
             async for piece in resp.content.iter_any():
                 events, buffer = parse_sse(buffer + piece)
                 for name, data in events:

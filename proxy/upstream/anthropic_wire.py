@@ -177,7 +177,23 @@ def _user_part(part: Any, where: str) -> dict[str, Any]:
         if not isinstance(url, str):
             raise ValueError(f"{where}: image_url.url must be a string")
         return {"type": "image", "source": _image_source(url, where)}
+    if kind == "file":
+        return _document(part.get("file"), where)
     raise ValueError(f"{where}: unsupported content part type {kind!r}")
+
+
+def _document(file: Any, where: str) -> dict[str, Any]:
+    """An OpenAI ``file`` part carrying a PDF data URL as an Anthropic ``document`` block."""
+    data_url = file.get("file_data") if isinstance(file, dict) else None
+    if not isinstance(data_url, str) or not data_url.startswith("data:"):
+        raise ValueError(f"{where}: file parts need file.file_data as a data: URL")
+    source = _image_source(data_url, where)
+    if source["media_type"] != "application/pdf":
+        raise ValueError(f"{where}: Anthropic documents are PDFs, not {source['media_type']}")
+    block: dict[str, Any] = {"type": "document", "source": source}
+    if isinstance(file.get("filename"), str):
+        block["title"] = file["filename"]
+    return block
 
 
 def _image_source(url: str, where: str) -> dict[str, Any]:

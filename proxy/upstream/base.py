@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from proxy.media.model import Media
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
 from proxy.redact import redact_text
@@ -51,6 +52,8 @@ class CallContext:
     client_key: str | None = None
     module: Module | None = None
     input: Any = None
+    media: tuple[Media, ...] = ()
+    """The call's validated media: their bytes replace their tokens when a body is written."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from typing import Any
@@ -12,6 +12,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy.media.model import Media
+from proxy.media.parts import body as request_body
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
 
@@ -79,7 +81,12 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 
 @asynccontextmanager
 async def post(
-    session: aiohttp.ClientSession, url: URL, payload: dict[str, Any], headers: dict[str, str], timeout: float
+    session: aiohttp.ClientSession,
+    url: URL,
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    timeout: float,
+    media: Sequence[Media] = (),
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
 
@@ -89,12 +96,15 @@ async def post(
 
     ``timeout`` bounds connecting and each read (for a stream: ``stream_idle_s``, so a stream that
     stalls fails too); the router bounds the whole attempt.
+
+    ``media`` bytes are base64-encoded into the body slice by slice as it is sent
+    (``media.parts.body``).
     """
     client_timeout = _timeout(timeout)
     try:
         async with session.post(
             url,
-            data=orjson.dumps(payload),
+            data=request_body(payload, media),
             headers=headers,
             timeout=client_timeout,
             allow_redirects=False,

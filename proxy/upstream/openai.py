@@ -78,7 +78,9 @@ class OpenAIProvider:
             fmt = response_format(_FORMATS[level], ctx)
             attempt = {**payload, "response_format": fmt} if fmt else payload
             try:
-                async with post(self._session, self._url, attempt, self._headers(ctx), timeout) as resp:
+                async with post(
+                    self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media
+                ) as resp:
                     return await read_json(resp)
             except ProviderError as exc:
                 if exc.status == 400 and fmt is not None and level + 1 < len(_FORMATS):
@@ -98,6 +100,6 @@ class OpenAIProvider:
     ) -> AsyncIterator[bytes]:
         """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded."""
         payload = {**body, "model": model, "stream": True}
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout) as resp:
+        async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
             async for chunk in resp.content.iter_any():
                 yield chunk

@@ -287,14 +287,16 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
     assert caps["runtime"] == "cognitive-proxy" and caps["response_modes"] == ["sync", "streaming"]
     assert caps["capabilities"] == {
         "streaming": True,
-        "multimodal": {"input": [], "output": []},
-        "max_media_size_mb": 0,
+        # the fake's openai provider takes images, audio and PDFs (no policy `modalities:`)
+        "multimodal": {"input": ["audio", "document", "image"], "output": []},
+        "max_media_size_mb": 50,
         "supported_transports": ["sse", "ndjson"],
         "stream_recovery": True,
         "stream_session_ttl_s": 300.0,
     }
     assert caps["chat_completions"]["module_stream"] == "deltas"
     assert caps["max_body_bytes"] > 0 and caps["modules"] == len(BUNDLED)  # today's fields stay
+    assert caps["v2_5_features"] == ["streaming", "multimodal"]
 
 
 def _readme_client() -> Any:

@@ -13,6 +13,8 @@ ALL_CODES = (
     + [f"E300{i}" for i in range(1, 7)]
     + [f"E400{i}" for i in range(8)]
     + ["E2010", "E2011", "E4010", "E4012"]  # v2.5 streaming (E4012: §3.2.6.4)
+    + [f"E101{i}" for i in range(8)]  # spec v2.5 §7.1 and §4.5 (media)
+    + ["E4011"]
 )
 
 

@@ -882,3 +882,42 @@ def test_an_error_without_message_names_its_type_and_status() -> None:
     assert kind == "rate_limit_error"
     assert "rate_limit_error" in message
     assert "429" in message
+
+
+def test_pdf_file_parts_become_document_blocks() -> None:
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Summarise"},
+                    {
+                        "type": "file",
+                        "file": {
+                            "filename": "input-0.pdf",
+                            "file_data": "data:application/pdf;base64,JVBERi0=",
+                        },
+                    },
+                ],
+            }
+        ]
+    }
+    (message,) = to_messages_request(body, "claude-x")["messages"]
+    assert message["content"][1] == {
+        "type": "document",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+        "title": "input-0.pdf",
+    }
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "file", "file": {"file_data": "data:video/mp4;base64,AAAA"}},
+        {"type": "file", "file": {"file_id": "file-abc"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    ],
+)
+def test_parts_anthropic_cannot_take_are_refused(part: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        to_messages_request({"messages": [{"role": "user", "content": [part]}]}, "claude-x")

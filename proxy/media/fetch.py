@@ -1,0 +1,208 @@
+"""Fetching a media URL without becoming an SSRF gadget (spec v2.5 §11.1, OWASP API7).
+
+Per hop: the scheme is https (http only with ``media.allow_http``); the host passes
+``media.allowed_hosts`` when set; ``getaddrinfo`` is asked once and every address it answers must
+be global unicast (``addresses.refusal``) unless the exact host name is in
+``media.trusted_hosts``; the connection then goes to the vetted address only — the session's
+resolver answers from the vetted list and never looks up again (DNS rebinding), while TLS still
+verifies the original host name. Redirects are followed by hand, each one vetted the same way,
+at most ``media.max_redirects``. The body is read in chunks and refused (E1011) as soon as it
+passes the cap; the whole fetch runs under ``min(media.fetch_timeout_s, the call's deadline)``.
+Every refusal or failure is E1012 with the reason, before any byte is sent to the refused host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+from proxy.media.addresses import parse, refusal
+from proxy.media.cache import Fetched, MediaCache
+from proxy.media.types import MediaError
+from proxy.policy.model import MediaPolicy
+
+CHUNK_BYTES = 256 * 1024
+MAX_URL_CHARS = 8192
+"""A URL longer than this is refused before it is parsed (a JSON input can carry megabytes)."""
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def _failed(url: str, reason: str, **details: Any) -> MediaError:
+    return MediaError(
+        "E1012", f"Cannot fetch {url[:200]}: {reason}", {"url": url[:500], "reason": reason, **details}
+    )
+
+
+class PinnedResolver(AbstractResolver):
+    """Answers only with addresses vetted for a host; never asks DNS."""
+
+    def __init__(self) -> None:
+        self.vetted: dict[str, list[tuple[int, str]]] = {}
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = self.vetted.get(host)
+        if not found:
+            raise OSError(f"{host} was not vetted for this fetch")
+        return [
+            ResolveResult(hostname=host, host=ip, port=port, family=fam, proto=0, flags=socket.AI_NUMERICHOST)
+            for fam, ip in found
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Exact names, or ``*.example.com`` for any subdomain of example.com."""
+    host = host.lower().rstrip(".")
+    for entry in allowed:
+        entry = entry.lower()
+        if host == entry or (entry.startswith("*.") and host.endswith(entry[1:])):
+            return True
+    return False
+
+
+async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str]]]:
+    """The host of ``url`` and the addresses a connection to it may use; E1012 otherwise."""
+    text = str(url)
+    schemes = ("https", "http") if settings.allow_http else ("https",)
+    if url.scheme not in schemes:
+        raise _failed(
+            text, f"scheme {url.scheme or '(none)'!r} is not allowed (allowed: {', '.join(schemes)})"
+        )
+    host = url.raw_host
+    if not host:
+        raise _failed(text, "no host")
+    if url.raw_user is not None or url.raw_password is not None:
+        raise _failed(text, "credentials in the URL are not sent")
+    if settings.allowed_hosts and not host_allowed(host, settings.allowed_hosts):
+        raise _failed(text, f"host {host!r} is not in media.allowed_hosts")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise _failed(text, f"cannot resolve {host!r}: {exc}") from None
+    addresses = [(int(family), str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
+    trusted = host.lower() in (h.lower() for h in settings.trusted_hosts)
+    if not trusted:
+        for _, address in addresses:
+            why = refusal(parse(address))
+            if why is not None:
+                raise _failed(text, f"{host!r} resolves to {address}, a {why} address", address=address)
+    if not addresses:
+        raise _failed(text, f"{host!r} has no address")
+    return host, addresses
+
+
+async def fetch(
+    url_text: str,
+    settings: MediaPolicy,
+    deadline: float,
+    cap_for: Callable[[str | None], int],
+    on_bytes: Callable[[int], Awaitable[None]],
+    cache: MediaCache | None = None,
+) -> Fetched:
+    """The bytes at ``url_text``, or ``MediaError`` (E1012 refused/failed, E1011 over the cap).
+
+    ``cap_for(content_type)`` bounds the body; ``on_bytes(n)`` is awaited before each chunk is
+    kept (the in-flight memory budget).
+    """
+    if len(url_text) > MAX_URL_CHARS:
+        raise _failed(url_text, f"URL longer than {MAX_URL_CHARS} characters")
+    if cache is not None:
+        hit = cache.get(url_text)
+        if hit is not None:
+            await on_bytes(len(hit.data))
+            return hit
+    try:
+        url = URL(url_text)
+    except (ValueError, TypeError) as exc:
+        raise _failed(url_text, f"not a URL: {exc}") from None
+    budget = min(settings.fetch_timeout_s, deadline - time.monotonic())
+    if budget <= 0:
+        raise _failed(url_text, "the call's deadline is spent")
+    resolver = PinnedResolver()
+    connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False, limit=1)
+    session = aiohttp.ClientSession(
+        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, auto_decompress=False
+    )
+    try:
+        async with asyncio.timeout(budget):
+            fetched = await _follow(session, resolver, url, settings, cap_for, on_bytes)
+    except TimeoutError:
+        raise _failed(url_text, f"no complete answer within {budget:.3g}s") from None
+    except aiohttp.ClientError as exc:
+        raise _failed(url_text, f"{type(exc).__name__}: {exc}") from None
+    finally:
+        await session.close()
+    if cache is not None:
+        cache.put(url_text, fetched)
+    return fetched
+
+
+async def _follow(
+    session: aiohttp.ClientSession,
+    resolver: PinnedResolver,
+    url: URL,
+    settings: MediaPolicy,
+    cap_for: Callable[[str | None], int],
+    on_bytes: Callable[[int], Awaitable[None]],
+) -> Fetched:
+    for _ in range(settings.max_redirects + 1):
+        host, addresses = await vet(url, settings)
+        resolver.vetted[host] = addresses
+        async with session.get(
+            url,
+            allow_redirects=False,
+            headers={"Accept-Encoding": "identity", "User-Agent": "cognitive-proxy-media"},
+        ) as resp:
+            if resp.status in _REDIRECTS:
+                location = resp.headers.get("Location")
+                if not location:
+                    raise _failed(str(url), f"answered {resp.status} without Location")
+                try:
+                    url = url.join(URL(location))
+                except ValueError as exc:
+                    raise _failed(str(url), f"bad redirect Location: {exc}") from None
+                continue
+            if resp.status != 200:
+                raise _failed(str(url), f"answered HTTP {resp.status}", status=resp.status)
+            content_type = resp.headers.get("Content-Type")
+            if resp.headers.get("Content-Encoding", "identity").lower() != "identity":
+                raise _failed(str(url), "answered with a Content-Encoding; media must be sent as is")
+            cap = cap_for(content_type)
+            data = await _read_capped(resp, cap, str(url), on_bytes)
+            return Fetched(str(url), data, content_type, resp.headers.get("ETag"))
+    raise _failed(str(url), f"more than {settings.max_redirects} redirects")
+
+
+async def _read_capped(
+    resp: aiohttp.ClientResponse, cap: int, url: str, on_bytes: Callable[[int], Awaitable[None]]
+) -> bytearray:
+    declared = resp.content_length
+    if declared is not None and declared > cap:
+        raise MediaError(
+            "E1011",
+            f"{url[:200]} is {declared} bytes (Content-Length); the limit is {cap}",
+            {"size_bytes": declared, "max_bytes": cap},
+        )
+    data = bytearray()
+    async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+        if len(data) + len(chunk) > cap:
+            raise MediaError(
+                "E1011",
+                f"{url[:200]} is larger than the limit of {cap} bytes (stopped reading)",
+                {"max_bytes": cap},
+            )
+        await on_bytes(len(chunk))
+        data += chunk
+    return data

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from proxy import __version__
 from proxy.app import build_app
 from proxy.calibration import command as calibration_command
 from proxy.clients import read_identities
+from proxy.compose.run import Composer
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
 from proxy.contract.engine import run_contract
 from proxy.contract.inputs import check_input
@@ -211,7 +212,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         policy = _policy_or_report(args.policy)
         if policy is None:
             return EXIT_USAGE
-        answer = asyncio.run(_run_with_policy(module, value, policy))
+        siblings = ModuleRegistry.load([module.path.parent]).modules  # a composite's steps
+        answer = asyncio.run(_run_with_policy(module, value, policy, siblings))
         envelope = answer.envelope
         print(
             f"decision: {answer.decision}; attempts: "
@@ -224,11 +226,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if envelope.get("ok") else EXIT_FAILED
 
 
-async def _run_with_policy(module: Module, value: Any, policy: Policy) -> ModuleAnswer:
-    """The server's module path, without the server: same pipeline, providers and decisions."""
+async def _run_with_policy(
+    module: Module, value: Any, policy: Policy, modules: Mapping[str, Module]
+) -> ModuleAnswer:
+    """The server's module path, without the server: same pipeline, providers and decisions (a
+    composite's steps from ``modules``)."""
     async with upstream_session() as session:
         router = Router(Breakers(MemoryBreakerStore()))
-        return await run_module(Call(module, value, policy, build_providers(policy, session), router))
+        call = Call(module, value, policy, build_providers(policy, session), router)
+        return await Composer(modules, run_module).run(call)
 
 
 def _env(name: str, default: str | None = None) -> str | None:

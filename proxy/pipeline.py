@@ -37,6 +37,7 @@ from proxy.media.resolve import replaced, stubbed, validation_meta
 from proxy.media.step import MediaEnv, capable, prepare_media, unsupported
 from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
+from proxy.module.tools import denied_tool_calls, network_violation, permitted_tools
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
 from proxy.upstream.base import (
@@ -188,6 +189,10 @@ class ModuleAnswer:
     cost: Cost = Cost()
     downgraded: bool = False
     """The ladder was capped (``limits.on_budget: downgrade``)."""
+    steps: tuple[Step, ...] = ()
+    """A composite's step answers (composition, ``@call``), in the order they ran."""
+    stripped_tools: tuple[str, ...] = ()
+    """Client tools the module's ``tools`` policy kept out of the provider request."""
 
     @property
     def status(self) -> int:
@@ -208,15 +213,24 @@ class ModuleAnswer:
         return None
 
     def cognitive(self) -> dict[str, Any]:
-        """The ``cognitive`` block of DESIGN §3."""
+        """The ``cognitive`` block of DESIGN §3; a composite's steps nest in its attempts."""
         return {
             "module": self.module.name,
             "tier": self.module.tier,
             "decision": self.decision,
             "meta": self.meta,
-            "attempts": [a.as_dict() for a in self.attempts],
+            "attempts": [a.as_dict() for a in self.attempts]
+            + [{"step": s.name, **s.answer.cognitive()} for s in self.steps],
             "cost": {**self.cost.as_dict(), "downgraded": self.downgraded},
         }
+
+    def total_usd(self) -> float:
+        """The cost of this answer and of every nested step."""
+        return self.cost.usd + sum(s.answer.total_usd() for s in self.steps)
+
+    def all_attempts(self) -> int:
+        """Provider attempts of this answer and of every nested step."""
+        return len(self.attempts) + sum(s.answer.all_attempts() for s in self.steps)
 
     def headers(self) -> dict[str, str]:
         """The decision headers sent on every module answer."""
@@ -227,8 +241,8 @@ class ModuleAnswer:
             "X-Cognitive-Risk": str(meta.get("risk", "high")),
             "X-Cognitive-Tier": self.module.tier,
             "X-Cognitive-Model": self.model or "",
-            "X-Cognitive-Attempts": str(len(self.attempts)),
-            "X-Cognitive-Cost-Usd": f"{self.cost.usd:.9f}",
+            "X-Cognitive-Attempts": str(self.all_attempts()),
+            "X-Cognitive-Cost-Usd": f"{self.total_usd():.9f}",
             "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
         }
         final = self.final
@@ -239,6 +253,14 @@ class ModuleAnswer:
         if self.cache is not None:
             headers[CACHE_HEADER] = self.cache
         return headers
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a composite: the name it ran under and its full module answer."""
+
+    name: str
+    answer: ModuleAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +284,10 @@ class Call:
     """Cap the ladder at this rung (start there at most): ``limits.on_budget: downgrade``."""
     media: MediaEnv = field(default_factory=MediaEnv)
     """The request's memory budget and the fetched-media cache, for the media step."""
+    injected: Mapping[str, Any] | None = None
+    """Step answers by name, for ``{{name.meta.risk}}`` in the prompt (composites)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """The client's tools; only those the module's ``tools`` policy permits are sent."""
 
 
 def _reject(
@@ -317,6 +343,18 @@ def _no_answer(
     return envelope, retry_after_s(failures) or 1.0
 
 
+def refused_by_policies(module: Module, value: Any) -> dict[str, Any] | None:
+    """E4007 when the input asks for what the module's ``policies`` deny (a network URL)."""
+    where = network_violation(module, value)
+    if where is None:
+        return None
+    return error_envelope(
+        Code.PERMISSION_DENIED,
+        f"Module {module.name!r} declares policies.network: deny; {where} is a network URL",
+        suggestion="Send the content inline (base64 or text) instead of a URL",
+    )
+
+
 def internal_error(module: Module) -> ModuleAnswer:
     """E4000 for an unexpected exception inside a module call (the cause goes to the log)."""
     envelope = error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while running the module")
@@ -334,10 +372,12 @@ def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer
     return answer
 
 
-def build_messages(module: Module, value: Any, media: tuple[Media, ...] = ()) -> list[dict[str, Any]]:
+def build_messages(
+    module: Module, value: Any, media: tuple[Media, ...] = (), injected: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """System and user messages; media follow the user's text as provider parts and the input
-    shows their descriptions instead of their bytes."""
-    prompt = render_prompt(module, replaced(value, media) if media else value, media)
+    shows their descriptions instead of their bytes; ``injected``: a composite's step answers."""
+    prompt = render_prompt(module, replaced(value, media) if media else value, media, injected)
     return [
         {"role": "system", "content": prompt.system},
         {"role": "user", "content": user_content(prompt.user, media)},
@@ -416,6 +456,12 @@ async def _streamed(
 
 
 async def _contract(reply: dict[str, Any], text: str, module: Module) -> ContractResult:
+    denied = denied_tool_calls(reply, module)
+    if denied:  # a violation only the answer shows: the contract fails, like any bad answer
+        message = f"The answer calls tools the module denies: {', '.join(denied)}"
+        return ContractResult(
+            error_envelope(Code.PERMISSION_DENIED, message[:1000]), error_code=Code.PERMISSION_DENIED
+        )
     return await run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
 
 
@@ -499,6 +545,8 @@ async def run_module(call: Call) -> ModuleAnswer:
     checked = prepared.checked_input
     sized = stubbed(checked) if module.takes_media else checked
     error = prepared.error or check_input(module, checked, schema=call.check_input, sized=sized)
+    if error is None:
+        error = refused_by_policies(module, checked)  # before any media is fetched
     media: tuple[Media, ...] = ()
     if error is None and module.takes_media:
         found = await prepare_media(module, checked, policy.media, deadline, call.media)
@@ -570,7 +618,18 @@ async def _ladder(
     module, policy = call.module, call.policy
     rungs = len(policy.ladder) if call.top_rung is None else min(call.top_rung + 1, len(policy.ladder))
     start = min(policy.start_rung(thresholds), rungs - 1)
-    messages = build_messages(module, prepared.model_input, media)
+    ladder = [policy.capable(rung.targets, module.runtime) for rung in policy.ladder[:rungs]]
+    if not any(ladder[start:]):
+        missing = policy.missing_capabilities(module.runtime)
+        envelope = error_envelope(
+            Code.CONTEXT_OVERFLOW,
+            f"No provider target can serve module {module.name!r}: missing capability {', '.join(missing)}",
+            details={"missing_capabilities": missing},
+        )
+        return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
+    messages = build_messages(module, prepared.model_input, media, call.injected)
+    tools, stripped = permitted_tools(module, call.tools)
+    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
     ctx = CallContext(
         trace_id=call.trace_id,
         client_key=call.client_key,
@@ -586,7 +645,7 @@ async def _ladder(
     def ask(
         targets: tuple[Target, ...], conversation: list[dict[str, Any]], rung_name: str
     ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
-        body = {"messages": conversation}
+        body = {"messages": conversation, **extra}
         operation = (
             partial(_streamed, body=body, ctx=ctx, listener=call.listener)
             if call.listener is not None
@@ -599,7 +658,10 @@ async def _ladder(
     rung = start
     while rung < rungs:
         rung_name = policy.ladder[rung].name
-        targets = policy.ladder[rung].targets
+        targets = ladder[rung]
+        if not targets:  # no target of this rung has the module's required capabilities
+            rung += 1
+            continue
         if media:
             targets = attempts.modality_skips(rung_name, targets, capable(targets, policy, media))
             if not targets:
@@ -667,6 +729,7 @@ async def _ladder(
             emitted=result.emitted,
             cost=call_cost(policy, tuple(attempts.items)),
             downgraded=rungs < len(policy.ladder),
+            stripped_tools=stripped,
         )
     envelope, retry_after = _no_answer(failures, deadline_spent, module, last)
     return ModuleAnswer(
@@ -679,4 +742,5 @@ async def _ladder(
         upstream_s=attempts.upstream_s,
         cost=call_cost(policy, tuple(attempts.items)),
         downgraded=rungs < len(policy.ladder),
+        stripped_tools=stripped,
     )

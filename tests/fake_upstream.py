@@ -298,12 +298,16 @@ class FakeUpstream:
         self.requests: list[RecordedRequest] = []
         self.cancelled = 0
         self.in_flight = 0
+        self.max_in_flight = 0
+        """The most requests the fake has held at once."""
         self.set_cookie: str | None = None
         """When set, every answer carries ``Set-Cookie: <this>``."""
         self.compress = False
         """When set, answers are compressed as the request's ``Accept-Encoding`` allows (as
         OpenAI's edge does)."""
         self.files: dict[str, dict[str, Any]] = {}
+        self.tool_calls: dict[str, list[str]] = {}
+        """Per model: names of the tools each plain chat answer calls (``message.tool_calls``)."""
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
         self._mixes: dict[str, tuple[FaultMix, random.Random]] = {}
@@ -358,6 +362,7 @@ class FakeUpstream:
         """Forget requests, counters, scripts, default replies and files (keeps api_key/chunk_delay)."""
         self.requests.clear()
         self.files.clear()
+        self.tool_calls.clear()
         self._scripts.clear()
         self._defaults.clear()
         self._mixes.clear()
@@ -401,6 +406,7 @@ class FakeUpstream:
     @web.middleware
     async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             # multipart bodies are left unread for the route to stream (see ``_read_upload``)
             multipart = request.content_type.startswith("multipart/")
@@ -811,7 +817,12 @@ class FakeUpstream:
         }
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not stream:
-            message = {"role": "assistant", "content": content, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+            if self.tool_calls.get(model):
+                message["tool_calls"] = [
+                    {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+                    for i, name in enumerate(self.tool_calls[model])
+                ]
             finish = "length" if request.get(_CUT) else "stop"
             return web.json_response(
                 {

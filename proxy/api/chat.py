@@ -128,8 +128,13 @@ async def _module_chat(
         )
     if wants_stream and negotiated.mode == "streaming":
         return await stream_module_chat(request, runtime, module, value, check, body, module_history(body))
+    tools = (
+        tuple(t for t in body.get("tools") or () if isinstance(t, dict))
+        if isinstance(body.get("tools"), list)
+        else ()
+    )
     answer = await answer_module(
-        request, runtime, module, value, check_input=check, history=module_history(body)
+        request, runtime, module, value, check_input=check, history=module_history(body), tools=tools
     )
     if answer.status != 200:
         return module_error_response(answer, request[TRACE_KEY])

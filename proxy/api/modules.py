@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -14,6 +15,8 @@ from proxy.api.media import media_env
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
 from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
+from proxy.compose.resolve import Unavailable
+from proxy.compose.run import Composer
 from proxy.context.identity import (
     SESSION_HEADER,
     USER_HEADER,
@@ -26,15 +29,43 @@ from proxy.context.step import ContextCall
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.observability.instrument import record_module_answer, record_module_cost
-from proxy.observability.metrics import OTHER, OUTCOME_INVALID_INPUT, OUTCOME_UNKNOWN_MODULE
+from proxy.observability.metrics import (
+    OTHER,
+    OUTCOME_INVALID_INPUT,
+    OUTCOME_UNAVAILABLE,
+    OUTCOME_UNKNOWN_MODULE,
+)
 from proxy.pipeline import Call, Listener, ModuleAnswer, internal_error, run_module
 from proxy.review import review_record
 
 log = structlog.get_logger("proxy.api")
 
 
+def unavailable_response(unavailable: Unavailable, request: web.Request) -> web.Response:
+    """A composite that loaded but cannot run: its load error (E4004, E4005, E4006) as an
+    envelope, before any step or upstream call."""
+    request[RECORD_KEY].module = unavailable.module.name
+    request[RECORD_KEY].outcome = OUTCOME_UNAVAILABLE
+    trace_id = request[TRACE_KEY]
+    envelope = error_envelope(
+        unavailable.code,
+        f"Module {unavailable.module.name!r} is unavailable: {unavailable.reason}"[:1000],
+        details={"load_error": unavailable.reason},
+    )
+    envelope["meta"]["trace_id"] = trace_id
+    return json_response(
+        envelope,
+        status=http_status(unavailable.code),
+        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+    )
+
+
 def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.Response:
-    """E4006 (404) as an envelope; the module label is ``other`` (names come from the registry)."""
+    """E4006 (404) as an envelope; the module label is ``other`` (names come from the registry).
+    A composite that is installed but unavailable answers its load error instead."""
+    unavailable = runtime.registry.unavailable_module(name)
+    if unavailable is not None:
+        return unavailable_response(unavailable, request)
     request[RECORD_KEY].module = OTHER
     request[RECORD_KEY].outcome = OUTCOME_UNKNOWN_MODULE
     trace_id = request[TRACE_KEY]
@@ -92,6 +123,39 @@ def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()
     )
 
 
+@dataclass
+class Spent:
+    """Tokens and cost of a composite's steps, settled with the request's own."""
+
+    tokens: int = 0
+    usd: float = 0.0
+
+
+def _step_runner(
+    request: web.Request, runtime: Runtime, top: Module, spent: Spent
+) -> Callable[[Call], Awaitable[ModuleAnswer]]:
+    """``run_module`` for the steps of a composite, each recorded like a module answer of its own
+    (metrics, cost, review); the composite's own call is recorded once, by ``answer_module``."""
+
+    async def run(call: Call) -> ModuleAnswer:
+        answer = await run_module(call)
+        if call.module.name != top.name:
+            record_module_answer(request.app[METRICS], runtime.policy, answer)
+            metrics = request.app[METRICS]
+            spent.tokens += record_module_cost(metrics, runtime.policy, answer, caller(request).label)
+            spent.usd += answer.cost.usd
+            request.app[METRICS].composition_steps.labels(top.name, call.module.name, answer.decision).inc()
+            if answer.decision == "review":
+                await runtime.review.submit(
+                    review_record(
+                        call.module.name, call.module.tier, call.trace_id, answer.decision, answer.envelope
+                    )
+                )
+        return answer
+
+    return run
+
+
 async def _run(
     request: web.Request,
     runtime: Runtime,
@@ -101,26 +165,32 @@ async def _run(
     listener: Listener | None,
     context: ContextCall,
     top_rung: int | None,
+    tools: tuple[Mapping[str, Any], ...] = (),
+    spent: Spent | None = None,
 ) -> ModuleAnswer:
-    """``run_module``, with any unexpected exception turned into E4000 (logged with its trace id)."""
+    """The module call (a composite's steps included), with any unexpected exception turned into
+    E4000 (logged with its trace id)."""
     trace_id = request[TRACE_KEY]
     try:
-        return await run_module(
-            Call(
-                module,
-                value,
-                runtime.policy,
-                runtime.providers,
-                request.app[ROUTER],
-                trace_id,
-                request.get(CLIENT_KEY),
-                check,
-                listener,
-                context,
-                top_rung=top_rung,
-                media=media_env(request, runtime.policy.media),
-            )
+        call = Call(
+            module,
+            value,
+            runtime.policy,
+            runtime.providers,
+            request.app[ROUTER],
+            trace_id,
+            request.get(CLIENT_KEY),
+            check,
+            listener,
+            context,
+            top_rung=top_rung,
+            media=media_env(request, runtime.policy.media),
+            tools=tools,
         )
+        if module.is_composite:
+            runner = _step_runner(request, runtime, module, spent or Spent())
+            return await Composer(runtime.registry.modules, runner).run(call)
+        return await run_module(call)
     except ApiError:
         raise  # the edge's own answers (a busy memory budget: 503), not a module failure
     except Exception:  # asyncio.CancelledError is a BaseException and passes through
@@ -139,6 +209,7 @@ async def answer_module(
     check_input: bool = True,
     listener: Listener | None = None,
     history: Sequence[Mapping[str, Any]] = (),
+    tools: tuple[Mapping[str, Any], ...] = (),
 ) -> ModuleAnswer:
     """Run one module call for ``request`` and record it in the review sink when so decided.
     ``listener``: the call streams (see ``proxy.api.streaming``); ``history``: the earlier
@@ -154,7 +225,10 @@ async def answer_module(
         answer.envelope["meta"]["trace_id"] = trace_id
         return answer
     top_rung = await admit_module(request, runtime.policy, value)
-    answer = await _run(request, runtime, module, value, check_input, listener, context, top_rung)
+    spent = Spent()
+    answer = await _run(
+        request, runtime, module, value, check_input, listener, context, top_rung, tools, spent
+    )
     record.upstream_s += answer.upstream_s
     if answer.cache is not None:
         record.fields["cache"] = answer.cache
@@ -168,7 +242,7 @@ async def answer_module(
     )
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)
-    await settle(request, tokens, answer.cost.usd)
+    await settle(request, tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
     remembered = answer_record(answer, module, runtime.policy, trace_id, request.get(CLIENT_KEY))
     if remembered is not None:
         request.app[FEEDBACK].remember(remembered, runtime.policy.feedback.max_entries)
@@ -179,11 +253,25 @@ async def answer_module(
     return answer
 
 
+def _unavailable_summary(unavailable: Unavailable) -> dict[str, Any]:
+    module = unavailable.module
+    return {
+        "id": module.name,
+        "object": "module",
+        **module.summary(),
+        "available": False,
+        "load_error": {"code": unavailable.code, "message": unavailable.reason},
+    }
+
+
 async def list_modules(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     data = [
-        {"id": m.name, "object": "module", **m.summary()}
+        {"id": m.name, "object": "module", **m.summary(), "available": True}
         for m in (runtime.registry.modules[n] for n in runtime.registry.names())
+    ]
+    data += [
+        _unavailable_summary(runtime.registry.unavailable[n]) for n in sorted(runtime.registry.unavailable)
     ]
     return json_response({"object": "list", "data": data})
 
@@ -193,8 +281,11 @@ async def get_module(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     module = runtime.registry.get(name)
     if module is None:
+        unavailable = runtime.registry.unavailable_module(name)
+        if unavailable is not None:  # the manifest, and why it cannot run
+            return json_response(_unavailable_summary(unavailable))
         return module_not_found(name, runtime, request)
-    return json_response({"id": module.name, "object": "module", **module.summary()})
+    return json_response({"id": module.name, "object": "module", **module.summary(), "available": True})
 
 
 def method_not_allowed(*allowed: str) -> Handler:

@@ -15,6 +15,7 @@ from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, load_cases
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import Module, ModuleFormat
+from proxy.module.registry import ModuleRegistry
 
 _ENVELOPE_WORDS = ("meta", "confidence", "risk", "explain", "data", "rationale")
 
@@ -104,6 +105,18 @@ def _test_problems(module: Module) -> tuple[list[str], list[str]]:
     return out, []
 
 
+def _composition_problems(module: Module) -> list[str]:
+    """A composite resolved against the modules beside it (its directory's parent): a missing or
+    too old dependency, a cycle (E4004) or a chain deeper than ``max_depth`` (E4005)."""
+    if not module.is_composite:
+        return []
+    registry = ModuleRegistry.load([module.path.parent])
+    unavailable = registry.unavailable_module(module.name)
+    if unavailable is None:
+        return []
+    return [f"{module.path / 'module.yaml'}: {unavailable.code}: {unavailable.reason}"]
+
+
 def lint_module(path: Path, *, v22: bool = False) -> tuple[list[str], list[str]]:
     """Every problem of the module at ``path`` (empty when it is valid), and the warnings."""
     try:
@@ -111,6 +124,7 @@ def lint_module(path: Path, *, v22: bool = False) -> tuple[list[str], list[str]]
     except ModuleLoadError as exc:
         return [str(exc)], []
     problems, warnings = _test_problems(module)
+    problems = _composition_problems(module) + problems
     if v22:
         problems = _v22_problems(module) + problems
     return problems, warnings

@@ -20,6 +20,8 @@ import orjson
 import yaml
 
 from proxy import schemas
+from proxy.compose.directives import DirectiveError, parse_directives
+from proxy.compose.spec import CompositionError, parse_composition
 from proxy.context.spec import ContextSpecError, parse_context
 from proxy.contract.schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.contract.validate import standard_meta_schema
@@ -32,6 +34,7 @@ from proxy.module.model import (
     ModuleFormat,
     OverflowPolicy,
     RuntimeRequirements,
+    ToolPolicy,
     Validators,
 )
 from proxy.module.refs import RefError, referenced_files
@@ -162,6 +165,17 @@ def _build(
         max_input_tokens=runtime_raw.get("max_input_tokens"),
         preferred_capabilities=tuple(runtime_raw.get("preferred_capabilities") or ()),
     )
+    try:
+        composition = parse_composition(manifest.get("composition"))
+        prompt, calls = parse_directives(prompt)
+    except (CompositionError, DirectiveError) as exc:
+        raise ModuleLoadError(root, str(exc)) from exc
+    tools_raw = as_dict(manifest.get("tools"))
+    tools = ToolPolicy(
+        policy=tools_raw.get("policy", "deny_by_default"),
+        allowed=frozenset(str(t) for t in tools_raw.get("allowed") or ()),
+        denied=frozenset(str(t) for t in tools_raw.get("denied") or ()),
+    )
     input_schema = media_schema.without_content_encoding(with_definitions(schema, "input"))
     meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
     error_schema = with_definitions(schema, "error") or {
@@ -219,6 +233,10 @@ def _build(
         manifest=manifest,
         context=context,
         input_modalities=modalities,
+        composition=composition,
+        calls=calls,
+        tools=tools,
+        policies=tuple((str(k), str(v)) for k, v in as_dict(manifest.get("policies")).items()),
     )
 
 

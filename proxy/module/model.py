@@ -8,6 +8,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from proxy.compose.directives import CallDirective
+from proxy.compose.spec import Composition
 from proxy.context.spec import NO_CONTEXT, ContextSpec
 
 Validator = Callable[[Any], Any]
@@ -65,6 +67,20 @@ class RuntimeRequirements:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """``tools`` of module.yaml: which of a client's tools may reach the model for this module."""
+
+    policy: Literal["allow_by_default", "deny_by_default"] = "deny_by_default"
+    allowed: frozenset[str] = frozenset()
+    denied: frozenset[str] = frozenset()
+
+    def permits(self, name: str) -> bool:
+        if name in self.denied:
+            return False
+        return name in self.allowed or self.policy == "allow_by_default"
+
+
+@dataclass(frozen=True, slots=True)
 class Validators:
     """Schemas compiled once at load; never per request."""
 
@@ -110,6 +126,27 @@ class Module:
     def takes_media(self) -> bool:
         return bool(self.input_modalities - {"text"})
 
+    composition: Composition | None = None
+    calls: tuple[CallDirective, ...] = ()
+    """The prompt's ``@call`` directives (their lines are already out of ``prompt``)."""
+    tools: ToolPolicy = ToolPolicy()
+    policies: tuple[tuple[str, str], ...] = ()
+    """``policies`` as declared (``network: deny``...); only declared entries are enforced."""
+
+    @property
+    def is_composite(self) -> bool:
+        return self.composition is not None or bool(self.calls)
+
+    @property
+    def network_denied(self) -> bool:
+        return ("network", "deny") in self.policies
+
+    def dependencies(self) -> tuple[str, ...]:
+        """Every module this one may call: composition steps, then ``@call`` targets."""
+        names = list(self.composition.steps) if self.composition else []
+        names += [c.name for c in self.calls]
+        return tuple(dict.fromkeys(names))
+
     @property
     def input_schema(self) -> dict[str, Any] | None:
         value = self.schema.get("input")
@@ -148,4 +185,19 @@ class Module:
             "input_schema": self.input_schema,
             "context": self.context.summary(),
             "modalities": {"input": sorted(self.input_modalities)},
+            **({"composition": self._composition_summary()} if self.is_composite else {}),
+        }
+
+    def _composition_summary(self) -> dict[str, Any]:
+        c = self.composition
+        return {
+            "pattern": c.pattern if c else "sequential",
+            "requires": [
+                {"name": r.name, "version": str(r.version), "optional": r.optional, "fallback": r.fallback}
+                for r in (c.requires if c else ())
+            ],
+            "max_depth": c.max_depth if c else None,
+            "timeout_ms": c.timeout_ms if c else None,
+            "calls": [d.name for d in self.calls],
+            "context_mode": self.context.mode,
         }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 MEDIA_PLACEHOLDER = "$MEDIA_INPUTS"
 
 _PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
+_INJECTION = re.compile(
+    r"\{\{\s*(?P<name>[a-z0-9][a-z0-9._-]*?)\.(?P<path>(?:ok|meta|data|error|partial_data)(?:\.[A-Za-z0-9_-]+)*)\s*\}\}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,30 @@ def substitute_arguments(text: str, value: Any) -> str:
         return words[i] if i < len(words) else match.group(0)
 
     return _PLACEHOLDER.sub(replace, text)
+
+
+def _injected_value(answer: Any, path: str) -> str:
+    value = answer
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def inject_results(text: str, results: Mapping[str, Any]) -> str:
+    """Replace ``{{name.meta.risk}}``/``{{name.data.x}}`` with the answer of step ``name``
+    (composition.md §5.4); references to names that are not steps are left as written."""
+    if not results:
+        return text
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in results:
+            return match.group(0)
+        return _injected_value(results[name], match["path"])
+
+    return _INJECTION.sub(replace, text)
 
 
 def _envelope_instructions(module: Module) -> str:
@@ -114,13 +141,21 @@ def describe_media(media: Sequence[Media]) -> str:
     return "\n".join(lines)
 
 
-def render_prompt(module: Module, value: Any, media: Sequence[Media] = ()) -> RenderedPrompt:
-    """The system and user messages for one call of ``module`` with input ``value``.
+def render_prompt(
+    module: Module,
+    value: Any,
+    media: Sequence[Media] = (),
+    injected: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
+    """The system and user messages for one call of ``module`` with input ``value``; ``injected``
+    holds composed step answers by name (``{{name.data.x}}``).
 
-    ``$MEDIA_INPUTS`` is replaced before the arguments, so that argument text can never expand it.
+    ``$MEDIA_INPUTS`` is replaced before the arguments, so that argument text can never expand it;
+    step answers are injected last (their text is never re-expanded).
     """
     template = module.prompt.replace(MEDIA_PLACEHOLDER, describe_media(media))
-    parts = [substitute_arguments(template, value).strip(), _envelope_instructions(module)]
+    prompt = inject_results(substitute_arguments(template, value), injected or {})
+    parts = [prompt.strip(), _envelope_instructions(module)]
     if module.data_schema:
         parts.append("## Output schema (data)\n" + orjson.dumps(module.data_schema).decode())
     if module.excludes:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from proxy.compose.resolve import Unavailable, resolve
 from proxy.module.loader import ModuleLoadError, is_module_dir, load_module, valid_module_name
 from proxy.module.model import Module
 
@@ -28,6 +29,8 @@ class ModuleRegistry:
 
     modules: Mapping[str, Module]
     problems: tuple[LoadProblem, ...] = ()
+    unavailable: Mapping[str, Unavailable] = field(default_factory=lambda: MappingProxyType({}))
+    """Composites that loaded but cannot run (a missing dependency, a cycle, too deep)."""
 
     @classmethod
     def load(cls, directories: Iterable[Path]) -> ModuleRegistry:
@@ -62,24 +65,45 @@ class ModuleRegistry:
                     )
                     continue
                 modules[module.name] = module
-        return cls(MappingProxyType(modules), tuple(problems))
+        return cls.resolved(modules, problems)
+
+    @classmethod
+    def resolved(cls, modules: Mapping[str, Module], problems: Iterable[LoadProblem] = ()) -> ModuleRegistry:
+        """A registry of ``modules`` with each composite's dependencies resolved."""
+        runnable, unavailable = resolve(modules)
+        problems = [
+            *problems,
+            *(
+                LoadProblem(u.module.path, f"{u.code}: {u.reason}", u.module.path)
+                for u in unavailable.values()
+            ),
+        ]
+        return cls(MappingProxyType(runnable), tuple(problems), MappingProxyType(unavailable))
 
     def keeping_last_good(self, previous: ModuleRegistry) -> ModuleRegistry:
         """This registry, plus each module of ``previous`` whose directory now fails to load:
         a broken edit keeps the last good version serving (its problem is still reported)."""
-        broken = {p.module_dir for p in self.problems if p.module_dir is not None}
+        broken = {
+            p.module_dir
+            for p in self.problems
+            if p.module_dir is not None
+            and not any(u.module.path == p.module_dir for u in self.unavailable.values())
+        }
         kept = {
             name: m for name, m in previous.modules.items() if m.path in broken and name not in self.modules
         }
         if not kept:
             return self
-        return ModuleRegistry(MappingProxyType({**self.modules, **kept}), self.problems)
+        return ModuleRegistry(MappingProxyType({**self.modules, **kept}), self.problems, self.unavailable)
 
     def get(self, name: str) -> Module | None:
         """The module called ``name``; None for unknown or unsafe names."""
         if not valid_module_name(name):
             return None
         return self.modules.get(name)
+
+    def unavailable_module(self, name: str) -> Unavailable | None:
+        return self.unavailable.get(name) if valid_module_name(name) else None
 
     def names(self) -> list[str]:
         return sorted(self.modules)

@@ -106,6 +106,9 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
     tokens of one answer; returns the request's outcome. An input refused before any model call
     is the caller's mistake, not a decision: a contract error and outcome ``invalid_input``."""
     module, tier = answer.module.name, answer.module.tier
+    if answer.stripped_tools:
+        metrics.tools_stripped.labels(module).inc(len(answer.stripped_tools))
+        log.info("proxy.tools_stripped", module=module, tools=list(answer.stripped_tools)[:20])
     rungs = [r.name for r in policy.ladder]
     answered = [a for a in answer.attempts if a.confidence is not None]
     for index, attempt in enumerate(answered):

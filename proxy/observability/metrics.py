@@ -30,6 +30,7 @@ OUTCOME_NONE = "none"  # not a module call (passthrough, catalogue, health)
 OUTCOME_DECIDED = "decided"  # a module answer that got a decision
 OUTCOME_INVALID_INPUT = "invalid_input"  # the caller's input broke the module's input contract
 OUTCOME_UNKNOWN_MODULE = "unknown_module"  # the caller named a module that is not installed
+OUTCOME_UNAVAILABLE = "unavailable"  # an installed composite whose dependencies did not resolve
 CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 FEEDBACK_BUCKETS = tuple(f"{0.1 * i:.1f}" for i in range(10))
 """``bucket`` label of the feedback counters: the lower edge of a 0.1-wide confidence bin
@@ -133,6 +134,18 @@ class Metrics:
         self.risk_disagreements = Counter(
             "cognitive_risk_disagreements_total",
             "Answers whose meta.risk differs from the module's risk_rule over their data.",
+            ["module"],
+            registry=r,
+        )
+        self.composition_steps = Counter(
+            "cognitive_composition_steps_total",
+            "Steps run by composite modules, by composite, step module and the step's decision.",
+            ["module", "step", "decision"],
+            registry=r,
+        )
+        self.tools_stripped = Counter(
+            "cognitive_tools_stripped_total",
+            "Client tools kept out of a module's provider request by its tools policy.",
             ["module"],
             registry=r,
         )

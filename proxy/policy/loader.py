@@ -253,6 +253,9 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for key in as_dict(doc.get("modalities")):
         if key.split("/", 1)[0] not in providers:
             problems.append(f"modalities.{key}: unknown provider {key.split('/', 1)[0]!r}")
+    for key in as_dict(doc.get("capabilities")):
+        if key.split("/", 1)[0] not in providers:
+            problems.append(f"capabilities.{key}: unknown provider {key.split('/', 1)[0]!r}")
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")
@@ -305,6 +308,9 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         cache=_cache(as_dict(doc.get("cache"))),
         media=_media(as_dict(doc.get("media"))),
         modalities=MappingProxyType({k: frozenset(v) for k, v in as_dict(doc.get("modalities")).items()}),
+        capabilities=MappingProxyType(
+            {key: frozenset(value) for key, value in as_dict(doc.get("capabilities")).items()}
+        ),
         source=source,
         prices=parse_prices(as_dict(doc.get("prices"))),
         limits=parse_limits(as_dict(doc.get("limits"))),

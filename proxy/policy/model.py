@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
 from proxy.policy.calibration import CalibrationMap
@@ -235,6 +235,32 @@ DEFAULT_MODALITIES: Mapping[str, Modalities] = {
 }
 
 
+Capabilities = frozenset[str]
+CAPABILITIES = ("structured_output", "json_mode", "long_context", "function_calling", "vision")
+"""What a target may be declared to do: module.yaml's ``preferred_capabilities`` plus
+``structured_output`` (``runtime_requirements.structured_output``)."""
+DEFAULT_CAPABILITIES: Mapping[str, Capabilities] = {
+    # What a provider kind's targets do when the policy does not say (per target or provider).
+    "openai": frozenset(CAPABILITIES),
+    "anthropic": frozenset({"structured_output", "long_context", "function_calling", "vision"}),
+    "offline": frozenset(CAPABILITIES),
+}
+
+
+class NeedsCapabilities(Protocol):
+    @property
+    def structured_output(self) -> bool: ...
+
+    @property
+    def preferred_capabilities(self) -> tuple[str, ...]: ...
+
+
+def required_capabilities(runtime: NeedsCapabilities) -> Capabilities:
+    """What a target must have to serve a module: ``structured_output`` when the module's
+    ``runtime_requirements`` ask for it (its default). ``preferred_capabilities`` only order."""
+    return frozenset({"structured_output"}) if runtime.structured_output else frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     providers: Mapping[str, ProviderConfig]
@@ -250,6 +276,8 @@ class Policy:
     media: MediaPolicy = MediaPolicy()
     modalities: Mapping[str, Modalities] = field(default_factory=dict)
     """Input modalities per ``provider/model`` or per ``provider``, as the policy declares them."""
+    capabilities: Mapping[str, Capabilities] = field(default_factory=dict)
+    """Capabilities per ``provider/model`` or per ``provider``, as the policy declares them."""
     source: str = "<memory>"
     known_targets: frozenset[str] = frozenset()
     """Every ``provider/model`` the policy names (ladder and aliases): the bounded label set."""
@@ -280,6 +308,38 @@ class Policy:
             return declared
         provider = self.providers.get(target.provider)
         return DEFAULT_MODALITIES.get(provider.kind if provider else "", frozenset({"text"}))
+
+    def capabilities_of(self, target: Target) -> Capabilities:
+        """What ``target`` can do: its own entry, else its provider's, else its kind's default."""
+        declared = self.capabilities.get(str(target))
+        if declared is None:
+            declared = self.capabilities.get(target.provider)
+        if declared is not None:
+            return declared
+        provider = self.providers.get(target.provider)
+        return DEFAULT_CAPABILITIES.get(provider.kind if provider else "", frozenset())
+
+    def capable(self, targets: tuple[Target, ...], runtime: NeedsCapabilities) -> tuple[Target, ...]:
+        """The targets that have every capability the module requires; those that also have all
+        of its ``preferred_capabilities`` first when the policy declares capabilities (a stable
+        sort: the failover order is otherwise kept)."""
+        needed = required_capabilities(runtime)
+        preferred = frozenset(runtime.preferred_capabilities)
+        able = [t for t in targets if needed <= self.capabilities_of(t)]
+        if not preferred or not self.capabilities:  # kind defaults never reorder a ladder
+            return tuple(able)
+        return tuple(sorted(able, key=lambda t: not preferred <= self.capabilities_of(t)))
+
+    def missing_capabilities(self, runtime: NeedsCapabilities) -> list[str]:
+        """The required capabilities that no target of the ladder has."""
+        offered: set[str] = set()
+        for rung in self.ladder:
+            for target in rung.targets:
+                offered |= self.capabilities_of(target)
+        missing = sorted(required_capabilities(runtime) - offered)
+        if missing:
+            return missing
+        return sorted(required_capabilities(runtime))  # each is somewhere, never all on one target
 
     def rung_index(self, name: str) -> int | None:
         for i, rung in enumerate(self.ladder):

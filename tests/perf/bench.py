@@ -573,6 +573,95 @@ async def _limits_bench() -> None:
 def limits_bench() -> None:
     sys.path.insert(0, str(ROOT))
     asyncio.run(_limits_bench())
+def composition_bench(repeat: int = 3_000) -> None:
+    """Composition overhead per step: a 3-step sequential composite (mapping, a condition on
+    meta, merge) against the same 3 module calls made directly, through an instant in-process
+    provider, in the same run. Overhead per step = (composite - 3 direct calls) / 3."""
+    sys.path.insert(0, str(ROOT))
+    from proxy.compose.run import Composer
+    from proxy.module.registry import ModuleRegistry
+    from proxy.pipeline import Call, run_module
+    from proxy.policy.loader import parse_policy
+    from proxy.state.memory import MemoryBreakerStore
+    from proxy.upstream.breaker import Breakers
+    from proxy.upstream.router import Router
+    from tests.compose.build import answer, make_module
+
+    reply = {
+        **COMPLETION,
+        "choices": [
+            {
+                **COMPLETION["choices"][0],
+                "message": {"role": "assistant", "content": answer(0.9, summary="s")},
+            }
+        ],
+    }  # type: ignore[index]
+
+    class Instant:
+        async def complete(self, body: object, model: str, ctx: object, timeout: float) -> dict[str, object]:
+            return reply
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mods = Path(tmp)
+        for name in ("s1", "s2", "s3"):
+            make_module(mods, name)
+        make_module(
+            mods,
+            "pipe",
+            composition={
+                "requires": [{"name": n, "version": ">=1.0.0"} for n in ("s1", "s2", "s3")],
+                "dataflow": [
+                    {"from": "input", "to": "s1", "mapping": {"text": "$.text"}},
+                    {
+                        "from": "s1.output",
+                        "to": "s2",
+                        "mapping": {"summary": "$.data.summary"},
+                        "condition": "$.meta.confidence > 0.5",
+                    },
+                    {
+                        "from": ["input", "s2.output"],
+                        "to": "s3",
+                        "mapping": {"text": "$.input.text", "prior": "$.s2.data"},
+                    },
+                    {"from": ["s1.output", "s2.output", "s3.output"], "to": "output", "aggregate": "merge"},
+                ],
+            },
+        )
+        registry = ModuleRegistry.load([mods])
+    policy = parse_policy(
+        {
+            "version": 1,
+            "providers": {"up": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+            "ladder": [{"name": "only", "targets": ["up/m"]}],
+        }
+    )
+    providers = {"up": Instant()}
+    value = {"text": "hello"}
+
+    async def measure() -> tuple[float, float]:
+        router = Router(Breakers(MemoryBreakerStore()))
+        composer = Composer(registry.modules, run_module)
+        direct: list[float] = []
+        composed: list[float] = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for name in ("s1", "s2", "s3"):
+                await run_module(Call(registry.modules[name], value, policy, providers, router))  # type: ignore[arg-type]
+            t1 = time.perf_counter()
+            answer_ = await composer.run(Call(registry.modules["pipe"], value, policy, providers, router))  # type: ignore[arg-type]
+            t2 = time.perf_counter()
+            assert answer_.envelope["ok"] is True, answer_.envelope
+            direct.append(t1 - t0)
+            composed.append(t2 - t1)
+        return statistics.median(direct), statistics.median(composed)
+
+    direct_s, composed_s = asyncio.run(measure())
+    per_step_ms = (composed_s - direct_s) / 3 * 1e3
+    print(
+        f"composition, 3-step sequential composite: {composed_s * 1e3:.4f} ms p50; the same 3 module calls "
+        f"direct: {direct_s * 1e3:.4f} ms p50 (ratio {composed_s / direct_s:.2f}); overhead per step "
+        f"{per_step_ms:.4f} ms p50 (goal <= 0.3 ms)"
+    )
 
 
 def feedback_bench() -> None:
@@ -644,7 +733,11 @@ def main() -> int:
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
+    parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
     args = parser.parse_args()
+    if args.compose:
+        composition_bench()
+        return 0
     if args.upstream:
         upstream_main(args.upstream)
         return 0
@@ -737,6 +830,7 @@ def main() -> int:
             stream_section(up_port, proxy_port)
             print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
             context_bench(tmpdir, up_port)
+            composition_bench()
             parse_bench()
             limits_bench()
             feedback_bench()

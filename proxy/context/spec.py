@@ -93,7 +93,7 @@ class Emit:
 
 @dataclass(frozen=True, slots=True)
 class ContextSpec:
-    """What a module accepts and emits. ``mode`` is recorded for composition (a later issue)."""
+    """What a module accepts and emits; ``mode`` is how a composite's steps share it (proxy.compose.run)."""
 
     accepts: tuple[Accept, ...] = ()
     emits: tuple[Emit, ...] = ()

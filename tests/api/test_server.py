@@ -133,7 +133,7 @@ async def test_metrics_and_health_routes(proxy: RunningProxy) -> None:
         ready = await (await session.get(proxy.url + "/readyz")).json()
         metrics = await session.get(proxy.url + "/metrics")
     bundled = sum(1 for path in MODULES.iterdir() if path.is_dir())
-    assert ready["status"] == "ready" and ready["modules"] == bundled == 7
+    assert ready["status"] == "ready" and ready["modules"] == bundled == 11
     assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
 
 

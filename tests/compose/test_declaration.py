@@ -148,3 +148,9 @@ def test_a_bad_composition_is_a_load_error_naming_it(tmp_path: Path) -> None:
     path = make_module(tmp_path, "pipe", composition={"requires": [{"name": "a", "version": "^^1"}]})
     with pytest.raises(ModuleLoadError, match=r"requires\[0\]\.version"):
         load_module(path)
+
+
+def test_runtime_requirements_are_validated_at_load(tmp_path: Path) -> None:
+    path = make_module(tmp_path, "odd", runtime_requirements={"preferred_capabilities": ["telepathy"]})
+    with pytest.raises(ModuleLoadError, match="preferred_capabilities"):
+        load_module(path)

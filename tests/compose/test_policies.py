@@ -116,3 +116,21 @@ async def test_no_capable_target_is_e4003_naming_the_capability(
     assert "missing capability structured_output" in env["error"]["message"]
     assert env["error"]["details"]["missing_capabilities"] == ["structured_output"]
     assert not fake_upstream.requests
+
+
+async def test_preferred_capabilities_order_a_rungs_targets(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
+    mods = tmp_path / "m"
+    make_module(mods, "sighted", runtime_requirements={"preferred_capabilities": ["vision"]})
+    make_module(mods, "plain")
+    fake_upstream.set_default_reply("text-model", answer(0.9))
+    fake_upstream.set_default_reply("vision-model", answer(0.9))
+    policy = upstream_policy(
+        fake_upstream,
+        ladder=[{"name": "only", "targets": ["up/text-model", "up/vision-model"]}],
+        capabilities={"up/vision-model": ["structured_output", "vision"], "up": ["structured_output"]},
+        aliases={},
+    )
+    async with running_proxy(tmp_path, policy, modules=(mods,)) as proxy:
+        await execute(proxy, "sighted", {"x": 1})
+        await execute(proxy, "plain", {"x": 1})
+    assert [r.model for r in fake_upstream.requests] == ["vision-model", "text-model"]

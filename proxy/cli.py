@@ -786,12 +786,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcome]:
-    """Golden cases answered by the policy's providers, through the server's pipeline."""
+    """Golden cases answered by the policy's providers, through the server's pipeline (a
+    composite's steps from the modules beside it)."""
     cases, outcomes = load_cases(module)
+    composer = Composer(ModuleRegistry.load([module.path.parent]).modules, run_module)
     async with upstream_session() as session:
         providers = build_providers(policy, session)
         router = Router(Breakers(MemoryBreakerStore()))
         for case in cases:
-            answer = await run_module(Call(module, case.input, policy, providers, router))
+            answer = await composer.run(Call(module, case.input, policy, providers, router))
             outcomes.append(CaseOutcome(case.name, tuple(evaluate(case, answer.envelope)), answer.envelope))
     return outcomes

@@ -118,7 +118,9 @@ async def test_no_capable_target_is_e4003_naming_the_capability(
     assert not fake_upstream.requests
 
 
-async def test_preferred_capabilities_order_a_rungs_targets(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
+async def test_preferred_capabilities_order_a_rungs_targets(
+    tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
     mods = tmp_path / "m"
     make_module(mods, "sighted", runtime_requirements={"preferred_capabilities": ["vision"]})
     make_module(mods, "plain")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import aiohttp
 from typing import Any
 
 from tests.compose.build import answer, make_module
@@ -207,3 +209,32 @@ async def test_fork_mode_gives_each_step_a_copy(tmp_path: Path, fake_upstream: F
     assert _context_sent(fake_upstream, "first") == {"notes": {"from_caller": True}}
     assert _context_sent(fake_upstream, "second") == {"notes": {"from_caller": True}}  # isolated copy
     assert "_emitted_context" not in env and env["ok"] is True
+
+
+async def test_a_composites_cost_is_its_steps_cost(
+    tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    _two_steps(tmp_path / "m", {})
+    fake_upstream.set_default_reply("m-first", answer(0.8, summary="one"))
+    fake_upstream.set_default_reply("m-second", answer(0.8, summary="two"))
+    price = {"input_per_mtok": 1_000_000, "output_per_mtok": 1_000_000}  # one dollar a token
+    prices = {f"up/m-{m}": price for m in ("first", "second")}
+    limits = {"global": {"usd_per_day": 1_000_000}}
+    async with composed(
+        tmp_path, fake_upstream, tmp_path / "m", NAMES, prices=prices, limits=limits
+    ) as proxy:
+        status, headers, _ = await execute(proxy, "pipe", {"x": 1})
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(proxy.url + "/metrics") as resp,
+        ):
+            text = await resp.text()
+    assert status == 200
+    cost = float(headers["X-Cognitive-Cost-Usd"])
+    assert cost > 0  # the composite made no call of its own: this is its steps' cost
+    spent = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("cognitive_cost_usd_total{") and 'module="' in line
+    ]
+    assert abs(sum(spent) - cost) < 1e-6

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-from typing import Any
 
 from tests.compose.build import answer, make_module
 from tests.compose.harness import composed, execute, get_json, sent_to

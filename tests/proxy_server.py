@@ -8,11 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import openai
@@ -22,8 +23,8 @@ from aiohttp import web
 from proxy.app import build_app
 from proxy.server import SERVER_OPTIONS
 from proxy.settings import Settings
-from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream
+from tests.paths import MODULES
 
 UPSTREAM_KEY = "sk-upstream-secret"
 UPSTREAM_KEY_ENV = "COGPROXY_TEST_UPSTREAM_KEY"
@@ -99,12 +100,39 @@ def free_port() -> int:
         return port
 
 
-async def wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
-    """Poll /readyz until the process serves; fail with its output if it exits first."""
+PIPE_CLOSE_S = 5.0
+"""How long to wait, once the process has exited, for its pipes to be read to the end."""
+
+
+class Drain:
+    """Reads a pipe to the end on a thread, so that a chatty process never blocks on a full pipe."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self._lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        with pipe:
+            for line in pipe:
+                self._lines.append(line)
+
+    def text(self) -> str:
+        """Everything read so far (all of it once the process has exited and ``join`` returned)."""
+        return "".join(self._lines)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+async def wait_ready(url: str, proc: subprocess.Popen[str], *drains: Drain) -> None:
+    """Poll /readyz until the process serves; fail with its output (``drains``) if it exits first."""
     async with aiohttp.ClientSession() as session:
         for _ in range(200):
             if proc.poll() is not None:
-                raise AssertionError(f"serve exited: {proc.communicate()}")
+                for drain in drains:
+                    await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
+                raise AssertionError(f"serve exited {proc.returncode}: {[d.text() for d in drains]}")
             try:
                 if (await session.get(url + "/readyz")).status == 200:
                     return
@@ -118,6 +146,8 @@ async def wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
 class ServedProcess:
     proc: subprocess.Popen[str]
     url: str
+    stdout: Drain
+    stderr: Drain
     output: tuple[str, str] = ("", "")
     """(stdout, stderr), filled once the process has stopped."""
 
@@ -126,7 +156,10 @@ class ServedProcess:
 async def proxy_process(
     *args: str, env: dict[str, str] | None = None, modules: Path = MODULES
 ) -> AsyncIterator[ServedProcess]:
-    """`python -m proxy serve ARGS` on a free port, as users run it; stopped with SIGTERM after."""
+    """`python -m proxy serve ARGS` on a free port, as users run it; stopped with SIGTERM after.
+
+    Both pipes are drained while it runs (``served.stdout.text()``), so a test that makes it
+    log a lot cannot stall it on a full pipe buffer."""
     port = free_port()
     command = [sys.executable, "-m", "proxy", "serve", "--port", str(port), *args]
     if "--modules" not in args and not (env or {}).get("COGPROXY_MODULES"):
@@ -134,15 +167,19 @@ async def proxy_process(
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
     )
-    served = ServedProcess(proc, f"http://127.0.0.1:{port}")
+    assert proc.stdout is not None and proc.stderr is not None
+    served = ServedProcess(proc, f"http://127.0.0.1:{port}", Drain(proc.stdout), Drain(proc.stderr))
     try:
-        await wait_ready(served.url, proc)
+        await wait_ready(served.url, proc, served.stdout, served.stderr)
         yield served
     finally:
         if proc.poll() is None:
             proc.terminate()
         try:
-            served.output = proc.communicate(timeout=20)
+            await asyncio.to_thread(proc.wait, 20)
         except subprocess.TimeoutExpired:
             proc.kill()
-            served.output = proc.communicate()
+            await asyncio.to_thread(proc.wait)
+        for drain in (served.stdout, served.stderr):
+            await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
+        served.output = (served.stdout.text(), served.stderr.text())

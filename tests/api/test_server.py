@@ -21,6 +21,7 @@ from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import (
     UPSTREAM_KEY,
     UPSTREAM_KEY_ENV,
+    Drain,
     RunningProxy,
     free_port,
     proxy_process,
@@ -175,8 +176,10 @@ async def test_serve_reads_its_settings_from_the_environment(tmp_path: Path) -> 
             "COGPROXY_API_KEYS": "sk-env-key",
         },
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    drains = Drain(proc.stdout), Drain(proc.stderr)
     try:
-        await wait_ready(f"http://127.0.0.1:{port}", proc)
+        await wait_ready(f"http://127.0.0.1:{port}", proc, *drains)
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-env-key", max_retries=0
         )
@@ -185,7 +188,7 @@ async def test_serve_reads_its_settings_from_the_environment(tmp_path: Path) -> 
         assert "module:code-reviewer" in [m.id for m in models.data]
     finally:
         proc.terminate()
-        proc.communicate(timeout=15)
+        await asyncio.to_thread(proc.wait, 15)
 
 
 def test_serve_refuses_a_bad_policy_with_path_and_key(tmp_path: Path) -> None:

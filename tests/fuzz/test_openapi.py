@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 from proxy.api.openapi import document
 from proxy.module.registry import ModuleRegistry
 from tests.conftest import MODULES, ROOT
-from tests.proxy_server import free_port
+from tests.proxy_server import PIPE_CLOSE_S, Drain, free_port
 
 MAX_EXAMPLES = 40
 """Per operation: ~10 operations keep the whole fuzz run well under a minute on 2 cores."""
@@ -36,11 +36,12 @@ READY_DEADLINE_S = 30.0
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[str]) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[str], stderr: Drain) -> None:
     deadline = time.monotonic() + READY_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"serve exited: {proc.communicate()}")
+            stderr.join(PIPE_CLOSE_S)
+            raise AssertionError(f"serve exited {proc.returncode}: {stderr.text()}")
         try:
             with urllib.request.urlopen(url + "/readyz", timeout=1) as answer:
                 if answer.status == 200:
@@ -60,14 +61,17 @@ def served_url() -> Iterator[str]:
         "--modules", str(MODULES), "--port", str(port), "--log-level", "warning", "--reload-interval", "0",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    stderr = Drain(proc.stderr)  # read while it runs: a full pipe would stall the server
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        _wait_ready(url, proc, stderr)
         yield url
     finally:
         proc.terminate()
-        _, stderr = proc.communicate(timeout=30)
-        assert "proxy.internal_error" not in stderr, stderr
+        proc.wait(timeout=30)
+        stderr.join(PIPE_CLOSE_S)
+        assert "proxy.internal_error" not in stderr.text(), stderr.text()
 
 
 # Built in-process from the same code the server runs (schemathesis' fixture-based lazy loader

@@ -1,1 +1,0 @@
-from tests.fake_upstream import fake_upstream as fake_upstream

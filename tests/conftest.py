@@ -1,23 +1,33 @@
-"""Shared fixtures: paths, and a builder that writes real module directories to disk."""
+"""Shared fixtures: paths, a builder that writes real module directories to disk, the fake upstream,
+and the proxy in front of it (``proxy``, ``proxy_with(policy)``)."""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
+from hypothesis import settings
 
 from proxy.conformance import OFFICIAL_VECTORS
 from proxy.module.loader import load_module
 from proxy.module.model import Module
+from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import fake_upstream as fake_upstream
+from tests.paths import MODULES as MODULES
+from tests.paths import ROOT as ROOT
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
 
-ROOT = Path(__file__).resolve().parents[1]
-MODULES = ROOT / "modules"
 VECTORS = OFFICIAL_VECTORS
+
+# `make mutation` runs with --hypothesis-profile=mutation: the same examples every run (a survivor
+# must not depend on which examples hypothesis happened to draw) and no example database.
+settings.register_profile("mutation", derandomize=True, database=None, deadline=None)
 
 META_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -163,3 +173,36 @@ def schema_with(**changes: Any) -> dict[str, Any]:
 def module_for_properties(tmp_path_factory: pytest.TempPathFactory) -> Module:
     """One module shared by hypothesis tests (function-scoped fixtures don't mix with @given)."""
     return load_module(write_module(tmp_path_factory.mktemp("prop")))
+
+
+class ProxyWith(Protocol):
+    def __call__(
+        self, policy: dict[str, Any], *, modules: tuple[Path, ...] = ..., **settings: Any
+    ) -> AbstractAsyncContextManager[RunningProxy]: ...
+
+
+@pytest.fixture
+def proxy_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProxyWith:
+    """``async with proxy_with(policy, **settings) as px``: the proxy serving ``policy`` (written to
+    ``tmp_path/policy.yaml``) in this process, with the fake upstream's key in its environment."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+
+    def start(
+        policy: dict[str, Any], *, modules: tuple[Path, ...] = (MODULES,), **settings: Any
+    ) -> AbstractAsyncContextManager[RunningProxy]:
+        return running_proxy(tmp_path, policy, modules=modules, **settings)
+
+    return start
+
+
+@pytest.fixture
+def policy(fake_upstream: FakeUpstream) -> dict[str, Any]:
+    """The policy ``proxy`` serves; a test module overrides this fixture to serve its own."""
+    return upstream_policy(fake_upstream)
+
+
+@pytest.fixture
+async def proxy(proxy_with: ProxyWith, policy: dict[str, Any]) -> AsyncIterator[RunningProxy]:
+    """The proxy in front of the fake upstream, serving the ``policy`` fixture."""
+    async with proxy_with(policy) as running:
+        yield running

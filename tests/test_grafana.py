@@ -32,9 +32,10 @@ from yarl import URL
 
 from proxy.clients import ClientIdentity
 from tests.api.test_routing import routing_policy
+from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.prometheus_e2e import PrometheusError, PrometheusServer, run_prometheus
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy
+from tests.proxy_server import RunningProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -689,19 +690,15 @@ async def evaluate(prom: PrometheusServer, queries: list[Query], dashboard: dict
 
 @NEEDS_PROMETHEUS
 async def test_every_dashboard_query_returns_data_from_a_real_prometheus(
-    prometheus_tools: PrometheusTools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prometheus_tools: PrometheusTools, tmp_path: Path, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     dashboard = load_dashboard()
     queries = dashboard_queries(dashboard)
     async with FakeUpstream.start() as fake:
         policy = e2e_policy(fake)
         async with (
-            running_proxy(
-                tmp_path,
-                policy,
-                reload_interval_s=0.2,
-                client_identities={LIMITED_KEY: ClientIdentity("limited")},
+            proxy_with(
+                policy, reload_interval_s=0.2, client_identities={LIMITED_KEY: ClientIdentity("limited")}
             ) as px,
             aiohttp.ClientSession() as session,
             run_prometheus(

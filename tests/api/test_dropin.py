@@ -44,19 +44,16 @@ def dropin_policy(fake: FakeUpstream) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+def policy(fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What the ``proxy`` fixture serves here: passthrough routes over two providers."""
     monkeypatch.setenv(SECOND_KEY_ENV, "sk-second-provider")
-    async with running_proxy(tmp_path, dropin_policy(fake_upstream)) as running:
-        yield running
+    return dropin_policy(fake_upstream)
 
 
 async def test_embeddings_with_headers_query_and_injected_key(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    client = px.client(api_key="sk-client-own", organization="org-123", project="proj-9")
+    client = proxy.client(api_key="sk-client-own", organization="org-123", project="proj-9")
     raw = await client.embeddings.with_raw_response.create(
         model="text-embedding-3-small",
         input=["hello", "world"],
@@ -81,10 +78,10 @@ async def test_embeddings_with_headers_query_and_injected_key(
 
 
 async def test_responses_api_plain_and_streamed_pass_through(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("gpt-4.1", "Plain answer.", "Streamed answer here.")
-    client = px.client()
+    client = proxy.client()
     response = await client.responses.create(model="gpt-4.1", input="hi")
     assert response.output_text == "Plain answer."
     stream = await client.responses.create(model="gpt-4.1", input="hi", stream=True)
@@ -97,7 +94,7 @@ async def test_responses_api_plain_and_streamed_pass_through(
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
 
 
-async def test_responses_api_runs_a_module(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_responses_api_runs_a_module(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.script(
         "cheap",
         json.dumps(
@@ -108,7 +105,7 @@ async def test_responses_api_runs_a_module(px: RunningProxy, fake_upstream: Fake
             }
         ),
     )
-    raw = await px.client().responses.with_raw_response.create(
+    raw = await proxy.client().responses.with_raw_response.create(
         model="module:code-reviewer", input=json.dumps({"code": "x = 1"})
     )
     response = raw.parse()
@@ -125,7 +122,7 @@ async def test_responses_api_runs_a_module(px: RunningProxy, fake_upstream: Fake
             }
         ),
     )
-    stream = await px.client().responses.create(
+    stream = await proxy.client().responses.create(
         model="module:code-reviewer", input=json.dumps({"code": "y"}), stream=True
     )
     text, completed = "", None
@@ -140,13 +137,13 @@ async def test_responses_api_runs_a_module(px: RunningProxy, fake_upstream: Fake
     assert completed.model_extra["cognitive"]["decision"] == "accept"
 
 
-async def test_moderations(px: RunningProxy) -> None:
-    result = await px.client().moderations.create(model="omni-moderation-latest", input="hello")
+async def test_moderations(proxy: RunningProxy) -> None:
+    result = await proxy.client().moderations.create(model="omni-moderation-latest", input="hello")
     assert result.results[0].flagged is False
 
 
-async def test_files_create_and_retrieve(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    client = px.client()
+async def test_files_create_and_retrieve(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    client = proxy.client()
     created = await client.files.create(
         file=("data.jsonl", b'{"a": 1}\n' * 1000, "application/jsonl"), purpose="batch"
     )
@@ -154,25 +151,25 @@ async def test_files_create_and_retrieve(px: RunningProxy, fake_upstream: FakeUp
     fetched = await client.files.retrieve(created.id)
     assert fetched.id == created.id
     async with aiohttp.ClientSession() as session:
-        metrics = await (await session.get(px.url + "/metrics")).text()
+        metrics = await (await session.get(proxy.url + "/metrics")).text()
     assert 'route="/v1/files/{id}"' in metrics and 'route="/v1/files"' in metrics
 
 
-async def test_upstream_404_passes_through_as_its_own_body(px: RunningProxy) -> None:
+async def test_upstream_404_passes_through_as_its_own_body(proxy: RunningProxy) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        await px.client().get("/vector_stores/vs_nope/unknown_thing", cast_to=object)
+        await proxy.client().get("/vector_stores/vs_nope/unknown_thing", cast_to=object)
     assert info.value.body["code"] == "not_found"  # type: ignore[index]
     async with aiohttp.ClientSession() as session:
-        resp = await session.get(px.base + "/definitely/not/an/endpoint")
+        resp = await session.get(proxy.base + "/definitely/not/an/endpoint")
         body = await resp.json()
     assert resp.status == 404 and body["error"]["type"] == "invalid_request_error"
 
 
 async def test_resendable_requests_fail_over_and_uploads_never_replay(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("text-embedding-3-small", Fault.http(503))
-    result = await px.client().embeddings.create(model="text-embedding-3-small", input="x")
+    result = await proxy.client().embeddings.create(model="text-embedding-3-small", input="x")
     assert len(result.data) == 1
     tries = [r for r in fake_upstream.requests if r.path == "/v1/embeddings"]
     assert [r.headers["authorization"] for r in tries] == [
@@ -182,7 +179,7 @@ async def test_resendable_requests_fail_over_and_uploads_never_replay(
 
     fake_upstream.script("whisper-1", Fault.http(503))
     with pytest.raises(openai.InternalServerError) as info:
-        await px.client().audio.transcriptions.create(
+        await proxy.client().audio.transcriptions.create(
             model="whisper-1", file=("a.wav", b"x" * 2048, "audio/wav")
         )
     assert info.value.status_code == 503

@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
+from tests.conftest import ProxyWith
 from tests.fake_upstream import UNAVAILABLE, FakeUpstream, Fault, FaultMix
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, running_proxy, upstream_policy
+from tests.proxy_server import UPSTREAM_KEY_ENV, upstream_policy
 
 CONCURRENCY = 16
 REQUESTS = 600
@@ -93,10 +93,9 @@ async def load(url: str, fake: FakeUpstream, requests: int = REQUESTS) -> LoadRe
 
 @pytest.fixture
 async def chaos(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith
 ) -> AsyncIterator[tuple[str, FakeUpstream]]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, chaos_policy(fake_upstream)) as px:
+    async with proxy_with(chaos_policy(fake_upstream)) as px:
         yield px.url, fake_upstream
 
 

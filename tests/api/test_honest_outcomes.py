@@ -18,9 +18,9 @@ import pytest
 from proxy.api.state import RUNTIME
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, Relayed
-from tests.conftest import MODULES
+from tests.conftest import MODULES, ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import RunningProxy, upstream_policy
 
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 PATCH_INPUT = {"config": '{"a": 1}', "format": "json", "request": "set a to 2"}
@@ -96,10 +96,9 @@ def permissive_modules(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def permissive(
-    fake_upstream: FakeUpstream, tmp_path: Path, permissive_modules: Path, monkeypatch: pytest.MonkeyPatch
+    proxy_with: ProxyWith, policy: dict[str, Any], permissive_modules: Path
 ) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, upstream_policy(fake_upstream), modules=(permissive_modules,)) as px:
+    async with proxy_with(policy, modules=(permissive_modules,)) as px:
         yield px
 
 
@@ -180,14 +179,13 @@ def _no_partial_anywhere(env: dict[str, Any]) -> None:
 
 
 async def test_schema_failure_on_a_module_without_partial_data(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     broken = patch()
     del broken["data"]["result_config"]
     every_rung(fake_upstream, json.dumps(broken))
     policy = upstream_policy(fake_upstream, modules={"config-patcher": {"exhausted": "review"}})
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, _, env = await execute(px, "config-patcher", PATCH_INPUT)
     assert status == 200 and env["error"]["code"] == "E3001"
     _no_partial_anywhere(env)
@@ -214,12 +212,11 @@ async def test_policy_reject_on_a_module_without_partial_data(
 
 
 async def test_policy_reject_keeps_the_last_data_where_allowed(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     every_rung(fake_upstream, json.dumps(review(confidence=0.2)))
     policy = upstream_policy(fake_upstream, modules={"code-reviewer": {"exhausted": "reject"}})
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, _, env = await execute(px, "code-reviewer", REVIEW_INPUT)
     assert status == 200 and env["error"]["code"] == "E2001"
     assert env["partial_data"]["verdict"] == "approve"
@@ -242,19 +239,13 @@ async def test_policy_reject_keeps_the_last_data_where_allowed(
     ids=["max-default", "rule-tier", "model-module"],
 )
 async def test_a_model_that_understates_its_risk(
-    fake_upstream: FakeUpstream,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    overrides: dict[str, Any],
-    decision: str,
-    routed: str,
+    fake_upstream: FakeUpstream, overrides: dict[str, Any], decision: str, routed: str, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     every_rung(fake_upstream, json.dumps(patch(meta_risk="low", change_risk="high")))
     policy = upstream_policy(fake_upstream)
     for key, value in overrides.items():
         policy[key] = {**policy.get(key, {}), **value}
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, headers, reply = await chat(px, "config-patcher", PATCH_INPUT)
         exported = await metrics_text(px)
     assert status == 200 and headers["X-Cognitive-Decision"] == decision
@@ -305,9 +296,8 @@ async def test_the_routed_risk_is_the_one_the_caller_sees(
 
 @pytest.mark.parametrize(("module", "partial"), [("code-reviewer", True), ("config-patcher", False)])
 async def test_deadline_spent_while_a_rung_answers_is_e2002(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, partial: bool
+    fake_upstream: FakeUpstream, module: str, partial: bool, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     weak = review(confidence=0.1) if module == "code-reviewer" else patch(confidence=0.1)
     fake_upstream.script("cheap", json.dumps(weak))
     fake_upstream.script("strong", Fault.slow(5))
@@ -315,7 +305,7 @@ async def test_deadline_spent_while_a_rung_answers_is_e2002(
         fake_upstream, failover={"retries": 0, "timeout": {"per_try_s": 0.5, "total_s": 0.5}}
     )
     value = REVIEW_INPUT if module == "code-reviewer" else PATCH_INPUT
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, headers, env = await execute(px, module, value)
     assert status == 200 and env["ok"] is False and env["error"]["code"] == "E2002"
     assert "Retry-After" not in headers and headers["X-Cognitive-Decision"] == "reject"
@@ -325,12 +315,11 @@ async def test_deadline_spent_while_a_rung_answers_is_e2002(
 
 
 async def test_providers_down_before_the_deadline_stay_e4001(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     every_rung(fake_upstream, Fault.http(503))
     policy = upstream_policy(fake_upstream, failover={"retries": 0})
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, headers, env = await execute(px, "code-reviewer", REVIEW_INPUT)
     assert status == 503 and env["error"]["code"] == "E4001" and "Retry-After" in headers
 
@@ -348,12 +337,11 @@ async def test_output_cut_at_the_token_limit_is_e2003_even_when_it_parses(
 
 @pytest.mark.parametrize("target", ["up/cheap", "anth/claude-x"], ids=["openai", "anthropic"])
 async def test_cut_output_on_the_top_rung_is_answered_e2003(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
+    fake_upstream: FakeUpstream, target: str, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     fake_upstream.script(target.split("/")[1], Fault.cut('{"ok": true, "meta": {"confidence": 0.9, "ri'))
     policy = upstream_policy(fake_upstream, ladder=[{"name": "only", "targets": [target]}], aliases={})
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         status, _, env = await execute(px, "code-reviewer", REVIEW_INPUT)
     assert status == 200 and env["ok"] is False and env["error"]["code"] == "E2003"
     assert "max_tokens" in env["error"]["suggestion"] and "partial_data" not in env

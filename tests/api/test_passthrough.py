@@ -9,8 +9,9 @@ import aiohttp
 import openai
 import pytest
 
+from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, RATE_LIMITED, STREAM_BREAK, FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, RunningProxy
+from tests.proxy_server import UPSTREAM_KEY, RunningProxy, upstream_policy
 
 
 async def test_plain_chat_is_proxied_with_the_provider_key(
@@ -83,14 +84,11 @@ async def test_streaming_is_forwarded_with_usage(proxy: RunningProxy, fake_upstr
     assert usage is not None and usage.total_tokens > 0
 
 
-async def test_stream_chunks_arrive_before_the_upstream_finishes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_stream_chunks_arrive_before_the_upstream_finishes(proxy_with: ProxyWith) -> None:
     """No buffering: the first chunk reaches the client while the upstream is still streaming."""
-    from tests.proxy_server import UPSTREAM_KEY_ENV, running_proxy, upstream_policy
-
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     async with (
         FakeUpstream.start(chunk_delay=0.3) as fake,
-        running_proxy(tmp_path, upstream_policy(fake)) as px,
+        proxy_with(upstream_policy(fake)) as px,
     ):
         fake.script("cheap", "a b c d e f")
         stream = await px.client().chat.completions.create(
@@ -103,13 +101,10 @@ async def test_stream_chunks_arrive_before_the_upstream_finishes(tmp_path, monke
             pass
 
 
-async def test_client_disconnect_cancels_the_upstream_stream(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from tests.proxy_server import UPSTREAM_KEY_ENV, running_proxy, upstream_policy
-
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+async def test_client_disconnect_cancels_the_upstream_stream(proxy_with: ProxyWith) -> None:
     async with (
         FakeUpstream.start(chunk_delay=0.2) as fake,
-        running_proxy(tmp_path, upstream_policy(fake)) as px,
+        proxy_with(upstream_policy(fake)) as px,
     ):
         fake.script("cheap", " ".join(["word"] * 40))
         async with aiohttp.ClientSession() as session:

@@ -18,8 +18,9 @@ import yaml
 
 from proxy.state.outbox import SPOOL_FILE, RedisOutbox, StreamWrite
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
+from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 from tests.redis_relay import RedisRelay
 
 REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -83,16 +84,11 @@ async def readiness(session: aiohttp.ClientSession, url: str, redis: str) -> dic
 
 
 async def test_review_records_written_while_redis_is_cut_or_frozen_reach_the_stream_in_order(
-    fake_upstream: FakeUpstream,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    relay: RedisRelay,
-    redis_db: Any,
+    fake_upstream: FakeUpstream, relay: RedisRelay, redis_db: Any, proxy_with: ProxyWith
 ) -> None:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     sent: list[str] = []
     async with (
-        running_proxy(tmp_path, outbox_policy(fake_upstream), redis_url=relay.url(DB)) as px,
+        proxy_with(outbox_policy(fake_upstream), redis_url=relay.url(DB)) as px,
         aiohttp.ClientSession() as session,
     ):
         sent += [await review(session, px.url) for _ in range(PER_PHASE)]

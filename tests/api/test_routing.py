@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.fake_upstream import DROP, FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import RunningProxy, running_proxy, upstream_policy
 
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 
@@ -45,12 +44,9 @@ def routing_policy(fake: FakeUpstream, **failover: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def routed(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, routing_policy(fake_upstream)) as px:
-        yield px
+def policy(fake_upstream: FakeUpstream) -> dict[str, Any]:
+    """What the ``proxy`` fixture serves here: two targets in the first rung, a strong second rung."""
+    return routing_policy(fake_upstream)
 
 
 async def execute(
@@ -128,43 +124,43 @@ async def test_total_deadline_is_never_exceeded(fake_upstream: FakeUpstream, tmp
 
 
 async def test_breaker_opens_skips_the_target_and_recovers(
-    routed: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", Fault.http(500), Fault.http(500))
     fake_upstream.set_default_reply("backup", json.loads(answer()))
     fake_upstream.set_default_reply("cheap", json.loads(answer()))
     for _ in range(2):  # two failures in the window open cheap's breaker
-        attempts, _ = await attempts_of(routed)
+        attempts, _ = await attempts_of(proxy)
         assert attempts[0] == ("up/cheap", "provider_error:server_error")
-    attempts, _ = await attempts_of(routed)
+    attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "circuit_open"), ("up/backup", "accept")]
     assert fake_upstream.count(model="cheap") == 2
     await asyncio.sleep(1.1)  # open_s: 1 -> half-open, one trial goes through and closes it
-    attempts, _ = await attempts_of(routed)
+    attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "accept")]
-    attempts, _ = await attempts_of(routed)
+    attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "accept")]
 
 
 async def test_contract_failures_escalate_but_never_trip_the_breaker(
-    routed: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.set_default_reply("cheap", "this is not JSON at all")
     fake_upstream.set_default_reply("strong", json.loads(answer()))
     for _ in range(3):
-        attempts, headers = await attempts_of(routed)
+        attempts, headers = await attempts_of(proxy)
         assert attempts == [("up/cheap", "escalate"), ("up/strong", "accept")]
         assert headers["x-cognitive-decision"] == "escalated"
     assert fake_upstream.count(model="cheap") == 3  # never skipped
     assert fake_upstream.count(model="backup") == 0  # never failed over inside the rung
 
 
-async def test_schema_failure_escalates(routed: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_schema_failure_escalates(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     bad = json.loads(answer())
     bad["data"]["verdict"] = 42
     fake_upstream.script("cheap", json.dumps(bad))
     fake_upstream.script("strong", answer())
-    raw = await routed.client().chat.completions.with_raw_response.create(
+    raw = await proxy.client().chat.completions.with_raw_response.create(
         model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
     )
     first = raw.parse().model_extra["cognitive"]["attempts"][0]
@@ -190,18 +186,18 @@ async def test_reask_sends_the_validation_errors_to_the_same_target(
 
 
 async def test_passthrough_fails_over_inside_the_alias_rung(
-    routed: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", DROP)
     fake_upstream.script("backup", "from backup")
-    reply = await routed.client().chat.completions.create(
+    reply = await proxy.client().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
     )
     assert reply.choices[0].message.content == "from backup"
     stream_fault = Fault.http(503)
     fake_upstream.script("cheap", stream_fault)
     fake_upstream.script("backup", "streamed from backup")
-    stream = await routed.client().chat.completions.create(
+    stream = await proxy.client().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -209,10 +205,10 @@ async def test_passthrough_fails_over_inside_the_alias_rung(
 
 
 async def test_passthrough_never_escalates_on_content(
-    routed: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", answer(0.1, "high"))
-    reply = await routed.client().chat.completions.create(
+    reply = await proxy.client().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
     )
     assert json.loads(reply.choices[0].message.content or "")["meta"]["confidence"] == 0.1

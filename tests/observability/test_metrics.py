@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
+from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, free_port, running_proxy
+from tests.proxy_server import RunningProxy, free_port, running_proxy
 
 
 class Scrape:
@@ -35,12 +35,9 @@ async def scrape(px: RunningProxy) -> Scrape:
 
 
 @pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, routing_policy(fake_upstream)) as running:
-        yield running
+def policy(fake_upstream: FakeUpstream) -> dict[str, Any]:
+    """What the ``proxy`` fixture serves here."""
+    return routing_policy(fake_upstream)
 
 
 async def module_call(px: RunningProxy, module: str = "code-reviewer", value: Any = REVIEW_INPUT) -> int:
@@ -51,13 +48,13 @@ async def module_call(px: RunningProxy, module: str = "code-reviewer", value: An
 
 
 async def test_passthrough_counts_request_upstream_tokens_and_overhead(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    before = await scrape(px)
-    await px.client().chat.completions.create(
+    before = await scrape(proxy)
+    await proxy.client().chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
     )
-    after = await scrape(px)
+    after = await scrape(proxy)
     route = {"route": "/v1/chat/completions"}
     assert (
         after.value("cognitive_requests_total", module="none", status="200", **route)
@@ -71,8 +68,8 @@ async def test_passthrough_counts_request_upstream_tokens_and_overhead(
     assert after.value("cognitive_proxy_overhead_seconds_count", **route) == 1
 
 
-async def test_streamed_passthrough_counts_tokens_from_the_usage_chunk(px: RunningProxy) -> None:
-    stream = await px.client().chat.completions.create(
+async def test_streamed_passthrough_counts_tokens_from_the_usage_chunk(proxy: RunningProxy) -> None:
+    stream = await proxy.client().chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": "hi"}],
         stream=True,
@@ -80,15 +77,15 @@ async def test_streamed_passthrough_counts_tokens_from_the_usage_chunk(px: Runni
     )
     async for _ in stream:
         pass
-    after = await scrape(px)
+    after = await scrape(proxy)
     assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="completion") > 0
     assert after.value("cognitive_requests_total", route="/v1/chat/completions", status="200") == 1
 
 
-async def test_accepted_module_answer(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_accepted_module_answer(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.script("cheap", answer(0.92))
-    await module_call(px)
-    m = await scrape(px)
+    await module_call(proxy)
+    m = await scrape(proxy)
     labels = {"module": "code-reviewer", "tier": "decision"}
     assert m.value("cognitive_decisions_total", decision="accept", **labels) == 1
     assert m.value("cognitive_confidence_count", attempt="final", **labels) == 1
@@ -106,11 +103,11 @@ async def test_accepted_module_answer(px: RunningProxy, fake_upstream: FakeUpstr
     )
 
 
-async def test_escalation_counts_from_and_to_rung(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_escalation_counts_from_and_to_rung(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.script("cheap", answer(0.3))
     fake_upstream.script("strong", answer(0.95))
-    await module_call(px)
-    m = await scrape(px)
+    await module_call(proxy)
+    m = await scrape(proxy)
     assert (
         m.value("cognitive_escalations_total", module="code-reviewer", from_rung="fast", to_rung="strong")
         == 1
@@ -122,25 +119,25 @@ async def test_escalation_counts_from_and_to_rung(px: RunningProxy, fake_upstrea
     assert m.value("cognitive_decisions_total", module="code-reviewer", decision="escalated") == 1
 
 
-async def test_repairs_and_contract_errors(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_repairs_and_contract_errors(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     repaired = json.loads(answer(0.9))
     repaired["meta"]["risk"] = "LOW"
     fake_upstream.script("cheap", json.dumps(repaired))
-    await module_call(px)
+    await module_call(proxy)
     fake_upstream.script("cheap", "no json here")
     fake_upstream.script("strong", answer(0.9))
-    await module_call(px)
-    assert await module_call(px, value={"language": "python"}) == 400
-    m = await scrape(px)
+    await module_call(proxy)
+    assert await module_call(proxy, value={"language": "python"}) == 400
+    m = await scrape(proxy)
     assert m.value("cognitive_repairs_total", module="code-reviewer", kind="enum_normalized") == 1
     assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1000") == 1
     assert m.value("cognitive_contract_errors_total", module="code-reviewer", code="E1002") == 1
 
 
-async def test_a_caller_input_error_is_an_outcome_not_a_decision(px: RunningProxy) -> None:
+async def test_a_caller_input_error_is_an_outcome_not_a_decision(proxy: RunningProxy) -> None:
     """A refused input is the caller's mistake: no decision was made, no model was asked."""
-    assert await module_call(px, value={"language": "python"}) == 400
-    m = await scrape(px)
+    assert await module_call(proxy, value={"language": "python"}) == 400
+    m = await scrape(proxy)
     assert m.value("cognitive_decisions_total", module="code-reviewer") == 0
     assert m.value("cognitive_confidence_count", module="code-reviewer") == 0
     assert (
@@ -148,9 +145,9 @@ async def test_a_caller_input_error_is_an_outcome_not_a_decision(px: RunningProx
         == 1
     )
     async with aiohttp.ClientSession() as session:
-        await session.post(px.url + "/v1/modules/nope/execute", json={"input": {}})
-        await session.post(px.url + "/v1/modules/code-reviewer/execute", json={"no": "input"})
-    m = await scrape(px)
+        await session.post(proxy.url + "/v1/modules/nope/execute", json={"input": {}})
+        await session.post(proxy.url + "/v1/modules/code-reviewer/execute", json={"no": "input"})
+    m = await scrape(proxy)
     assert m.value("cognitive_requests_total", module="other", status="404", outcome="unknown_module") == 1
     assert m.value("cognitive_requests_total", module="code-reviewer", outcome="invalid_input") == 2
     assert m.value("cognitive_decisions_total") == 0
@@ -183,14 +180,11 @@ async def test_failover_upstream_outcome_and_breaker_gauge(
     assert m.value("cognitive_circuit_open", target="up/backup") == 0
 
 
-async def test_labels_stay_bounded(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_labels_stay_bounded(fake_upstream: FakeUpstream, proxy_with: ProxyWith) -> None:
     """A model the policy does not name (allowed by ``allow_any_model``) is ``other``."""
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
     policy = routing_policy(fake_upstream)
     policy["providers"]["up"]["allow_any_model"] = True
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         await px.client().chat.completions.create(
             model="up/made-up-model-123", messages=[{"role": "user", "content": "x"}]
         )

@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fake_upstream import FakeUpstream, fake_upstream
+from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process, upstream_policy
 from tests.security.harness import Canary
-
-__all__ = ["fake_upstream"]
 
 
 @pytest.fixture

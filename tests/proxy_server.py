@@ -17,9 +17,11 @@ from typing import IO, Any
 
 import aiohttp
 import openai
+import pytest
 import yaml
 from aiohttp import web
 
+from proxy.api.state import ROUTER
 from proxy.app import build_app
 from proxy.server import SERVER_OPTIONS
 from proxy.settings import Settings
@@ -69,6 +71,22 @@ class RunningProxy:
         client = openai.AsyncOpenAI(base_url=self.base, api_key=api_key, max_retries=0, **kwargs)
         self.clients.append(client)
         return client
+
+
+class RecordedSleeps:
+    """The router's sleep, injected: records each wait (backoff, Retry-After) and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def record_router_sleeps(px: RunningProxy, monkeypatch: pytest.MonkeyPatch) -> RecordedSleeps:
+    sleeps = RecordedSleeps()
+    monkeypatch.setattr(px.app[ROUTER], "_sleep", sleeps)
+    return sleeps
 
 
 @asynccontextmanager

@@ -159,8 +159,9 @@ async def test_slow_reply_answers_normally_after_the_delay(fake_upstream: FakeUp
     fake_upstream.script("m", Fault.slow(0.2, content="late"))
     async with client(fake_upstream) as sdk:
         task = asyncio.create_task(sdk.chat.completions.create(model="m", messages=MESSAGES))
-        await asyncio.sleep(0.1)
-        assert fake_upstream.in_flight == 1
+        while not fake_upstream.in_flight and not task.done():  # pytest-timeout bounds the wait
+            await asyncio.sleep(0.01)
+        assert fake_upstream.in_flight == 1, "the reply is held for its delay"
         completion = await task
     assert completion.choices[0].message.content == "late"
     assert fake_upstream.in_flight == 0

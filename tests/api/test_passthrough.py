@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import openai
@@ -11,7 +10,7 @@ import pytest
 
 from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, RATE_LIMITED, STREAM_BREAK, FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, RunningProxy, upstream_policy
+from tests.proxy_server import UPSTREAM_KEY, RunningProxy, record_router_sleeps, upstream_policy
 
 
 async def test_plain_chat_is_proxied_with_the_provider_key(
@@ -147,16 +146,16 @@ async def test_stream_that_breaks_after_first_byte_ends_with_an_error_event(
 
 
 async def test_upstream_rate_limit_reaches_the_client_with_retry_after(
-    proxy: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each retry waits at least the Retry-After; when retries run out the 429 reaches the client."""
     fake_upstream.script("cheap", RATE_LIMITED, RATE_LIMITED, RATE_LIMITED)
-    started = time.monotonic()
+    sleeps = record_router_sleeps(proxy, monkeypatch)
     with pytest.raises(openai.RateLimitError) as info:
         await proxy.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
-    assert time.monotonic() - started >= 2.0  # two retries, Retry-After: 1 each
+    assert sleeps.waits == [1.0, 1.0]  # two retries, Retry-After: 1 each (over the backoff)
     assert fake_upstream.count("/v1/chat/completions") == 3
     assert info.value.response.headers["retry-after"] == "1"
 

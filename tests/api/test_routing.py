@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.api.state import ROUTER
+from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, FakeUpstream, Fault
-from tests.proxy_server import RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import RunningProxy, record_router_sleeps, running_proxy, upstream_policy
 
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 
@@ -86,46 +88,69 @@ async def test_provider_failure_fails_over_to_the_next_target_in_the_rung(
 
 
 async def test_retries_on_the_same_target_with_retry_after(
-    fake_upstream: FakeUpstream, tmp_path: Path
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_upstream.script("cheap", Fault.http(429, retry_after=1), answer())
-    async with running_proxy(tmp_path, routing_policy(fake_upstream, retries=2)) as px:
-        started = time.monotonic()
+    async with proxy_with(routing_policy(fake_upstream, retries=2)) as px:
+        sleeps = record_router_sleeps(px, monkeypatch)
         attempts, _ = await attempts_of(px)
-        elapsed = time.monotonic() - started
     assert attempts == [("up/cheap", "provider_error:rate_limited"), ("up/cheap", "accept")]
-    assert elapsed >= 1.0, "the retry waited for Retry-After"
+    assert sleeps.waits == [1.0], "the retry waited for Retry-After (longer than the 5 ms backoff)"
     assert fake_upstream.count(model="backup") == 0
 
 
 async def test_retry_after_longer_than_the_deadline_fails_over_instead_of_waiting(
-    fake_upstream: FakeUpstream, tmp_path: Path
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_upstream.script("cheap", Fault.http(429, retry_after=30))
     fake_upstream.script("backup", answer())
-    async with running_proxy(tmp_path, routing_policy(fake_upstream, retries=2)) as px:
-        started = time.monotonic()
+    async with proxy_with(routing_policy(fake_upstream, retries=2)) as px:
+        sleeps = record_router_sleeps(px, monkeypatch)
         attempts, _ = await attempts_of(px)
-    assert time.monotonic() - started < 5
+    assert sleeps.waits == []
     assert attempts == [("up/cheap", "provider_error:rate_limited"), ("up/backup", "accept")]
 
 
-async def test_total_deadline_is_never_exceeded(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+TRY_BUDGET = re.compile(r"within ([0-9.]+)s$")
+
+
+async def test_total_deadline_is_never_exceeded(fake_upstream: FakeUpstream, proxy_with: ProxyWith) -> None:
     for model in ("cheap", "backup", "strong"):
         fake_upstream.script(model, Fault.slow(5))
-    policy = routing_policy(fake_upstream, retries=3, timeout={"per_try_s": 0.6, "total_s": 1.0})
-    async with running_proxy(tmp_path, policy) as px:
-        started = time.monotonic()
-        status, headers, body = await execute(px)
-        elapsed = time.monotonic() - started
-    assert elapsed < 1.5, elapsed
+    per_try_s, total_s = 0.6, 1.0
+    policy = routing_policy(fake_upstream, retries=3, timeout={"per_try_s": per_try_s, "total_s": total_s})
+    async with proxy_with(policy) as px:
+        raw = await px.client().chat.completions.with_raw_response.create(
+            model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
+        )
+    cognitive = raw.parse().model_extra["cognitive"]  # type: ignore[index]
+    envelope = json.loads(raw.parse().choices[0].message.content or "")
     # The deadline ran out while a target was still answering: E2002, an outcome (not E4001/503).
-    assert status == 200 and body["error"]["code"] == "E2002" and "Retry-After" not in headers
+    assert raw.status_code == 200 and envelope["error"]["code"] == "E2002"
+    assert "retry-after" not in raw.headers
+    timeouts = [a for a in cognitive["attempts"] if a["outcome"] == "provider_error:timeout"]
+    # What the router granted the tries, as each attempt reports it: never past the total deadline.
+    budgets = [float(TRY_BUDGET.search(a["error"])[1]) for a in timeouts]  # type: ignore[index]
+    assert (timeouts[0]["target"], budgets[0]) == ("up/cheap", per_try_s)
+    assert all(b <= per_try_s for b in budgets) and sum(budgets) <= total_s, budgets
+
+
+class FrozenClock:
+    """The breakers' clock, injected: stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def test_breaker_opens_skips_the_target_and_recovers(
-    proxy: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = FrozenClock()
+    opened_at = clock.now
+    monkeypatch.setattr(proxy.app[ROUTER].breakers, "_clock", clock)
     fake_upstream.script("cheap", Fault.http(500), Fault.http(500))
     fake_upstream.set_default_reply("backup", json.loads(answer()))
     fake_upstream.set_default_reply("cheap", json.loads(answer()))
@@ -135,11 +160,15 @@ async def test_breaker_opens_skips_the_target_and_recovers(
     attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "circuit_open"), ("up/backup", "accept")]
     assert fake_upstream.count(model="cheap") == 2
-    await asyncio.sleep(1.1)  # open_s: 1 -> half-open, one trial goes through and closes it
+    clock.now = opened_at + 0.999  # open_s (1) has not passed: still open
+    attempts, _ = await attempts_of(proxy)
+    assert attempts == [("up/cheap", "circuit_open"), ("up/backup", "accept")]
+    clock.now = opened_at + 1.0  # open_s passed -> half-open: one trial goes through and closes it
     attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "accept")]
     attempts, _ = await attempts_of(proxy)
     assert attempts == [("up/cheap", "accept")]
+    assert fake_upstream.count(model="cheap") == 4
 
 
 async def test_contract_failures_escalate_but_never_trip_the_breaker(

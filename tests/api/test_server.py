@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -202,7 +201,6 @@ def test_serve_refuses_a_bad_policy_with_path_and_key(tmp_path: Path) -> None:
             }
         )
     )
-    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--policy", str(bad), "--port", str(free_port())],
         capture_output=True,
@@ -212,7 +210,6 @@ def test_serve_refuses_a_bad_policy_with_path_and_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert f"{bad}: providers.p.base_url: required" in result.stderr
-    assert time.monotonic() - started < 30
 
 
 def test_run_with_a_policy_uses_the_same_pipeline(tmp_path: Path) -> None:

@@ -38,10 +38,10 @@ redis:
 test: install redis
 	$(BIN)/python -m pytest
 
-## lint: ruff and mypy (strict) on the package
+## lint: ruff, and mypy (strict) on the package and the tests
 lint: install
 	$(BIN)/ruff check proxy tests
-	$(BIN)/mypy proxy
+	$(BIN)/mypy proxy tests
 
 ## bench: the proxy's overhead against the upstream (needs wrk: apt-get install -y wrk)
 bench: install

@@ -20,6 +20,7 @@ import openai
 import pytest
 import yaml
 from aiohttp import web
+from pydantic import BaseModel
 
 from proxy.api.state import ROUTER
 from proxy.app import build_app
@@ -109,6 +110,14 @@ async def running_proxy(
         for client in running.clients:
             await client.close()
         await runner.cleanup()
+
+
+def cognitive_of(completion: BaseModel) -> dict[str, Any]:
+    """The ``cognitive`` block the proxy adds to a completion (an extra field to the SDK's model)."""
+    extra = completion.model_extra
+    assert extra is not None, "the SDK dropped the extra fields"
+    block: dict[str, Any] = extra["cognitive"]
+    return block
 
 
 def free_port() -> int:

@@ -17,6 +17,7 @@ from tests.proxy_server import (
     UPSTREAM_KEY,
     UPSTREAM_KEY_ENV,
     RunningProxy,
+    cognitive_of,
     proxy_process,
     running_proxy,
     upstream_policy,
@@ -111,7 +112,7 @@ async def test_responses_api_runs_a_module(proxy: RunningProxy, fake_upstream: F
     response = raw.parse()
     assert json.loads(response.output_text)["meta"]["confidence"] == 0.91
     assert raw.headers["x-cognitive-decision"] == "accept"
-    assert response.model_extra["cognitive"]["module"] == "code-reviewer"
+    assert cognitive_of(response)["module"] == "code-reviewer"
     fake_upstream.script(
         "cheap",
         json.dumps(

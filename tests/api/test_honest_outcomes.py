@@ -361,7 +361,9 @@ class _BrokenProvider:
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         raise KeyError("a bug")
 
-    async def stream(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Any:
+    def stream(
+        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    ) -> AsyncIterator[bytes]:
         raise KeyError("a bug")
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.fake_upstream import DROP, FakeUpstream, Fault
-from tests.proxy_server import RunningProxy, running_proxy
+from tests.proxy_server import RunningProxy, cognitive_of, running_proxy
 
 
 def envelope(confidence: float, risk: str = "low", **data: Any) -> str:
@@ -169,8 +169,9 @@ async def test_module_over_chat_streams_the_envelope(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Because."  # the content is the rationale, streamed (spec v2.5 §3.2)
     assert chunks[-1].choices[0].finish_reason == "stop"
-    assert chunks[-1].model_extra["envelope"]["meta"]["confidence"] == 0.9
-    assert chunks[-1].model_extra["cognitive"]["decision"] == "accept"
+    extra = chunks[-1].model_extra
+    assert extra is not None and extra["envelope"]["meta"]["confidence"] == 0.9
+    assert cognitive_of(chunks[-1])["decision"] == "accept"
 
 
 async def test_invalid_module_input_is_400_before_any_model_call(

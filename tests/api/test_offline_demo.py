@@ -18,7 +18,7 @@ from proxy.contract.engine import check_answer
 from proxy.module.loader import load_module
 from proxy.upstream.offline import DEMO_EXPLAIN, demo_answer
 from tests.conftest import MODULES, ROOT
-from tests.proxy_server import running_proxy
+from tests.proxy_server import cognitive_of, running_proxy
 
 
 def demo_policy() -> dict[str, Any]:
@@ -42,7 +42,7 @@ async def test_an_unseen_input_gets_a_marked_demo_answer_that_escalates_then_goe
         assert envelope["meta"]["model"] == "offline/large"
         assert "no model was called" in envelope["data"]["rationale"]
         assert raw.headers["x-cognitive-decision"] == "review"
-        attempts = raw.parse().model_extra["cognitive"]["attempts"]
+        attempts = cognitive_of(raw.parse())["attempts"]
         assert [a["outcome"] for a in attempts] == ["escalate", "review"]
 
 

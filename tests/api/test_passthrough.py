@@ -7,10 +7,17 @@ import asyncio
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, RATE_LIMITED, STREAM_BREAK, FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, RunningProxy, record_router_sleeps, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    RunningProxy,
+    record_router_sleeps,
+    upstream_policy,
+)
 
 
 async def test_plain_chat_is_proxied_with_the_provider_key(
@@ -37,7 +44,7 @@ async def test_provider_slash_model_names_resolve(proxy: RunningProxy, fake_upst
 
 
 async def test_fields_pass_through_untouched(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    tools = [
+    tools: list[ChatCompletionFunctionToolParam] = [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     ]
     await proxy.client().chat.completions.create(
@@ -206,16 +213,12 @@ async def test_anthropic_provider_both_ways(proxy: RunningProxy, fake_upstream: 
 
 
 async def test_azure_style_provider_gets_query_and_api_key_header(
-    fake_upstream: FakeUpstream,
-    tmp_path,
-    monkeypatch,  # type: ignore[no-untyped-def]
+    fake_upstream: FakeUpstream, proxy_with: ProxyWith, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.proxy_server import UPSTREAM_KEY_ENV, running_proxy, upstream_policy
-
     monkeypatch.setenv(UPSTREAM_KEY_ENV, "azure-key-1")
     policy = upstream_policy(fake_upstream)
     policy["providers"]["up"]["options"] = {"auth_header": "api-key", "query": {"api-version": "2024-10-21"}}
-    async with running_proxy(tmp_path, policy) as px:
+    async with proxy_with(policy) as px:
         await px.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )

@@ -14,7 +14,13 @@ import pytest
 from proxy.api.state import ROUTER
 from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, FakeUpstream, Fault
-from tests.proxy_server import RunningProxy, record_router_sleeps, running_proxy, upstream_policy
+from tests.proxy_server import (
+    RunningProxy,
+    cognitive_of,
+    record_router_sleeps,
+    running_proxy,
+    upstream_policy,
+)
 
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 
@@ -64,7 +70,7 @@ async def attempts_of(px: RunningProxy) -> tuple[list[tuple[str, str]], dict[str
     raw = await px.client().chat.completions.with_raw_response.create(
         model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
     )
-    cognitive = raw.parse().model_extra["cognitive"]
+    cognitive = cognitive_of(raw.parse())
     return [(a["target"], a["outcome"]) for a in cognitive["attempts"]], dict(raw.headers)
 
 
@@ -114,6 +120,13 @@ async def test_retry_after_longer_than_the_deadline_fails_over_instead_of_waitin
 TRY_BUDGET = re.compile(r"within ([0-9.]+)s$")
 
 
+def try_budget(error: str) -> float:
+    """The seconds the router granted a try that timed out, as its attempt's error reports them."""
+    found = TRY_BUDGET.search(error)
+    assert found, error
+    return float(found[1])
+
+
 async def test_total_deadline_is_never_exceeded(fake_upstream: FakeUpstream, proxy_with: ProxyWith) -> None:
     for model in ("cheap", "backup", "strong"):
         fake_upstream.script(model, Fault.slow(5))
@@ -123,14 +136,14 @@ async def test_total_deadline_is_never_exceeded(fake_upstream: FakeUpstream, pro
         raw = await px.client().chat.completions.with_raw_response.create(
             model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
         )
-    cognitive = raw.parse().model_extra["cognitive"]  # type: ignore[index]
+    cognitive = cognitive_of(raw.parse())
     envelope = json.loads(raw.parse().choices[0].message.content or "")
     # The deadline ran out while a target was still answering: E2002, an outcome (not E4001/503).
     assert raw.status_code == 200 and envelope["error"]["code"] == "E2002"
     assert "retry-after" not in raw.headers
     timeouts = [a for a in cognitive["attempts"] if a["outcome"] == "provider_error:timeout"]
     # What the router granted the tries, as each attempt reports it: never past the total deadline.
-    budgets = [float(TRY_BUDGET.search(a["error"])[1]) for a in timeouts]  # type: ignore[index]
+    budgets = [try_budget(a["error"]) for a in timeouts]
     assert (timeouts[0]["target"], budgets[0]) == ("up/cheap", per_try_s)
     assert all(b <= per_try_s for b in budgets) and sum(budgets) <= total_s, budgets
 
@@ -192,7 +205,7 @@ async def test_schema_failure_escalates(proxy: RunningProxy, fake_upstream: Fake
     raw = await proxy.client().chat.completions.with_raw_response.create(
         model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
     )
-    first = raw.parse().model_extra["cognitive"]["attempts"][0]
+    first = cognitive_of(raw.parse())["attempts"][0]
     assert first["error"] == "contract:E3001" and first["confidence"] == 0.0
     assert raw.headers["x-cognitive-decision"] == "escalated"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT
-from tests.proxy_server import running_proxy
+from tests.proxy_server import cognitive_of, running_proxy
 
 
 async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
         )
         assert raw.headers["x-cognitive-decision"] == "escalated"
         assert raw.headers["x-cognitive-model"] == "offline/large"
-        attempts = raw.parse().model_extra["cognitive"]["attempts"]
+        attempts = cognitive_of(raw.parse())["attempts"]
         assert [a["outcome"] for a in attempts] == ["escalate", "accept"]
 
         mine = {"code": "def add(a, b):\n    return a+b\n", "language": "python"}

@@ -78,7 +78,7 @@ def test_module_error_schema_is_enforced_for_model_failures(make_module: ModuleF
             }
         )
     )
-    failure = {
+    failure: dict[str, Any] = {
         "ok": False,
         "meta": {"confidence": 0.2, "risk": "high", "explain": "no"},
         "error": {"code": "MADE_UP", "message": "m"},

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import schemathesis
@@ -94,5 +95,7 @@ def test_the_served_document_is_the_one_fuzzed(served_url: str) -> None:
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
-def test_the_proxy_answers_as_its_openapi_document_says(case: schemathesis.Case, served_url: str) -> None:
+def test_the_proxy_answers_as_its_openapi_document_says(
+    case: schemathesis.Case[Any], served_url: str
+) -> None:
     case.call_and_validate(base_url=served_url, checks=CHECKS)

@@ -60,11 +60,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
-ENVELOPE = {
+ENVELOPE: dict[str, Any] = {
     "ok": True,
     "meta": {"confidence": 0.93, "risk": "low", "explain": "One small style issue."},
     "data": {
@@ -97,9 +98,9 @@ COMPLETION = {
     ],
     "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
 }
-CHAT_BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
+CHAT_BODY: dict[str, object] = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
 STREAM_BODY = {**CHAT_BODY, "stream": True}
-MODULE_BODY = {"input": {"code": "def f(x):\n    return x\n", "language": "python"}}
+MODULE_BODY: dict[str, object] = {"input": {"code": "def f(x):\n    return x\n", "language": "python"}}
 
 
 def envelope_frames() -> list[bytes]:
@@ -239,7 +240,7 @@ LARGE_BODY_BYTES = 10 * 1024 * 1024 - 1024
 
 def large_body(shape: str) -> bytes:
     """A ~10 MB chat request: ``keys`` carries many small keys, ``string`` one long message."""
-    base = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
+    base: dict[str, object] = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
     if shape == "string":
         base["messages"] = [{"role": "user", "content": "x" * LARGE_BODY_BYTES}]
         return json.dumps(base).encode()

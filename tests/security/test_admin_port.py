@@ -30,7 +30,7 @@ _PROBE_DESTINATIONS = ("192.0.2.1", "10.255.255.255", "172.31.255.255", "192.168
 
 def pod_ip() -> str:
     """A non-loopback IPv4 address of this machine: what another pod would connect to."""
-    candidates = []
+    candidates: list[str] = []
     for destination in _PROBE_DESTINATIONS:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             try:

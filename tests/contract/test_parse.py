@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.contract.parse import MAX_DECODED_CANDIDATES, ParseFailure, parse_json_object, scan
+from proxy.contract.parse import MAX_DECODED_CANDIDATES, ParseFailure, Span, parse_json_object, scan
 from proxy.jsonshape import MAX_JSON_DEPTH
 
 
@@ -229,3 +229,64 @@ def test_extraction_takes_only_top_level_objects_found_in_the_text(text: str) ->
     assert json.loads(text[start:end]) == parsed.value  # the accepted object is the model's own text
     if parsed.method != "strict":
         assert start in _top_level_starts(text)
+
+
+# --- exact outputs: method, span, reason ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "method", "span"),
+    [
+        ('  {"a": 1}\n ', "strict", (2, 10)),
+        ('\ufeff \n{"a": 1}', "strict", (3, 11)),  # a leading byte-order mark, then whitespace
+        ('X {"a": 1}', "prose", (2, 10)),
+        ('{"a": 1}]', "prose", (0, 8)),  # a closer at depth 0 is prose
+        ('bad {"a": 1,} then {"b": 2}', "prose", (19, 27)),  # the first '{' is not the object
+        ('```json\r\n{"b": 2}\r\n```', "fence", (9, 17)),
+        ('```python\n{"b": 2}\n```', "fence", (10, 18)),
+    ],
+)
+def test_method_and_span(text: str, method: str, span: tuple[int, int]) -> None:
+    parsed = parse_json_object(text)
+    assert (parsed.method, parsed.span) == (method, span)
+    assert json.loads(text[slice(*span)]) == parsed.value
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("   \n ", "the model returned no text"),
+        ("true", "expected a JSON object, got a boolean"),
+        ("null", "expected a JSON object, got null"),
+        ("1.5", "expected a JSON object, got a number"),
+        ("[]", "expected a JSON object, got an array"),
+        ('"s"', "expected a JSON object, got a string"),
+        ('{"a": NaN}', "no JSON object found in the model output (NaN is not a valid JSON number)"),
+        ('"s" x', "no JSON object found in the model output (extra data after the JSON value)"),
+        ('[1, {"a": 1}', "truncated: an array opened at offset 0 is never closed"),
+        ('x {"a": 1', "truncated: an object opened at offset 2 is never closed"),
+        ('{"a": "x', "truncated: a string opened inside the value at offset 0 is never closed"),
+        ('{"a": [1}', "unbalanced brackets: '}' at offset 8 closes the wrong opener"),
+        (
+            '{"a": 1} {"b": 2}',
+            "ambiguous: 2 envelopes at the top level of the answer (answer with exactly one JSON object)",
+        ),
+    ],
+)
+def test_failure_reason(text: str, reason: str) -> None:
+    with pytest.raises(ParseFailure) as failure:
+        parse_json_object(text)
+    assert failure.value.reason == reason
+    assert str(failure.value) == reason
+
+
+def test_scan_keeps_top_level_objects_only() -> None:
+    found = scan('[1] {"a": {"b": 1}} ```\n{"c": [2]}\n```')
+    assert found.spans == [Span(4, 19, False), Span(24, 34, True)]
+
+
+def test_scan_counts_every_structural_step() -> None:
+    """Steps: each opener/closer/quote at the top or inside a value, each stop inside a string."""
+    assert (scan('x {"a": [1]} y').steps, scan('x {"a": [1]} y').visited) == (7, 14)
+    assert scan('{"a": "b\\"c"}').steps == 7  # ends on the closer: nothing counted past the end
+    assert scan("").steps == 0

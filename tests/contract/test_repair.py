@@ -8,9 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.contract.repair import repair
+from proxy.contract.repair import Repair, repair
+from proxy.contract.wrap import NO_EXPLANATION
 from proxy.module.model import Module
-from tests.conftest import ModuleFactory, success
+from tests.conftest import SCHEMA, ModuleFactory, schema_with, success
 
 
 def kinds(repairs: list[Any]) -> list[tuple[str, str]]:
@@ -124,6 +125,133 @@ def test_input_is_not_mutated(make_module: ModuleFactory) -> None:
 def test_without_ok_nothing_is_repaired() -> None:
     envelope = {"meta": {}, "data": {"rationale": "r"}}
     assert repair(envelope) == (envelope, [])
+
+
+# --- the repair records, exactly (they feed cognitive_repairs_total) ----------------------------
+
+
+def test_a_missing_meta_is_recorded_created_then_each_default(make_module: ModuleFactory) -> None:
+    envelope = success(changes=[{"type": "other", "risk": "high"}])
+    del envelope["meta"]
+    fixed, repairs = repair(envelope)
+    assert fixed["meta"] == {"confidence": 0.5, "risk": "high", "explain": "Folded constants."}
+    assert repairs == [
+        Repair("meta_default", "meta", "created"),
+        Repair("meta_default", "meta.confidence", "0.5"),
+        Repair("meta_default", "meta.risk", "high (max_changes_risk)"),
+        Repair("meta_default", "meta.explain", "from rationale"),
+    ]
+    by_issues = make_module(meta={"risk_rule": "max_issues_risk"})
+    assert repair(envelope, by_issues)[1][2] == Repair(
+        "meta_default", "meta.risk", "medium (max_issues_risk)"
+    )
+
+
+def test_failure_defaults_are_recorded_with_their_values() -> None:
+    fixed, repairs = repair({"ok": False, "meta": {}, "error": {"code": "E2004"}})
+    assert fixed["meta"] == {"confidence": 0.0, "risk": "high", "explain": NO_EXPLANATION}
+    assert repairs == [
+        Repair("meta_default", "meta.confidence", "0.0"),
+        Repair("meta_default", "meta.risk", "high (max_changes_risk)"),
+        Repair("meta_default", "meta.explain", "placeholder"),
+    ]
+
+
+def test_control_plane_strings_are_trimmed_and_every_trim_is_recorded() -> None:
+    envelope: dict[str, Any] = {
+        "ok": False,
+        "meta": {"confidence": 0.1, "risk": " high", "explain": "why ", "trace_id": " t ", "model": "m\n"},
+        "error": {"code": " E2004 ", "message": "\tno\t", "details": " kept "},
+    }
+    fixed, repairs = repair(envelope)
+    assert fixed["meta"] == {
+        "confidence": 0.1,
+        "risk": "high",
+        "explain": "why",
+        "trace_id": "t",
+        "model": "m",
+    }
+    assert fixed["error"] == {"code": "E2004", "message": "no", "details": " kept "}
+    assert repairs == [
+        Repair("whitespace_trimmed", "meta.risk"),
+        Repair("whitespace_trimmed", "meta.explain"),
+        Repair("whitespace_trimmed", "meta.trace_id"),
+        Repair("whitespace_trimmed", "meta.model"),
+        Repair("whitespace_trimmed", "error.code"),
+        Repair("whitespace_trimmed", "error.message"),
+    ]
+
+
+def test_records_of_every_stage_add_up_in_order(make_module: ModuleFactory) -> None:
+    """Trim, defaults, risk enum, truncation, partial_data and data enums: none overwrites another."""
+    module = make_module()
+    envelope = success(changes=[{"type": "OTHER", "risk": "low"}])
+    envelope["meta"] = {"risk": " LOW ", "explain": "e" * 281}
+    envelope["partial_data"] = None
+    fixed, repairs = repair(envelope, module)
+    assert fixed["meta"] == {"risk": "low", "explain": "e" * 280, "confidence": 0.5}
+    assert repairs == [
+        Repair("whitespace_trimmed", "meta.risk"),
+        Repair("meta_default", "meta.confidence", "0.5"),
+        Repair("enum_normalized", "meta.risk"),
+        Repair("explain_truncated", "meta.explain", "281 -> 280"),
+        Repair("partial_data_removed", "partial_data"),
+        Repair("enum_normalized", "data.changes[0].type"),
+    ]
+
+
+def test_an_explain_of_exactly_280_code_points_is_left_alone() -> None:
+    envelope = success()
+    envelope["meta"]["explain"] = "😀" * 280
+    assert repair(envelope) == (envelope, [])
+
+
+def test_allowed_partial_data_of_a_failure_is_kept(make_module: ModuleFactory) -> None:
+    envelope: dict[str, Any] = {
+        "ok": False,
+        "meta": {"confidence": 0.0, "risk": "high", "explain": "x"},
+        "error": {"code": "E2004", "message": "m"},
+        "partial_data": {"result": "half"},
+    }
+    assert repair(envelope, make_module()) == (envelope, [])
+    assert repair(envelope) == (envelope, [])
+    fixed, repairs = repair(envelope, make_module(failure={"partial_allowed": False}))
+    assert "partial_data" not in fixed
+    assert repairs == [Repair("partial_data_removed", "partial_data")]
+
+
+def test_partial_data_of_a_success_is_dropped() -> None:
+    envelope = success()
+    envelope["partial_data"] = {"result": "x"}
+    fixed, repairs = repair(envelope)
+    assert fixed == success()
+    assert repairs == [Repair("partial_data_removed", "partial_data")]
+
+
+def test_error_enums_are_normalised_by_the_module_error_schema(make_module: ModuleFactory) -> None:
+    codes = {"type": "string", "enum": ["UNSUPPORTED_LANGUAGE", "E2004"]}
+    error_schema = {"type": "object", "properties": {"code": {"$ref": "#/$defs/codes"}, "message": {}}}
+    module = make_module(
+        schema=schema_with(error=error_schema, **{"$defs": {**SCHEMA["$defs"], "codes": codes}})
+    )
+    envelope: dict[str, Any] = {
+        "ok": False,
+        "meta": {"confidence": 0.0, "risk": "high", "explain": "x"},
+        "error": {"code": "unsupported_language", "message": "m"},
+    }
+    fixed, repairs = repair(envelope, module)
+    assert fixed["error"] == {"code": "UNSUPPORTED_LANGUAGE", "message": "m"}
+    assert repairs == [Repair("enum_normalized", "error.code")]
+
+
+def test_data_enums_behind_a_ref_are_normalised(make_module: ModuleFactory) -> None:
+    defs = {**SCHEMA["$defs"], "scope": {"type": "string", "enum": ["local", "file"]}}
+    data = copy.deepcopy(SCHEMA["data"])
+    data["properties"]["note"] = {"$ref": "#/$defs/scope"}
+    module = make_module(schema=schema_with(data=data, **{"$defs": defs}))
+    fixed, repairs = repair(success(note="FILE"), module)
+    assert fixed["data"]["note"] == "file"
+    assert repairs == [Repair("enum_normalized", "data.note")]
 
 
 # --- properties -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.contract.risk import RiskSource, routed_risk, rule_risk
+from proxy.contract.risk import RiskSource, aggregate_risk, routed_risk, rule_risk
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,18 @@ def test_rule_risk(data: Any, rule: str, expected: str | None) -> None:
         ("low", "high", "model", "low"),
         ("low", None, "rule", "low"),
         ("low", None, "max", "low"),
+        ("medium", "medium", "max", "medium"),
+        ("made-up", "medium", "max", "made-up"),  # an unknown model risk counts as high
+        ("made-up", "high", "max", "made-up"),
     ],
 )
 def test_routed_risk(model: str, rule: Any, source: RiskSource, expected: str) -> None:
     assert routed_risk(model, rule, source) == expected
+
+
+def test_aggregate_risk_defaults_to_the_changes_rule_and_medium() -> None:
+    data = {"changes": [{"risk": "low"}], "issues": [{"risk": "high"}]}
+    assert aggregate_risk(data) == "low"
+    assert aggregate_risk(data, "max_issues_risk") == "high"
+    assert aggregate_risk(data, "explicit") == "medium"
+    assert aggregate_risk({"changes": "not a list"}) == "medium"

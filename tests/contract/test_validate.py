@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from proxy.contract.schema import compile_schema
-from proxy.contract.validate import validate_answer, validate_envelope
-from tests.conftest import VECTORS, ModuleFactory, success
+from proxy.contract.schema import Violation, check, compile_schema
+from proxy.contract.validate import standard, validate_answer, validate_envelope
+from tests.conftest import SCHEMA, VECTORS, ModuleFactory, success
 
 VECTOR_FILES = sorted(VECTORS.rglob("*.json"))
 
@@ -196,3 +196,185 @@ def test_compiling_a_schema_leaves_it_as_written() -> None:
     before = json.dumps(schema, sort_keys=True)
     compile_schema(schema)
     assert json.dumps(schema, sort_keys=True) == before
+
+
+# --- exact violations: path, message, rule and code ------------------------------------------------
+
+META = {"confidence": 0.5, "risk": "low", "explain": "e"}
+ERROR = {"code": "E2004", "message": "m"}
+Row = tuple[str, str, str, str]
+
+
+def rows(violations: list[Violation]) -> list[Row]:
+    return [(v.path, v.message, v.rule, str(v.code)) for v in violations]
+
+
+@pytest.mark.parametrize(
+    ("envelope", "expected"),
+    [
+        ([1], [("", "the envelope must be a JSON object", "type", "E3001")]),
+        ({"meta": META, "data": {"rationale": "r"}}, [("ok", "is required", "required", "E3001")]),
+        ({"ok": "yes", "meta": META, "data": {}}, [("ok", "must be a boolean", "type", "E3001")]),
+        ({"ok": True, "data": {"rationale": "r"}}, [("meta", "is required", "required", "E3001")]),
+        ({"ok": True, "meta": META}, [("data", "is required when ok is true", "required", "E3001")]),
+        (
+            {"ok": True, "meta": META, "data": {"rationale": "r"}, "error": {"code": 5}, "partial_data": {}},
+            [
+                ("error", "must not be present when ok is true", "additionalProperties", "E3001"),
+                ("partial_data", "must not be present when ok is true", "additionalProperties", "E3001"),
+            ],
+        ),
+        ({"ok": False, "meta": META}, [("error", "is required when ok is false", "required", "E3001")]),
+        (
+            {"ok": False, "meta": META, "error": ERROR, "data": {}},
+            [
+                (
+                    "data",
+                    "must not be present when ok is false (use partial_data)",
+                    "additionalProperties",
+                    "E3001",
+                )
+            ],
+        ),
+        (
+            {"ok": True, "meta": META, "data": {"rationale": "r"}, "extra": 1},
+            [("extra", "is not a field of the v2.2 envelope", "additionalProperties", "E3001")],
+        ),
+        (
+            {"meta": META, "error": {}, "extra": 1},
+            [
+                ("ok", "is required", "required", "E3001"),
+                ("extra", "is not a field of the v2.2 envelope", "additionalProperties", "E3001"),
+            ],
+        ),
+        (
+            {"ok": True, "meta": META, "data": {"rationale": " "}},
+            [("data.rationale", "must not be empty", "minLength", "E3003")],
+        ),
+        ({"ok": True, "meta": META, "data": [1]}, [("data", "must be object", "type", "E3001")]),
+        (
+            {"ok": False, "meta": META, "error": ERROR, "partial_data": None},
+            [("partial_data", "must be an object (omit it instead of null)", "type", "E3001")],
+        ),
+        (
+            {"ok": False, "meta": {**META, "confidence": 2}, "error": {"code": 5}},
+            [
+                ("meta.confidence", "must be smaller than or equal to 1", "maximum", "E3001"),
+                ("error.message", "is required", "required", "E3001"),
+                ("error.code", "must be string", "type", "E3001"),
+            ],
+        ),
+        (
+            {"ok": True, "meta": {**META, "risk": "critical"}, "data": {"rationale": "r"}},
+            [("meta.risk", "must be one of ['none', 'low', 'medium', 'high']", "enum", "E3005")],
+        ),
+    ],
+    ids=[
+        "not-an-object",
+        "no-ok",
+        "ok-not-boolean",
+        "no-meta",
+        "success-without-data",
+        "success-with-failure-fields",
+        "failure-without-error",
+        "failure-with-data",
+        "unknown-field",
+        "unknown-field-without-ok",
+        "blank-rationale",
+        "data-not-an-object",
+        "null-partial-data",
+        "failure-with-invalid-meta-and-error",
+        "risk-not-in-the-enum",
+    ],
+)
+def test_envelope_violations_exactly(envelope: Any, expected: list[Row]) -> None:
+    assert rows(validate_envelope(envelope)) == expected
+
+
+def test_the_standard_validators_compile_from_the_shipped_schema() -> None:
+    standard.cache_clear()  # compile again here, not from an earlier test's cache
+    validators = standard()
+    assert rows(check(validators.meta, {**META, "confidence": -1}, "meta")) == [
+        ("meta.confidence", "must be bigger than or equal to 0", "minimum", "E3001")
+    ]
+    assert rows(check(validators.error, {"code": "E"}, "error")) == [
+        ("error.message", "is required", "required", "E3001")
+    ]
+    assert rows(check(validators.data, {}, "data")) == [
+        ("data.rationale", "is required", "required", "E3001")
+    ]
+
+
+A_FAILURE: dict[str, Any] = {"ok": False, "meta": META, "error": ERROR}
+
+
+def test_a_failure_with_invalid_meta_keeps_every_violation(make_module: ModuleFactory) -> None:
+    """must_return_error_schema adds the module's error check to the envelope's, never replaces it."""
+    failure = {**A_FAILURE, "meta": {**META, "confidence": 2}, "error": {"code": 5, "message": "m"}}
+    assert rows(validate_answer(failure, make_module())) == [
+        ("meta.confidence", "must be smaller than or equal to 1", "maximum", "E3001"),
+        ("error.code", "must be string", "type", "E3001"),
+    ]
+
+
+def test_failure_shapes_against_a_module(make_module: ModuleFactory) -> None:
+    module = make_module()
+    assert rows(validate_answer({"ok": False, "meta": META}, module)) == [
+        ("error", "is required when ok is false", "required", "E3001")
+    ]
+    with_data = {**A_FAILURE, "data": {"result": 1}}
+    assert rows(validate_answer(with_data, module)) == [
+        ("data", "must not be present when ok is false (use partial_data)", "additionalProperties", "E3001")
+    ]
+    no_partial = make_module(failure={"partial_allowed": False})
+    assert rows(validate_answer({**A_FAILURE, "partial_data": {}}, no_partial)) == [
+        ("partial_data", "is not allowed (failure.partial_allowed is false)", "additionalProperties", "E3001")
+    ]
+    assert validate_answer({**A_FAILURE, "partial_data": {}}, module) == []
+
+
+def test_overflow_violations_exactly(make_module: ModuleFactory) -> None:
+    module = make_module(overflow={"enabled": True, "max_items": 1, "require_suggested_mapping": True})
+    insights = [{"text": "a", "suggested_mapping": "x"}, "str", {"text": "c", "suggested_mapping": " "}]
+    assert rows(validate_answer(success(extensions={"insights": insights}), module)) == [
+        ("data.extensions.insights[1]", "must be object", "type", "E3001"),
+        ("data.extensions.insights", "has 3 insights; overflow.max_items is 1", "maxItems", "E3004"),
+        (
+            "data.extensions.insights[1].suggested_mapping",
+            "is required (overflow.require_suggested_mapping)",
+            "required",
+            "E3001",
+        ),
+        (
+            "data.extensions.insights[2].suggested_mapping",
+            "is required (overflow.require_suggested_mapping)",
+            "required",
+            "E3001",
+        ),
+    ]
+    disabled = make_module(overflow={"enabled": False, "require_suggested_mapping": False})
+    one = success(extensions={"insights": [{"text": "a", "suggested_mapping": "x"}]})
+    assert rows(validate_answer(one, disabled)) == [
+        (
+            "data.extensions.insights",
+            "has 1 insights; overflow is disabled for this module",
+            "maxItems",
+            "E3004",
+        )
+    ]
+
+
+def test_insights_that_are_not_a_list_are_a_plain_schema_violation(make_module: ModuleFactory) -> None:
+    envelope = success(extensions={"insights": "many"})
+    assert rows(validate_answer(envelope, make_module())) == [
+        ("data.extensions.insights", "must be array", "type", "E3001")
+    ]
+
+
+def test_a_module_without_a_meta_schema_uses_the_standard_one(make_module: ModuleFactory) -> None:
+    module = make_module(schema={key: value for key, value in SCHEMA.items() if key != "meta"})
+    envelope = success()
+    envelope["meta"]["confidence"] = 2
+    assert rows(validate_answer(envelope, module)) == [
+        ("meta.confidence", "must be smaller than or equal to 1", "maximum", "E3001")
+    ]

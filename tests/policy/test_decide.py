@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.contract.risk import RISK_RANK, RISKS
-from proxy.policy.decide import Meta, decide
+from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Thresholds
 
 EXEC = Thresholds(0.9, "low", "reject")
@@ -63,3 +63,14 @@ def test_property_more_confidence_or_less_risk_never_makes_it_worse(
         before = decide(thresholds, Meta(low_c, worse_r), rung, 3)
         after = decide(thresholds, Meta(high_c, better_r), rung, 3)
         assert ORDER[after.action] >= ORDER[before.action]
+
+
+def test_every_decision_pins_its_reason_and_next_rung() -> None:
+    assert decide(DECISION, Meta(0.8, "low"), 0, 2) == Decision("accept", "meets thresholds")
+    assert decide(DECISION, Meta(0.5, "low"), 0, 3) == Decision(
+        "escalate", "confidence 0.5 < min_confidence 0.7", 1
+    )
+    assert decide(DECISION, Meta(0.9, "high"), 1, 3) == Decision("escalate", "risk high > max_risk medium", 2)
+    assert decide(DECISION, Meta(0.9, "high"), 2, 3) == Decision(
+        "review", "risk high > max_risk medium on the top rung"
+    )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 
 from proxy.policy.model import BreakerPolicy, Failover, Target, Timeouts
 from proxy.state.memory import MemoryBreakerStore
@@ -167,3 +168,100 @@ async def test_an_open_breaker_refusal_says_when_its_trial_comes(store: BreakerS
         await run(router, {"a": ScriptedProvider()}, [Target("a", "m")], failover)
     (skip,) = info.value.failures
     assert skip.kind == "circuit_open" and skip.retry_after == pytest.approx(18)
+
+
+# --- exact tickets, transitions, logs, the local read cache ----------------------------------------
+
+
+class Transitions(list[tuple[str, str]]):
+    def __call__(self, target: str, to: str) -> None:
+        self.append((target, to))
+
+
+async def test_tickets_transitions_and_logs_through_open_trial_reopen_and_close(
+    store: BreakerStore, clock: Clock
+) -> None:
+    seen = Transitions()
+    breakers = Breakers(store, clock=clock, refresh_s=0, on_transition=seen)
+    policy = BreakerPolicy(min_requests=1, open_s=10)
+    first = await breakers.admit(T, policy, 2.0)
+    assert first == Ticket("closed", 0)
+    with capture_logs() as logs:
+        await breakers.record(T, first, policy, failed=True)
+    assert logs == [
+        {
+            "event": "proxy.breaker_opened",
+            "log_level": "warning",
+            "target": T,
+            "open_until": 1010.0,
+            "epoch": 1,
+        }
+    ]
+    assert seen == [(T, "open")] and breakers.is_open(T)
+    assert await breakers.admit(T, policy, 2.0) == Ticket("open", 1, 10.0)
+    await breakers.record(T, first, policy, failed=True)  # a late outcome of the closed epoch
+    assert seen == [(T, "open")]
+    clock.now = 1010.0  # open_s passed: the trial
+    trial = await breakers.admit(T, policy, 2.0)
+    assert trial == Ticket("trial", 1)
+    assert await breakers.admit(T, policy, 2.0) == Ticket("open", 1, 2.0)  # the trial is under way
+    await breakers.record(T, trial, policy, failed=True)  # the trial fails: open again, a new epoch
+    assert seen == [(T, "open"), (T, "open")]
+    clock.now = 1020.0
+    trial = await breakers.admit(T, policy, 2.0)
+    assert trial == Ticket("trial", 2)
+    with capture_logs() as logs:
+        await breakers.record(T, trial, policy, failed=False)
+    assert logs == [{"event": "proxy.breaker_closed", "log_level": "info", "target": T, "epoch": 2}]
+    assert seen == [(T, "open"), (T, "open"), (T, "closed")]
+    assert not breakers.is_open(T) and breakers.snapshot() == {T: False}
+
+
+async def test_a_streak_opens_unless_the_caller_protects_the_target(breakers: Breakers) -> None:
+    policy = BreakerPolicy(consecutive_failures=2)
+    for _ in range(2):
+        ticket = await breakers.admit(T, policy, 1.0)
+        await breakers.record(T, ticket, policy, failed=True)  # protect defaults to False
+    assert await admission(breakers, policy) == "open"
+
+
+async def test_the_clock_origin_does_not_matter(store: BreakerStore) -> None:
+    """Times are compared, never assumed large: a clock starting at 0 with open_s < 1 works."""
+    clock = Clock()
+    clock.now = 0.0
+    seen = Transitions()
+    breakers = Breakers(store, clock=clock, refresh_s=0, on_transition=seen)
+    policy = BreakerPolicy(min_requests=1, open_s=0.5)
+    stale = await breakers.admit(T, policy, 0.1)
+    await breakers.record(T, stale, policy, failed=True)
+    assert breakers.is_open(T) and breakers.snapshot() == {T: True}
+    assert await breakers.admit(T, policy, 0.1) == Ticket("open", 1, 0.5)
+    await breakers.record(T, stale, policy, failed=True)  # late: moves nothing
+    clock.now = 0.5
+    assert breakers.snapshot() == {T: False}  # open until 0.5, not at 0.5
+    trial = await breakers.admit(T, policy, 0.1)
+    await breakers.record(T, trial, policy, failed=False)
+    assert seen == [(T, "open"), (T, "closed")]
+
+
+async def test_nothing_is_open_before_anything_was_read(breakers: Breakers) -> None:
+    assert not breakers.is_open(T) and breakers.snapshot() == {}
+    await outcomes(breakers, DEFAULT, False)
+    assert not breakers.is_open(T) and breakers.snapshot() == {T: False}
+
+
+async def test_state_is_read_through_a_local_cache_for_refresh_s(store: BreakerStore, clock: Clock) -> None:
+    """Another replica opens the breaker in the shared store: this one sees it once its cached read
+    is ``refresh_s`` old, not before (the hot path does not wait on Redis every request)."""
+    policy = BreakerPolicy(min_requests=1, open_s=30)
+    here = Breakers(store, clock=clock, refresh_s=0.5)
+    there = Breakers(store, clock=clock, refresh_s=0.5)
+    assert await admission(here, policy) == "closed"  # read at 1000.0
+    await outcomes(there, policy, True)
+    assert await admission(there, policy) == "open"
+    clock.now = 1000.49
+    assert await admission(here, policy) == "closed"  # still the cached read
+    assert not here.is_open(T)
+    clock.now = 1000.5
+    assert await admission(here, policy) == "open"
+    assert here.is_open(T)

@@ -31,6 +31,7 @@ import yaml
 from yarl import URL
 
 from proxy.clients import ClientIdentity
+from proxy.observability.metrics import Metrics
 from tests.api.test_routing import routing_policy
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
@@ -278,6 +279,26 @@ def test_dashboard_template_variables() -> None:
         match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable_query(var))
         assert match and match.group(2) == name, f"{name}: {variable_query(var)}"
         assert base_metric(SELECTOR.match(match.group(1)).group(1)) in METRIC_LABELS  # type: ignore[union-attr]
+
+
+def exported_metrics() -> set[str]:
+    """Every metric a proxy can export, as scraped (counters with ``_total``)."""
+    metrics = Metrics()
+    metrics.watch_breakers(list)
+    metrics.watch_redis(lambda: True)
+    families = list(metrics.registry.collect())
+    return {f.name + "_total" if f.type == "counter" else f.name for f in families}
+
+
+def test_exported_metrics_have_a_panel_or_a_reason() -> None:
+    """grafana/README.md names every exported metric that has no panel, and the counts."""
+    readme = (GRAFANA / "README.md").read_text()
+    section = readme.split("| metric | why no panel |")[1].split("\n\n")[0]
+    without_panel = set(re.findall(r"^\| `(cognitive_[a-z_]+)`", section, re.M))
+    exported = exported_metrics()
+    assert without_panel == exported - set(METRIC_LABELS)
+    assert f"exports {len(exported)} metrics" in readme
+    assert f"chart {len(METRIC_LABELS)} of them. These\n{len(without_panel)} have no panel" in readme
 
 
 def test_dashboard_has_the_promised_panels() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -261,8 +262,6 @@ def test_method_and_span(text: str, method: str, span: tuple[int, int]) -> None:
         ("1.5", "expected a JSON object, got a number"),
         ("[]", "expected a JSON object, got an array"),
         ('"s"', "expected a JSON object, got a string"),
-        ('{"a": NaN}', "no JSON object found in the model output (NaN is not a valid JSON number)"),
-        ('"s" x', "no JSON object found in the model output (extra data after the JSON value)"),
         ('[1, {"a": 1}', "truncated: an array opened at offset 0 is never closed"),
         ('x {"a": 1', "truncated: an object opened at offset 2 is never closed"),
         ('{"a": "x', "truncated: a string opened inside the value at offset 0 is never closed"),
@@ -278,6 +277,33 @@ def test_failure_reason(text: str, reason: str) -> None:
         parse_json_object(text)
     assert failure.value.reason == reason
     assert str(failure.value) == reason
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '"s" x', '{"a": 1e999}'])
+def test_no_object_names_the_strict_parse_error(text: str) -> None:
+    with pytest.raises(orjson.JSONDecodeError) as strict:
+        orjson.loads(text)
+    with pytest.raises(ParseFailure) as failure:
+        parse_json_object(text)
+    assert failure.value.reason == f"no JSON object found in the model output ({strict.value})"
+
+
+@pytest.mark.parametrize(
+    ("text", "alone"),
+    [
+        ('{"a": 1}', True),
+        (' \n{"a": 1}\n', True),
+        ('```json\n{"a": 1}\n```', True),
+        ('```\n{"a": 1}\n````', True),
+        ('```json\n{"a": 1}\n```\nDone.', False),
+        ('Here:\n```json\n{"a": 1}\n```', False),
+        ('Sure: {"a": 1}', False),
+        ('{"a": 1} ok', False),
+        ('```json x\n{"a": 1}\n```', False),
+    ],
+)
+def test_alone_only_when_nothing_but_whitespace_or_one_fence_surrounds_it(text: str, alone: bool) -> None:
+    assert parse_json_object(text).alone is alone
 
 
 def test_scan_keeps_top_level_objects_only() -> None:

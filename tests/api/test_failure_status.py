@@ -4,8 +4,6 @@ breaker's time until its trial, and the real failure named rather than the break
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,20 +12,16 @@ import pytest
 from proxy.upstream.router import RETRY_AFTER_CAP_S
 from tests.api.test_routing import REVIEW_INPUT, routing_policy
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy
+from tests.proxy_server import RunningProxy
 
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    # Retry-After values past the 10 s deadline: no retry waits for them, the rung fails over.
-    policy = routing_policy(fake_upstream, circuit_breaker={"consecutive_failures": 1, "open_s": 30})
-    async with running_proxy(tmp_path, policy) as running:
-        yield running
+def policy(fake_upstream: FakeUpstream) -> dict[str, Any]:
+    """What the ``proxy`` fixture serves here. Retry-After values past the 10 s deadline: no retry
+    waits for them, the rung fails over."""
+    return routing_policy(fake_upstream, circuit_breaker={"consecutive_failures": 1, "open_s": 30})
 
 
 async def post(px: RunningProxy, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
@@ -38,53 +32,53 @@ async def post(px: RunningProxy, path: str, body: dict[str, Any]) -> tuple[int, 
 
 @pytest.mark.parametrize(("status", "retry_afters"), [(503, (40, 55)), (429, (55, 40))])
 async def test_exhausted_503s_and_429s_keep_their_status_and_the_largest_retry_after(
-    px: RunningProxy, fake_upstream: FakeUpstream, status: int, retry_afters: tuple[int, int]
+    proxy: RunningProxy, fake_upstream: FakeUpstream, status: int, retry_afters: tuple[int, int]
 ) -> None:
     fake_upstream.script("cheap", Fault.http(status, retry_after=retry_afters[0]))
     fake_upstream.script("backup", Fault.http(status, retry_after=retry_afters[1]))
-    code, headers, body = await post(px, "/v1/chat/completions", CHAT)
+    code, headers, body = await post(proxy, "/v1/chat/completions", CHAT)
     assert (code, headers["Retry-After"]) == (status, "55")
     assert body["error"]["message"].startswith(f"Upstream provider failed: upstream answered {status}")
 
 
-async def test_an_upstream_retry_after_is_capped(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
+async def test_an_upstream_retry_after_is_capped(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
     fake_upstream.script("cheap", Fault.http(503, retry_after=86400))
     fake_upstream.script("backup", Fault.http(503, retry_after=86400))
-    code, headers, _ = await post(px, "/v1/chat/completions", CHAT)
+    code, headers, _ = await post(proxy, "/v1/chat/completions", CHAT)
     assert (code, headers["Retry-After"]) == (503, str(int(RETRY_AFTER_CAP_S)))
 
 
 async def test_a_breaker_skip_last_names_the_real_failure_before_it(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("backup", Fault.http(500))
-    await post(px, "/v1/chat/completions", {**CHAT, "model": "up/backup"})  # opens backup's breaker
+    await post(proxy, "/v1/chat/completions", {**CHAT, "model": "up/backup"})  # opens backup's breaker
     fake_upstream.script("cheap", Fault.http(503, retry_after=45))
-    code, headers, body = await post(px, "/v1/chat/completions", CHAT)  # cheap 503, backup skipped
+    code, headers, body = await post(proxy, "/v1/chat/completions", CHAT)  # cheap 503, backup skipped
     assert code == 503 and headers["Retry-After"] == "45"
     assert "upstream answered 503" in body["error"]["message"]
     assert "circuit breaker" not in body["error"]["message"]
 
 
 async def test_every_breaker_open_refusal_says_when_the_first_trial_comes(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", Fault.http(500))
     fake_upstream.script("backup", Fault.http(500))
-    await post(px, "/v1/chat/completions", CHAT)  # both breakers open for 30 s
-    code, headers, body = await post(px, "/v1/chat/completions", CHAT)
+    await post(proxy, "/v1/chat/completions", CHAT)  # both breakers open for 30 s
+    code, headers, body = await post(proxy, "/v1/chat/completions", CHAT)
     assert code == 503 and body["error"]["code"] == "provider_unavailable"
     assert 28 <= int(headers["Retry-After"]) <= 30
 
 
 async def test_a_module_refused_by_open_breakers_names_the_real_failure_and_the_trial_time(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     for model in ("cheap", "backup", "strong"):
         fake_upstream.script(model, Fault.http(503, retry_after=20))
-    code, headers, envelope = await post(px, "/v1/modules/code-reviewer/execute", {"input": REVIEW_INPUT})
+    code, headers, envelope = await post(proxy, "/v1/modules/code-reviewer/execute", {"input": REVIEW_INPUT})
     assert (code, headers.get("Retry-After")) == (503, "20"), envelope
-    code, headers, envelope = await post(px, "/v1/modules/code-reviewer/execute", {"input": REVIEW_INPUT})
+    code, headers, envelope = await post(proxy, "/v1/modules/code-reviewer/execute", {"input": REVIEW_INPUT})
     assert code == 503 and 28 <= int(headers["Retry-After"]) <= 30
     assert envelope["error"]["code"] == "E4001"
     assert "circuit breaker is open" in envelope["error"]["message"]

@@ -4,7 +4,6 @@ whole (finding 5): through the served proxy against the fault-injecting fake ups
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,9 @@ def relay_policy(fake: FakeUpstream, **timeout: float) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, relay_policy(fake_upstream)) as running:
-        yield running
+def policy(fake_upstream: FakeUpstream) -> dict[str, Any]:
+    """What the ``proxy`` fixture serves here."""
+    return relay_policy(fake_upstream)
 
 
 async def post(px: RunningProxy, path: str, body: dict[str, Any], **headers: str) -> tuple[int, bytes]:
@@ -69,23 +65,23 @@ def error_events(body: bytes) -> list[bytes]:
 
 
 async def test_a_stream_truncated_after_two_chunks_ends_with_an_error_event_and_is_counted(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.truncate(2))
-    status, body = await post(px, "/chat/completions", CHAT)
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200
     assert b"data: [DONE]" not in body
     assert body.count(b'"chat.completion.chunk"') == 2  # what the upstream sent, as it sent it
     assert len(error_events(body)) == 1 and body.endswith(b"\n\n")
     assert b'"code":"upstream_stream_error"' in error_events(body)[0]
-    assert await incomplete(px) == {("up", "m-a", "truncated"): 1.0}
+    assert await incomplete(proxy) == {("up", "m-a", "truncated"): 1.0}
     assert fake_upstream.count("/v1/chat/completions") == 1  # bytes were sent: never retried
 
 
-async def test_a_complete_stream_is_not_counted(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    status, body = await post(px, "/chat/completions", CHAT)
+async def test_a_complete_stream_is_not_counted(proxy: RunningProxy, fake_upstream: FakeUpstream) -> None:
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200 and body.endswith(b"data: [DONE]\n\n") and not error_events(body)
-    assert await incomplete(px) == {}
+    assert await incomplete(proxy) == {}
 
 
 @pytest.mark.parametrize(
@@ -94,60 +90,60 @@ async def test_a_complete_stream_is_not_counted(px: RunningProxy, fake_upstream:
     ids=["truncated", "dropped", "stalled", "malformed"],
 )
 async def test_a_stream_failing_before_its_first_chunk_fails_over(
-    px: RunningProxy, fake_upstream: FakeUpstream, fault: Fault
+    proxy: RunningProxy, fake_upstream: FakeUpstream, fault: Fault
 ) -> None:
     fake_upstream.script("m-a", fault)
-    status, body = await post(px, "/chat/completions", CHAT)
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200
     assert body.endswith(b"data: [DONE]\n\n") and not error_events(body)
     assert MALFORMED_FRAME not in body
     assert fake_upstream.count("/v1/chat/completions", model="m-b") == 1
-    assert await incomplete(px) == {}
+    assert await incomplete(proxy) == {}
 
 
 async def test_a_stream_that_fails_everywhere_before_its_first_chunk_is_an_error_status(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.truncate(0))
     fake_upstream.script("m-b", Fault.truncate(0))
-    status, body = await post(px, "/chat/completions", CHAT)
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 502
     assert b"ended before its first event" in body
 
 
 async def test_a_stall_after_the_first_chunk_ends_the_stream_with_an_error_event(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.stall(2, STALL_S))
-    status, body = await post(px, "/chat/completions", CHAT)
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200 and len(error_events(body)) == 1
-    assert await incomplete(px) == {("up", "m-a", "stalled"): 1.0}
+    assert await incomplete(proxy) == {("up", "m-a", "stalled"): 1.0}
 
 
 async def test_a_malformed_chunk_is_forwarded_as_is_and_counted(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.malformed_chunk(2))
-    status, body = await post(px, "/chat/completions", CHAT)
+    status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200
     assert MALFORMED_FRAME in body and body.endswith(b"data: [DONE]\n\n") and not error_events(body)
-    assert await incomplete(px) == {("up", "m-a", "malformed_chunk"): 1.0}
+    assert await incomplete(proxy) == {("up", "m-a", "malformed_chunk"): 1.0}
 
 
 async def test_a_truncated_anthropic_stream_is_not_passed_off_as_complete(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("claude-x", Fault.truncate(3))
-    status, body = await post(px, "/chat/completions", {**CHAT, "model": "claude"})
+    status, body = await post(proxy, "/chat/completions", {**CHAT, "model": "claude"})
     assert status == 200
     assert b"data: [DONE]" not in body and len(error_events(body)) == 1
-    assert await incomplete(px) == {("anth", "claude-x", "truncated"): 1.0}
+    assert await incomplete(proxy) == {("anth", "claude-x", "truncated"): 1.0}
 
 
 async def test_a_complete_anthropic_stream_ends_with_done(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    status, body = await post(px, "/chat/completions", {**CHAT, "model": "claude"})
+    status, body = await post(proxy, "/chat/completions", {**CHAT, "model": "claude"})
     assert status == 200 and body.endswith(b"data: [DONE]\n\n") and not error_events(body)
 
 
@@ -155,38 +151,38 @@ RESPONSES = {"model": "gpt-4o", "input": "hi", "stream": True}
 
 
 async def test_a_truncated_responses_stream_ends_with_an_error_event(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("gpt-4o", Fault.truncate(4))
-    status, body = await post(px, "/responses", RESPONSES)
+    status, body = await post(proxy, "/responses", RESPONSES)
     assert status == 200
     assert b"response.completed" not in body
     assert len(error_events(body)) == 1 and error_events(body)[0].startswith(b"event: error\n")
-    assert await incomplete(px) == {("up", "other", "truncated"): 1.0}
+    assert await incomplete(proxy) == {("up", "other", "truncated"): 1.0}
 
 
 async def test_a_complete_responses_stream_is_not_marked(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
-    status, body = await post(px, "/responses", RESPONSES)
+    status, body = await post(proxy, "/responses", RESPONSES)
     assert status == 200 and b"event: response.completed" in body and not error_events(body)
-    assert await incomplete(px) == {}
+    assert await incomplete(proxy) == {}
 
 
 async def test_a_responses_stream_cut_before_its_first_event_fails_over(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("gpt-4o", Fault.truncate(0))
-    status, body = await post(px, "/responses", RESPONSES)
+    status, body = await post(proxy, "/responses", RESPONSES)
     assert status == 200 and b"event: response.completed" in body and not error_events(body)
     assert fake_upstream.count("/v1/responses") == 2
 
 
 async def test_a_responses_stream_cut_everywhere_before_its_first_event_is_an_error_status(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("gpt-4o", Fault.truncate(0), Fault.truncate(0))
-    status, body = await post(px, "/responses", RESPONSES)
+    status, body = await post(proxy, "/responses", RESPONSES)
     assert status == 502 and b"ended before its first event" in body
 
 
@@ -194,45 +190,45 @@ async def test_a_responses_stream_cut_everywhere_before_its_first_event_is_an_er
 
 
 async def test_a_dripping_chat_answer_is_cut_at_per_try_and_fails_over(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.drip(DRIP_S))
-    status, body = await post(px, "/chat/completions", {**CHAT, "stream": False})
+    status, body = await post(proxy, "/chat/completions", {**CHAT, "stream": False})
     assert status == 200 and b'"chat.completion"' in body
     assert fake_upstream.count("/v1/chat/completions", model="m-b") == 1
 
 
 async def test_a_dripping_answer_everywhere_is_a_timeout(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("m-a", Fault.drip(DRIP_S))
     fake_upstream.script("m-b", Fault.drip(DRIP_S))
-    status, body = await post(px, "/chat/completions", {**CHAT, "stream": False})
+    status, body = await post(proxy, "/chat/completions", {**CHAT, "stream": False})
     assert status == 504, body
 
 
 async def test_a_passthrough_answer_dripping_past_per_try_is_cut_never_passed_off_as_whole(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     """Its first byte came in time, so the client has the headers: the rest is bounded by the
     attempt and, past it, the connection is closed (a short body the client sees as broken)."""
     fake_upstream.script("text-embedding-3-small", Fault.drip(DRIP_S))
     async with aiohttp.ClientSession() as session:
         resp = await session.post(
-            px.base + "/embeddings", json={"model": "text-embedding-3-small", "input": "x"}
+            proxy.base + "/embeddings", json={"model": "text-embedding-3-small", "input": "x"}
         )
         with pytest.raises(aiohttp.ClientPayloadError):
             await resp.read()
-    assert await incomplete(px) == {("up", "other", "too_long"): 1.0}
+    assert await incomplete(proxy) == {("up", "other", "too_long"): 1.0}
 
 
 async def test_a_dripping_module_answer_is_cut_at_per_try(
-    px: RunningProxy, fake_upstream: FakeUpstream
+    proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     for model in ("cheap", "strong", "m-a", "m-b"):
         fake_upstream.script(model, Fault.drip(DRIP_S))
     async with aiohttp.ClientSession() as session:
-        resp = await session.post(px.base + "/modules/code-reviewer/execute", json={"input": REVIEW_INPUT})
+        resp = await session.post(proxy.base + "/modules/code-reviewer/execute", json={"input": REVIEW_INPUT})
         envelope = await resp.json()
     assert resp.status == 503 and envelope["error"]["code"] == "E4001", envelope  # every provider failed
     assert "within 0.5s" in envelope["error"]["message"]

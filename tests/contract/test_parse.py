@@ -316,3 +316,13 @@ def test_scan_counts_every_structural_step() -> None:
     assert (scan('x {"a": [1]} y').steps, scan('x {"a": [1]} y').visited) == (7, 14)
     assert scan('{"a": "b\\"c"}').steps == 7  # ends on the closer: nothing counted past the end
     assert scan("").steps == 0
+
+
+def test_scan_reports_how_far_it_read_before_stopping() -> None:
+    malformed = scan('{"a": [1} and more')
+    assert (malformed.malformed, malformed.visited) == (
+        "unbalanced brackets: '}' at offset 8 closes the wrong opener",
+        9,
+    )
+    deep = scan("[" * (MAX_JSON_DEPTH + 1) + " rest")
+    assert (deep.too_deep, deep.visited) == (True, MAX_JSON_DEPTH + 1)

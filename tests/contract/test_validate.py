@@ -10,7 +10,7 @@ import pytest
 
 from proxy.contract.schema import Violation, check, compile_schema
 from proxy.contract.validate import standard, validate_answer, validate_envelope
-from tests.conftest import SCHEMA, VECTORS, ModuleFactory, success
+from tests.conftest import SCHEMA, VECTORS, ModuleFactory, schema_with, success
 
 VECTOR_FILES = sorted(VECTORS.rglob("*.json"))
 
@@ -67,8 +67,6 @@ def test_module_data_schema_is_enforced(make_module: ModuleFactory) -> None:
 
 
 def test_module_error_schema_is_enforced_for_model_failures(make_module: ModuleFactory) -> None:
-    from tests.conftest import schema_with
-
     module = make_module(
         schema=schema_with(
             error={
@@ -377,4 +375,23 @@ def test_a_module_without_a_meta_schema_uses_the_standard_one(make_module: Modul
     envelope["meta"]["confidence"] = 2
     assert rows(validate_answer(envelope, module)) == [
         ("meta.confidence", "must be smaller than or equal to 1", "maximum", "E3001")
+    ]
+
+
+def test_rationale_codes_only_for_the_rationale(make_module: ModuleFactory) -> None:
+    """E3003 names the rationale: a data schema that refuses it is E3003 too; an enum that merely
+    lists the word 'rationale' is an ordinary enum violation (E3005)."""
+    closed = copy.deepcopy(SCHEMA["data"])
+    closed["additionalProperties"] = False
+    del closed["properties"]["rationale"]
+    closed["required"] = ["result"]
+    module = make_module(schema=schema_with(data=closed))
+    assert rows(validate_answer(success(), module)) == [
+        ("data", "must not contain {'rationale'} properties", "additionalProperties", "E3003")
+    ]
+    listed = copy.deepcopy(SCHEMA["data"])
+    listed["properties"]["note"] = {"enum": ["rationale"]}
+    module = make_module(schema=schema_with(data=listed))
+    assert rows(validate_answer(success(note="x"), module)) == [
+        ("data.note", "must be one of ['rationale']", "enum", "E3005")
     ]

@@ -219,6 +219,7 @@ async def test_tickets_transitions_and_logs_through_open_trial_reopen_and_close(
 
 async def test_a_streak_opens_unless_the_caller_protects_the_target(breakers: Breakers) -> None:
     policy = BreakerPolicy(consecutive_failures=2)
+    await outcomes(breakers, policy, *[False] * 10)  # 2 failures of 12 stay under the rate
     for _ in range(2):
         ticket = await breakers.admit(T, policy, 1.0)
         await breakers.record(T, ticket, policy, failed=True)  # protect defaults to False
@@ -265,3 +266,11 @@ async def test_state_is_read_through_a_local_cache_for_refresh_s(store: BreakerS
     clock.now = 1000.5
     assert await admission(here, policy) == "open"
     assert here.is_open(T)
+
+
+async def test_outcomes_on_a_closed_breaker_signal_nothing(store: BreakerStore, clock: Clock) -> None:
+    seen = Transitions()
+    breakers = Breakers(store, clock=clock, refresh_s=0, on_transition=seen)
+    with capture_logs() as logs:
+        await outcomes(breakers, DEFAULT, False, True, False)
+    assert (seen, logs) == ([], [])

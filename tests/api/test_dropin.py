@@ -135,7 +135,7 @@ async def test_responses_api_runs_a_module(proxy: RunningProxy, fake_upstream: F
     assert text == "r"  # the rationale, streamed as it was written (spec v2.5 §3.2)
     assert completed is not None and completed.status == "completed"
     assert json.loads(completed.output_text)["meta"]["confidence"] == 0.93
-    assert completed.model_extra["cognitive"]["decision"] == "accept"
+    assert cognitive_of(completed)["decision"] == "accept"
 
 
 async def test_moderations(proxy: RunningProxy) -> None:

@@ -18,7 +18,14 @@ from proxy.api.quota import estimate_body_tokens
 from proxy.clients import read_identities
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, free_port, proxy_process, running_proxy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    cognitive_of,
+    free_port,
+    proxy_process,
+    running_proxy,
+)
 
 REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 CHEAP = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
@@ -99,7 +106,7 @@ async def test_savings_counter_equals_a_hand_computation_on_a_scripted_escalatio
             raw = await px.client("sk-alice").chat.completions.with_raw_response.create(
                 model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
             )
-            cognitive = raw.parse().model_extra["cognitive"]
+            cognitive = cognitive_of(raw.parse())
             calls.append((cognitive, raw.headers))
         metrics = await (await session.get(px.url + "/metrics")).text()
     attempts = [[(a["target"], a["usage"]) for a in c["attempts"]] for c, _ in calls]
@@ -266,7 +273,7 @@ async def test_on_budget_downgrade_caps_the_ladder(
             raw = await client.chat.completions.with_raw_response.create(
                 model="module:code-reviewer", messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}]
             )
-            cognitives.append(raw.parse().model_extra["cognitive"])
+            cognitives.append(cognitive_of(raw.parse()))
     first, second = cognitives
     assert [a["target"] for a in first["attempts"]] == ["up/cheap", "up/strong"]
     assert first["cost"]["downgraded"] is False

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from proxy.state.outbox import SPOOL_FILE, RedisOutbox, StreamWrite
+from proxy.state.outbox import SPOOL_FILE, KeyWrite, RedisOutbox, StreamWrite
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
@@ -132,14 +132,18 @@ async def test_the_spool_keeps_records_across_a_restart(
     assert (spool / SPOOL_FILE).read_bytes() == b""
 
 
+def dropped_trace_ids(writes: list[StreamWrite | KeyWrite]) -> list[str]:
+    return [w.fields["trace_id"] if isinstance(w, StreamWrite) else f"key write {w!r}" for w in writes]
+
+
 async def test_a_full_outbox_drops_new_writes_and_counts_them(relay: RedisRelay, redis_db: Any) -> None:
     relay.cut()
-    dropped: list[StreamWrite] = []
+    dropped: list[StreamWrite | KeyWrite] = []
     outbox = RedisOutbox(relay.url(DB), bound=3, on_drop=dropped.append)
     outbox.start()
     accepted = [outbox.put(StreamWrite(STREAM, {"trace_id": str(i)}, 100)) for i in range(5)]
     assert accepted == [True, True, True, False, False]
-    assert [w.fields["trace_id"] for w in dropped] == ["3", "4"]
+    assert dropped_trace_ids(dropped) == ["3", "4"]
     relay.restore()
     assert await stream_trace_ids(redis_db, 3) == ["0", "1", "2"]
     await outbox.aclose()
@@ -147,11 +151,11 @@ async def test_a_full_outbox_drops_new_writes_and_counts_them(relay: RedisRelay,
 
 async def test_a_write_redis_refuses_is_dropped_and_never_blocks_the_ones_behind_it(redis_db: Any) -> None:
     await redis_db.set("not-a-stream", "x")
-    dropped: list[StreamWrite] = []
+    dropped: list[StreamWrite | KeyWrite] = []
     outbox = RedisOutbox(REDIS_URL, on_drop=dropped.append)
     outbox.start()
     outbox.put(StreamWrite("not-a-stream", {"trace_id": "refused"}, 100))
     outbox.put(StreamWrite(STREAM, {"trace_id": "next"}, 100))
     assert await stream_trace_ids(redis_db, 1) == ["next"]
-    assert [w.fields["trace_id"] for w in dropped] == ["refused"]
+    assert dropped_trace_ids(dropped) == ["refused"]
     await outbox.aclose()

@@ -16,7 +16,14 @@ from proxy.contract.validate import validate_envelope
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ROOT
 from tests.fake_upstream import STREAM_BREAK, FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    RunningProxy,
+    cognitive_of,
+    running_proxy,
+    upstream_policy,
+)
 from tests.stream.client import read_ndjson, read_sse, rendered, seq, sequenced
 from tests.test_bundled_modules import BUNDLED
 
@@ -150,7 +157,7 @@ async def test_openai_sdk_streams_module_deltas_over_chat(
     extra = last.model_extra or {}
     assert extra["envelope"]["ok"] is True and extra["envelope"]["data"]["rationale"] == RATIONALE
     assert extra["cognitive"]["decision"] == "accept"
-    assert last.system_fingerprint.startswith("cogproxy:decision=accept")
+    assert (last.system_fingerprint or "").startswith("cogproxy:decision=accept")
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
 
 
@@ -254,7 +261,7 @@ async def test_responses_api_streams_deltas_and_shows_an_escalation(
     assert resets == 1 and text == "The careful answer."
     assert completed is not None
     assert json.loads(completed.output_text)["data"]["rationale"] == "The careful answer."
-    assert completed.model_extra["cognitive"]["decision"] == "escalated"
+    assert cognitive_of(completed)["decision"] == "escalated"
 
 
 async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(

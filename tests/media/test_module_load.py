@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ MEDIA_DEFS = {
 }
 
 
-def module_with(tmp_path: Path, modalities: list[str] | None, input_schema: dict[str, object]) -> Path:
+def module_with(tmp_path: Path, modalities: list[str] | None, input_schema: Mapping[str, object]) -> Path:
     root = tmp_path / "image-describer"
     shutil.copytree(MODULES / "image-describer", root)
     manifest = yaml.safe_load((root / "module.yaml").read_text())

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import os
+from typing import Any
 
 from proxy.media.facts import Facts
 from proxy.media.model import Media
@@ -18,7 +19,7 @@ def media(index: int, media_type: str, category: str, data: bytes) -> Media:
     return Media(index, f"input.m[{index}]", "base64", media_type, category, data, Facts())  # type: ignore[arg-type]
 
 
-def written(payload: dict[str, object], items: list[Media]) -> bytes:
+def written(payload: dict[str, Any], items: list[Media]) -> bytes:
     out = body(payload, items)
     if isinstance(out, bytes):
         return out

@@ -60,7 +60,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -715,7 +715,7 @@ def feedback_bench() -> None:
     print(f"{'added: feedback + calibration':<34}{extra:>10.2f}{extra / base:>12.2f}")
 
 
-def _fail() -> object:
+def _fail() -> NoReturn:
     raise AssertionError("no record")
 
 

@@ -178,6 +178,20 @@ class ServedProcess:
     output: tuple[str, str] = ("", "")
     """(stdout, stderr), filled once the process has stopped."""
 
+    async def stop(self, timeout: float = 20.0) -> tuple[str, str]:
+        """SIGTERM (SIGKILL after ``timeout``), then everything it wrote: (stdout, stderr)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            await asyncio.to_thread(self.proc.wait, timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            await asyncio.to_thread(self.proc.wait)
+        for drain in (self.stdout, self.stderr):
+            await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
+        self.output = (self.stdout.text(), self.stderr.text())
+        return self.output
+
 
 @asynccontextmanager
 async def proxy_process(
@@ -200,13 +214,4 @@ async def proxy_process(
         await wait_ready(served.url, proc, served.stdout, served.stderr)
         yield served
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            await asyncio.to_thread(proc.wait, 20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-        for drain in (served.stdout, served.stderr):
-            await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
-        served.output = (served.stdout.text(), served.stderr.text())
+        await served.stop()

@@ -59,8 +59,7 @@ async def test_credentials_in_context_never_reach_the_upstream(
     }
     assert "user_profile" not in model_context
     assert model_context["conversation_history"][0]["content"] == "my password is fine, key [REDACTED]"
-    served.proc.terminate()
-    out, err = served.proc.communicate(timeout=20)
+    out, err = await served.stop()
     for secret in SECRETS:
         assert secret not in out + err
     assert "proxy.context_redacted" in out + err  # names are logged, values never

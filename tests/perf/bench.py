@@ -84,7 +84,7 @@ ENVELOPE: dict[str, Any] = {
         "rationale": "The function is correct; one naming nit.",
     },
 }
-COMPLETION = {
+COMPLETION: dict[str, Any] = {
     "id": "chatcmpl-bench",
     "object": "chat.completion",
     "created": 0,
@@ -596,7 +596,7 @@ def composition_bench(repeat: int = 3_000) -> None:
                 "message": {"role": "assistant", "content": answer(0.9, summary="s")},
             }
         ],
-    }  # type: ignore[index]
+    }
 
     class Instant:
         async def complete(self, body: object, model: str, ctx: object, timeout: float) -> dict[str, object]:

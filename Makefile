@@ -38,10 +38,11 @@ redis:
 test: install redis
 	$(BIN)/python -m pytest
 
-## lint: ruff, and mypy (strict) on the package and the tests
+## lint: ruff, mypy (strict) on the package and the tests, and the import layers ([tool.importlinter])
 lint: install
 	$(BIN)/ruff check proxy tests
 	$(BIN)/mypy proxy tests
+	$(BIN)/lint-imports
 
 ## mutation: mutmut on the core modules with their own tests ([tool.mutmut] in pyproject.toml), serial,
 ## from scratch, hypothesis derandomized; fails when a module scores under 90 %. Slow: not part of `test`.

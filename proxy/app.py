@@ -26,6 +26,7 @@ from proxy.api import (
 from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
+from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
 from proxy.api.state import (
@@ -45,7 +46,6 @@ from proxy.api.target import target_form_middleware
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore, MemoryContextStore, RedisContextStore
 from proxy.module.registry import ModuleRegistry
-from proxy.observability.instrument import MetricsObserver
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.quota import admit, caller, estimate_body_tokens, settle
@@ -23,7 +24,6 @@ from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, deeper_than
-from proxy.observability.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target

@@ -16,10 +16,10 @@ from aiohttp import web
 
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.instrument import record_verdict
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.api.state import FEEDBACK, METRICS, SETTINGS, runtime_of
 from proxy.module.model import Module
-from proxy.observability.instrument import record_verdict
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy
 from proxy.state.feedback import AnswerRecord, with_verdict

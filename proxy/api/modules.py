@@ -11,6 +11,7 @@ from aiohttp import web
 
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.feedback import answer_record
+from proxy.api.instrument import record_module_answer, record_module_cost
 from proxy.api.media import media_env
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
@@ -28,7 +29,6 @@ from proxy.context.identity import (
 from proxy.context.step import ContextCall
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
-from proxy.observability.instrument import record_module_answer, record_module_cost
 from proxy.observability.metrics import (
     OTHER,
     OUTCOME_INVALID_INPUT,

@@ -31,11 +31,11 @@ from proxy.context.identity import CONTEXT_FIELD, without_context
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope
 from proxy.contract.inputs import check_input
 from proxy.contract.risk import RISK_RANK
-from proxy.contract.schema import check
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.model import Module
 from proxy.pipeline import Call, ModuleAnswer, Step, refused_by_policies
 from proxy.policy.decide import Meta, decide
+from proxy.schema import check
 
 Runner = Callable[[Call], Awaitable[ModuleAnswer]]
 MAX_PARALLEL_STEPS = 4

@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 
 from proxy.context.identity import Identity, expand
-from proxy.context.spec import (
+from proxy.context.store import ContextStore, ContextUnavailable
+from proxy.module.context_spec import (
     CONVERSATION_HISTORY,
     DEFAULT_KEY_PATTERNS,
     PREVIOUS_RESULT,
     ContextSpec,
 )
-from proxy.context.store import ContextStore, ContextUnavailable
 
 HISTORY_ROLES = frozenset({"user", "assistant", "system"})
 

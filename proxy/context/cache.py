@@ -16,8 +16,8 @@ import orjson
 import structlog
 
 from proxy.context.identity import Identity, expand
-from proxy.context.spec import ANALYSIS_CACHE, DEFAULT_KEY_PATTERNS, TTL_REQUEST
 from proxy.context.store import ContextStore, ContextUnavailable
+from proxy.module.context_spec import ANALYSIS_CACHE, DEFAULT_KEY_PATTERNS, TTL_REQUEST
 from proxy.module.model import Module
 from proxy.policy.model import CacheRule, Policy, Thresholds
 

@@ -12,9 +12,9 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.context.spec import ContextSpec
 from proxy.contract.errors import Code, error_envelope
-from proxy.contract.schema import check
+from proxy.module.context_spec import ContextSpec
+from proxy.schema import check
 
 _MAX_LISTED = 20
 

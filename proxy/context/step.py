@@ -24,10 +24,10 @@ from proxy.context.identity import (
     without_context,
 )
 from proxy.context.sanitise import DEFAULT_MATCHER, MAX_CONTEXT_BYTES, NameMatcher, sanitise
-from proxy.context.spec import TTL_REQUEST
 from proxy.context.store import ContextStore
 from proxy.contract.errors import Code, error_envelope
 from proxy.jsonshape import deeper_than
+from proxy.module.context_spec import TTL_REQUEST
 from proxy.module.model import Module
 
 log = structlog.get_logger("proxy.context")

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from proxy.context.spec import TTL_PERSISTENT
+from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.state.outbox import KeyWrite, RedisOutbox
 
 log = structlog.get_logger("proxy.context")

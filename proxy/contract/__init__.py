@@ -2,8 +2,8 @@
 
 from proxy.contract.engine import ContractResult, check_answer, run_contract
 from proxy.contract.repair import Repair
-from proxy.contract.schema import Violation
 from proxy.contract.validate import validate_answer, validate_envelope
+from proxy.schema import Violation
 
 __all__ = [
     "ContractResult",

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proxy.contract.repair import Repair
-from proxy.contract.schema import Violation, check
+from proxy.schema import Violation, check
 
 if TYPE_CHECKING:
-    from proxy.module.model import Module
+    from proxy.contract.rules import ModuleContract
 
 FIELD = "_emitted_context"
 
@@ -30,7 +30,7 @@ class Split:
     repairs: tuple[Repair, ...] = ()
 
 
-def split_emitted(answer: dict[str, Any], module: Module) -> Split:
+def split_emitted(answer: dict[str, Any], module: ModuleContract) -> Split:
     if FIELD not in answer or not module.context.emits:
         return Split(answer, None)
     rest = {k: v for k, v in answer.items() if k != FIELD}

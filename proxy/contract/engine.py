@@ -26,12 +26,12 @@ from proxy.contract.emitted import split_emitted
 from proxy.contract.errors import Code, error_envelope
 from proxy.contract.parse import ParseFailure, parse_json_object
 from proxy.contract.repair import Repair, repair
-from proxy.contract.schema import Violation
 from proxy.contract.validate import validate_answer
 from proxy.contract.wrap import wrap_v21
+from proxy.schema import Violation
 
 if TYPE_CHECKING:
-    from proxy.module.model import Module
+    from proxy.contract.rules import ModuleContract
 
 _MAX_LISTED_VIOLATIONS = 20
 CUT_FINISH_REASON = "length"
@@ -79,7 +79,7 @@ def _original_data(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def allowed_partial(module: Module, data: Any) -> dict[str, Any] | None:
+def allowed_partial(module: ModuleContract, data: Any) -> dict[str, Any] | None:
     """``data`` as the ``partial_data`` of a failure the proxy builds, or None when the module
     forbids it (``failure.partial_allowed: false``, spec v2.2 §0.1 failure rule 5)."""
     if not module.failure.partial_allowed or not isinstance(data, dict):
@@ -88,7 +88,7 @@ def allowed_partial(module: Module, data: Any) -> dict[str, Any] | None:
 
 
 def _schema_failure(
-    answer: dict[str, Any], violations: list[Violation], repairs: tuple[Repair, ...], module: Module
+    answer: dict[str, Any], violations: list[Violation], repairs: tuple[Repair, ...], module: ModuleContract
 ) -> ContractResult:
     first = violations[0]
     listed = violations[:_MAX_LISTED_VIOLATIONS]
@@ -127,7 +127,9 @@ def cut_output() -> ContractResult:
     )
 
 
-def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = None) -> ContractResult:
+def run_contract(
+    raw_text: str, module: ModuleContract, *, finish_reason: str | None = None
+) -> ContractResult:
     """Turn one model answer into the envelope the caller receives."""
     if finish_reason == CUT_FINISH_REASON:
         return cut_output()
@@ -141,7 +143,7 @@ def run_contract(raw_text: str, module: Module, *, finish_reason: str | None = N
 
 
 async def run_contract_off_loop(
-    raw_text: str, module: Module, *, finish_reason: str | None = None
+    raw_text: str, module: ModuleContract, *, finish_reason: str | None = None
 ) -> ContractResult:
     """``run_contract``, in a worker thread when the answer is longer than ``OFF_LOOP_CHARS``."""
     if len(raw_text) > OFF_LOOP_CHARS:
@@ -149,7 +151,9 @@ async def run_contract_off_loop(
     return run_contract(raw_text, module, finish_reason=finish_reason)
 
 
-def check_answer(answer: dict[str, Any], module: Module, *, extracted: str = "strict") -> ContractResult:
+def check_answer(
+    answer: dict[str, Any], module: ModuleContract, *, extracted: str = "strict"
+) -> ContractResult:
     """Stages 2-5 on an already parsed object (used by golden tests and ``run_contract``)."""
     repairs: list[Repair] = []
     if extracted != "strict":

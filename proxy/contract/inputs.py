@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.contract.errors import Code, error_envelope
-from proxy.contract.schema import check
 from proxy.jsonshape import MAX_JSON_DEPTH, deeper_than
+from proxy.schema import check
 
 if TYPE_CHECKING:
-    from proxy.module.model import Module
+    from proxy.contract.rules import ModuleContract
 
 # A deliberately simple, provider-independent estimate: about four bytes of JSON per token.
 BYTES_PER_TOKEN = 4
@@ -40,7 +40,7 @@ _SAME = object()
 
 
 def check_input(
-    module: Module, value: Any, *, schema: bool = True, sized: Any = _SAME
+    module: ModuleContract, value: Any, *, schema: bool = True, sized: Any = _SAME
 ) -> dict[str, Any] | None:
     """The E1xxx error envelope for a bad input, or None when the input may be sent.
 

@@ -21,7 +21,7 @@ from proxy.contract.risk import RISKS, aggregate_risk
 from proxy.contract.wrap import NO_EXPLANATION, explain_from
 
 if TYPE_CHECKING:
-    from proxy.module.model import Module
+    from proxy.contract.rules import ModuleContract
 
 DEFAULT_CONFIDENCE = 0.5
 _TRIMMED_META = ("risk", "explain", "trace_id", "model")
@@ -36,7 +36,7 @@ class Repair:
     detail: str = ""
 
 
-def _fill_meta(env: dict[str, Any], meta: dict[str, Any], module: Module | None) -> list[Repair]:
+def _fill_meta(env: dict[str, Any], meta: dict[str, Any], module: ModuleContract | None) -> list[Repair]:
     ok = env["ok"]
     data = env.get("data")
     error = env.get("error")
@@ -72,7 +72,9 @@ def _trim(container: dict[str, Any], keys: tuple[str, ...], prefix: str) -> list
     return out
 
 
-def repair(envelope: dict[str, Any], module: Module | None = None) -> tuple[dict[str, Any], list[Repair]]:
+def repair(
+    envelope: dict[str, Any], module: ModuleContract | None = None
+) -> tuple[dict[str, Any], list[Repair]]:
     """Return a repaired copy of ``envelope`` and what was changed (empty when nothing could be)."""
     env = copy.deepcopy(envelope)
     if not isinstance(env.get("ok"), bool):

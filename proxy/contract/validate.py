@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from proxy import schemas
 from proxy.contract.errors import Code
-from proxy.contract.schema import Validator, Violation, check, compile_schema
+from proxy.schema import Validator, Violation, check, compile_schema
 
 if TYPE_CHECKING:
-    from proxy.module.model import Module
+    from proxy.contract.rules import ModuleContract
 
 SUCCESS_KEYS = frozenset({"ok", "meta", "data"})
 FAILURE_KEYS = frozenset({"ok", "meta", "error", "partial_data"})
@@ -134,7 +134,7 @@ def validate_envelope(envelope: Any) -> list[Violation]:
     return [_classify(v) for v in out]
 
 
-def _overflow(data: dict[str, Any], module: Module) -> list[Violation]:
+def _overflow(data: dict[str, Any], module: ModuleContract) -> list[Violation]:
     extensions = data.get("extensions")
     insights = extensions.get("insights") if isinstance(extensions, dict) else None
     if not isinstance(insights, list):
@@ -169,7 +169,7 @@ def _overflow(data: dict[str, Any], module: Module) -> list[Violation]:
     return out
 
 
-def validate_answer(envelope: Any, module: Module) -> list[Violation]:
+def validate_answer(envelope: Any, module: ModuleContract) -> list[Violation]:
     """Envelope rules plus the module's own contract; empty means the answer is valid."""
     out = validate_envelope(envelope)
     if not isinstance(envelope, dict):

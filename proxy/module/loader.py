@@ -22,24 +22,16 @@ import yaml
 from proxy import schemas
 from proxy.compose.directives import DirectiveError, parse_directives
 from proxy.compose.spec import CompositionError, parse_composition
-from proxy.context.spec import ContextSpecError, parse_context
-from proxy.contract.schema import SchemaCompileError, Validator, check, compile_schema
+from proxy.contract.rules import CompatPolicy, FailurePolicy, OverflowPolicy, RuntimeRequirements, Validators
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
 from proxy.media import schema as media_schema
-from proxy.module.model import (
-    CompatPolicy,
-    FailurePolicy,
-    Module,
-    ModuleFormat,
-    OverflowPolicy,
-    RuntimeRequirements,
-    ToolPolicy,
-    Validators,
-)
+from proxy.module.context_spec import ContextSpecError, parse_context
+from proxy.module.model import Module, ModuleFormat, ToolPolicy
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
+from proxy.schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

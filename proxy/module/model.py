@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -10,15 +9,19 @@ from typing import Any, Literal
 
 from proxy.compose.directives import CallDirective
 from proxy.compose.spec import Composition
-from proxy.context.spec import NO_CONTEXT, ContextSpec
+from proxy.contract.rules import (
+    CompatPolicy,
+    FailurePolicy,
+    OverflowPolicy,
+    RiskRule,
+    RuntimeRequirements,
+    Tier,
+    Validators,
+)
+from proxy.module.context_spec import NO_CONTEXT, ContextSpec
 
-Validator = Callable[[Any], Any]
-"""A compiled fastjsonschema validator: returns on success, raises JsonSchemaValueException."""
-
-Tier = Literal["exec", "decision", "exploration"]
 Strictness = Literal["high", "medium", "low"]
 EnumStrategy = Literal["strict", "extensible"]
-RiskRule = Literal["max_changes_risk", "max_issues_risk", "explicit", "custom_function"]
 ResponseMode = Literal["sync", "streaming", "both"]
 
 
@@ -26,44 +29,6 @@ class ModuleFormat(StrEnum):
     V22 = "v2.2"
     V21 = "v2.1"
     V1 = "v1"
-
-
-@dataclass(frozen=True, slots=True)
-class OverflowPolicy:
-    enabled: bool
-    max_items: int
-    require_suggested_mapping: bool
-    recoverable: bool = True
-
-    @property
-    def limit(self) -> int:
-        """How many insights are allowed: 0 when overflow is disabled."""
-        return self.max_items if self.enabled else 0
-
-
-@dataclass(frozen=True, slots=True)
-class FailurePolicy:
-    contract: Literal["error_union", "throw"] = "error_union"
-    partial_allowed: bool = True
-    must_return_error_schema: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class CompatPolicy:
-    accepts_v21_payload: bool = False
-    runtime_auto_wrap: bool = False
-    schema_output_alias: Literal["data", "output"] = "data"
-
-    @property
-    def auto_wrap(self) -> bool:
-        return self.accepts_v21_payload or self.runtime_auto_wrap
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeRequirements:
-    structured_output: bool = True
-    max_input_tokens: int | None = None
-    preferred_capabilities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +43,6 @@ class ToolPolicy:
         if name in self.denied:
             return False
         return name in self.allowed or self.policy == "allow_by_default"
-
-
-@dataclass(frozen=True, slots=True)
-class Validators:
-    """Schemas compiled once at load; never per request."""
-
-    input: Validator | None
-    data: Validator
-    meta: Validator
-    error: Validator
 
 
 @dataclass(frozen=True, slots=True)

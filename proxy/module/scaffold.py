@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.contract.errors import EXPLAIN_MAX
-from proxy.module.model import Tier
+from proxy.contract.rules import Tier
 from proxy.module.tiers import MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
 
 LABELS = ("positive", "negative", "neutral")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from proxy.module.model import EnumStrategy, ResponseMode, Strictness, Tier
+from proxy.contract.rules import Tier
+from proxy.module.model import EnumStrategy, ResponseMode, Strictness
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ import yaml
 from yarl import URL
 
 from proxy import schemas
-from proxy.contract.schema import Validator, check, compile_schema
 from proxy.jsonshape import as_dict
 from proxy.policy.calibration import parse_map, points_problems
 from proxy.policy.model import (
@@ -39,6 +38,7 @@ from proxy.policy.model import (
 )
 from proxy.policy.quota import cross_check as quota_checks
 from proxy.policy.quota import parse_limits, parse_prices
+from proxy.schema import Validator, check, compile_schema
 from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -23,12 +23,12 @@ from typing import Any
 
 import orjson
 
-from proxy.contract.schema import check
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, example_for, load_cases
 from proxy.module.model import Module
 from proxy.module.sample import sample
 from proxy.policy.model import ProviderConfig
+from proxy.schema import check
 from proxy.upstream.base import CallContext, Relayed, relay_from_complete
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 

@@ -12,8 +12,8 @@ import pytest
 from proxy.context.builder import history_of, merge
 from proxy.context.identity import Identity, expand, input_hash, namespace_of
 from proxy.context.sanitise import MAX_STRING_CHARS, NameMatcher, sanitise
-from proxy.context.spec import TTL_PERSISTENT
 from proxy.context.store import MemoryContextStore
+from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.state.outbox import KeyWrite, RedisOutbox
 from tests.conftest import write_module

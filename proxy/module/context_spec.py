@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.contract.schema import SchemaCompileError, compile_schema
+from proxy.schema import SchemaCompileError, compile_schema
 
 Validator = Callable[[Any], Any]
 Mode = Literal["main", "fork"]

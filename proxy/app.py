@@ -28,7 +28,7 @@ from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import auth_middleware, observe_middleware, trace_middleware
+from proxy.api.middleware import auth_middleware, echo_trace_id, observe_middleware, trace_middleware
 from proxy.api.state import (
     CONTEXT_STORE,
     FEEDBACK,
@@ -226,6 +226,7 @@ def build_app(settings: Settings) -> web.Application:
             budget_middleware,
         ],
     )
+    app.on_response_prepare.append(echo_trace_id)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()

@@ -126,14 +126,14 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     return value
 
 
-def upstream_failure(exc: ProviderError, trace_id: str, retry_after: float | None = None) -> web.Response:
+def upstream_failure(exc: ProviderError, retry_after: float | None = None) -> web.Response:
     """A provider failure on a passthrough call, as the client sees it.
 
     The upstream's own 4xx answers pass through unchanged (status and body); otherwise the status
     comes from ``failure_answer``, and 429/503 carry ``Retry-After`` (``retry_after``, else the
     failure's own, else 1).
     """
-    headers = {"X-Cognitive-Trace-Id": trace_id}
+    headers: dict[str, str] = {}
     if exc.kind == "client_error" and exc.status is not None and exc.body:
         return web.Response(
             body=exc.body,
@@ -150,21 +150,21 @@ def upstream_failure(exc: ProviderError, trace_id: str, retry_after: float | Non
     return json_response(body, status=answer.status, headers=headers)
 
 
-def passthrough_failure(exc: RungFailed, trace_id: str) -> web.Response:
+def passthrough_failure(exc: RungFailed) -> web.Response:
     """Every target failed. The client hears the last failure of a request actually sent (a
     client error as the upstream sent it), with the largest upstream ``Retry-After``; when every
     target was skipped by its breaker (or there is none), the proxy's own 503 with the time until
     the first half-open trial."""
     if exc.final is not None:
-        return upstream_failure(exc.final, trace_id)
+        return upstream_failure(exc.final)
     retry_after = retry_after_s(exc.failures)
     sent = real_failures(exc.failures)
     if sent:
-        return upstream_failure(sent[-1], trace_id, retry_after)
+        return upstream_failure(sent[-1], retry_after)
     reason = "circuit breakers open" if exc.failures else "no provider target"
     answer = FAILURE_ANSWERS["circuit_open"]
     return json_response(
         error_body(f"Every provider target is unavailable ({reason})", answer.type, answer.code),
         status=answer.status,
-        headers={"Retry-After": retry_after_value(retry_after), "X-Cognitive-Trace-Id": trace_id},
+        headers={"Retry-After": retry_after_value(retry_after)},
     )

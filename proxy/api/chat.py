@@ -137,13 +137,13 @@ async def _module_chat(
         request, runtime, module, value, check_input=check, history=module_history(body), tools=tools
     )
     if answer.status != 200:
-        return module_error_response(answer, request[TRACE_KEY])
+        return module_error_response(answer)
     reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())
     if answer.usage:
         reply["usage"] = dict(answer.usage)
     reply["cognitive"] = answer.cognitive()
     reply["system_fingerprint"] = decision_fingerprint(answer)
-    headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    headers = answer.headers()
     if negotiated.warning_header is not None:
         headers[WARNING_HEADER] = negotiated.warning_header
     if wants_stream:
@@ -207,7 +207,6 @@ async def _passthrough(
     router = request.app[ROUTER]
     started = time.monotonic()
     deadline = started + runtime.policy.timeouts.total_s
-    trace_id = request[TRACE_KEY]
 
     record = request[RECORD_KEY]
     metrics = request.app[METRICS]
@@ -247,14 +246,13 @@ async def _passthrough(
         try:
             routed = await route(partial(_relay, body=body, ctx=ctx))
         except RungFailed as exc:
-            return passthrough_failure(exc, trace_id)
+            return passthrough_failure(exc)
         await account(routed.target, routed.value.usage, time.perf_counter() - asked)
         record.fields["target"] = str(routed.target)
         return web.Response(
             body=routed.value.body,
             headers={
                 "X-Cognitive-Model": str(routed.target),
-                "X-Cognitive-Trace-Id": trace_id,
                 "Content-Type": "application/json",
             },
         )
@@ -262,7 +260,7 @@ async def _passthrough(
     try:
         opened = await route(partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s))
     except RungFailed as exc:
-        return passthrough_failure(exc, trace_id)
+        return passthrough_failure(exc)
     stream = opened.value
     record.fields["target"] = str(opened.target)
     metrics.ttft.labels(*target_labels(runtime.policy, opened.target)).observe(time.perf_counter() - asked)
@@ -270,7 +268,6 @@ async def _passthrough(
     response = web.StreamResponse(
         headers={
             "X-Cognitive-Model": str(opened.target),
-            "X-Cognitive-Trace-Id": trace_id,
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
         }

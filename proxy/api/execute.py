@@ -75,7 +75,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
         record.outcome = OUTCOME_INVALID_INPUT
         return caller_error(Code.INVALID_INPUT, str(exc), trace_id)
     framer = framer_for(negotiated.transport)
-    headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
+    headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     if recovery is not None:
         if not request.app[SETTINGS].stream_recovery:
             request.app[METRICS].stream_resumptions.labels("disabled").inc()

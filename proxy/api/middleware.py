@@ -20,6 +20,7 @@ from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 log = structlog.get_logger("proxy")
 
 TRACE_KEY = web.RequestKey("trace_id", str)
+TRACE_HEADER = "X-Cognitive-Trace-Id"
 CLIENT_KEY = web.RequestKey("client_key", str)
 
 
@@ -63,19 +64,20 @@ def trace_id_of(request: web.Request) -> str:
 
 @web.middleware
 async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bind the trace id to every log line of the request and echo it in a header."""
+    """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it)."""
     trace_id = trace_id_of(request)
     request[TRACE_KEY] = trace_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route_of(request))
-    try:
-        response = await handler(request)
-    except ApiError as exc:
-        exc.headers.setdefault("X-Cognitive-Trace-Id", trace_id)
-        raise
-    if not response.prepared:
-        response.headers["X-Cognitive-Trace-Id"] = trace_id
-    return response
+    return await handler(request)
+
+
+async def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: the one place the trace header is set, on every answer the trace
+    middleware saw (plain, streamed, envelopes, error bodies), overriding any upstream copy."""
+    trace_id = request.get(TRACE_KEY)
+    if trace_id is not None:
+        response.headers[TRACE_HEADER] = trace_id
 
 
 def bearer_of(request: web.Request) -> str | None:

@@ -79,14 +79,14 @@ def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.R
     return json_response(
         envelope,
         status=http_status(Code.MODULE_NOT_FOUND),
-        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+        headers={"X-Cognitive-Decision": "reject"},
     )
 
 
-def module_error_response(answer: ModuleAnswer, trace_id: str) -> web.Response:
+def module_error_response(answer: ModuleAnswer) -> web.Response:
     """A module answer whose status is not 200: the envelope itself is the body."""
     return json_response(
-        answer.envelope, status=answer.status, headers={**answer.headers(), "X-Cognitive-Trace-Id": trace_id}
+        answer.envelope, status=answer.status, headers=answer.headers()
     )
 
 
@@ -97,7 +97,7 @@ def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | N
     return json_response(
         envelope,
         status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+        headers={"X-Cognitive-Decision": "reject"},
     )
 
 

@@ -11,7 +11,6 @@ from aiohttp import web
 
 from proxy.api.body import inflate
 from proxy.api.errors import ApiError, json_response
-from proxy.api.middleware import TRACE_KEY
 from proxy.policy.model import ProviderConfig
 from proxy.upstream import offline_api
 from proxy.upstream.offline import DEFAULT_REPLY
@@ -53,7 +52,7 @@ async def answer_offline(
         result = answer(payload, str(model), config)
     except offline_api.OfflineRequestError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from exc
-    headers = {"X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    headers: dict[str, str] = {}
     if template != "/v1/responses" or payload.get("stream") is not True:
         return json_response(result, headers=headers)
     response = web.StreamResponse(

@@ -371,7 +371,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
-        return _failure(exc, request[TRACE_KEY])
+        return _failure(exc)
     answer = routed.value
     upstream = answer.resp
     record.fields["target"] = routed.target.provider
@@ -384,7 +384,6 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=returned_headers(upstream.headers)
         )
-        response.headers["X-Cognitive-Trace-Id"] = request[TRACE_KEY]
         if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:
             response.content_length = upstream.content_length
         await serve(
@@ -408,20 +407,19 @@ def _no_retries(runtime: Runtime) -> Failover:
     return replace(runtime.policy.failover, retries=0)
 
 
-def _failure(exc: RungFailed, trace_id: str) -> web.Response:
+def _failure(exc: RungFailed) -> web.Response:
     """The upstream's own answer when there was one (status, headers, body as sent; the largest
     Retry-After of the tries); otherwise the proxy's (``passthrough_failure``)."""
     sent = real_failures(exc.failures)
     last = sent[-1] if sent else None
     if last is not None and last.status is not None and last.body:
         headers = dict(returned_headers(last.headers))
-        headers["X-Cognitive-Trace-Id"] = trace_id
         retry_after = retry_after_s(exc.failures)
         if retry_after is not None and last.status in RETRY_STATUSES:
             headers = {k: v for k, v in headers.items() if k.lower() != "retry-after"}
             headers["Retry-After"] = retry_after_value(retry_after)
         return web.Response(body=last.body, status=last.status, headers=headers)
-    return passthrough_failure(exc, trace_id)
+    return passthrough_failure(exc)
 
 
 async def catch_all(request: web.Request) -> web.StreamResponse:

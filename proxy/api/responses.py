@@ -10,7 +10,6 @@ from aiohttp import web
 from proxy.api.body import read_json
 from proxy.api.chat import MODULE_PREFIX, module_history, module_input
 from proxy.api.errors import json_response
-from proxy.api.middleware import TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
 from proxy.api.passthrough import forward
 from proxy.api.quota import count_request
@@ -61,10 +60,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return await stream_module_response(request, runtime, module, value, check, history)
     answer = await answer_module(request, runtime, module, value, check_input=check, history=history)
     if answer.status != 200:
-        return module_error_response(answer, request[TRACE_KEY])
+        return module_error_response(answer)
     final = response_object(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode(), answer.usage)
     final["cognitive"] = answer.cognitive()
-    headers = {**answer.headers(), "X-Cognitive-Trace-Id": request[TRACE_KEY]}
+    headers = answer.headers()
     if body.get("stream") is not True:
         return json_response(final, headers=headers)
     response = web.StreamResponse(

@@ -506,7 +506,7 @@ def recovery_refused(code: Code, message: str, trace_id: str) -> web.Response:
     return json_response(
         envelope,
         status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+        headers={"X-Cognitive-Decision": "reject"},
     )
 
 
@@ -573,7 +573,7 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
     return json_response(
         refused,
         status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+        headers={"X-Cognitive-Decision": "reject"},
     )
 
 
@@ -593,7 +593,7 @@ async def _start_and_follow(
     trace_id = request[TRACE_KEY]
     started = start_stream(request, runtime, module, value, check, history)
     first = meta_chunk(started.session.id, trace_id=trace_id)
-    headers = {"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Tier": module.tier}
+    headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     return await respond(
         request, started.session, first, _Position(0), framer, headers, producer=started.producer
     )

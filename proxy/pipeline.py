@@ -502,7 +502,7 @@ class _Attempts:
 
         return record
 
-    def answer(
+    def record_answer(
         self,
         rung: str,
         target: Target,
@@ -684,7 +684,7 @@ async def _ladder(
             assessed = _assess(
                 result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
             )
-            attempts.answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
+            attempts.record_answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
             if call.listener is not None:
                 call.listener.retrying("reasking", rung_name, rung_name, f"contract:{result.error_code}")
             try:
@@ -698,7 +698,7 @@ async def _ladder(
             result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
         )
         decision = decide(thresholds, assessed.meta, rung, rungs)
-        attempts.answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
+        attempts.record_answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
         last = result.envelope
         if decision.action == "escalate" and decision.next_rung is not None:
             if call.listener is not None:

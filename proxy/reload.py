@@ -24,10 +24,12 @@ from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.reload")
 
-Fingerprint = tuple[tuple[str, int, int, int], ...]
+FileStamp = tuple[str, int, int, int]
+"""A file's resolved path, inode, mtime (ns) and size: any change means the file changed."""
+Fingerprint = tuple[FileStamp, ...]
 
 
-def _entry(path: Path) -> tuple[str, int, int, int] | None:
+def _file_stamp(path: Path) -> FileStamp | None:
     try:
         real = path.resolve()
         st = real.stat()
@@ -38,11 +40,11 @@ def _entry(path: Path) -> tuple[str, int, int, int] | None:
 
 def fingerprint(settings: Settings) -> Fingerprint:
     """What changes when the policy or any module file changes (symlink swaps included)."""
-    entries = [_entry(settings.policy_path)]
+    entries = [_file_stamp(settings.policy_path)]
     for directory in settings.module_dirs:
         for root, dirs, files in os.walk(directory, followlinks=True):
             dirs[:] = sorted(d for d in dirs if not d.startswith(".."))
-            entries += [_entry(Path(root) / f) for f in sorted(files) if not f.startswith(".")]
+            entries += [_file_stamp(Path(root) / f) for f in sorted(files) if not f.startswith(".")]
     return tuple(e for e in entries if e is not None)
 
 

@@ -7,6 +7,7 @@ is away); the webhook sink POSTs in the background with retries."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -16,10 +17,13 @@ import aiohttp
 import orjson
 import structlog
 
-from proxy.policy.model import ReviewPolicy
+from proxy.policy.model import Backoff, ReviewPolicy
 from proxy.state.outbox import RedisOutbox, StreamWrite
 
 log = structlog.get_logger("proxy.review")
+
+# Between webhook delivery retries: the router's full-jitter backoff, 0.2 s doubling up to 5 s.
+WEBHOOK_BACKOFF = Backoff(base_ms=200.0, max_ms=5000.0)
 
 
 def review_record(
@@ -114,7 +118,7 @@ class RedisStreamSink:
 
 
 class WebhookSink(_Background):
-    """POST the record as JSON; retried in the background with exponential backoff."""
+    """POST the record as JSON; retried in the background with the router's backoff (``Backoff.wait_s``)."""
 
     def __init__(
         self,
@@ -143,7 +147,7 @@ class WebhookSink(_Background):
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = str(exc) or type(exc).__name__
             if attempt < self._retries:
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+                await asyncio.sleep(WEBHOOK_BACKOFF.wait_s(attempt, random.random))
         log.error("proxy.review_sink_failed", sink="webhook", error=error, trace_id=record["trace_id"])
         self._on_failure("webhook")
         await LogSink().submit(record)

@@ -71,7 +71,7 @@ def model_names(runtime: Runtime) -> list[str]:
     )
 
 
-def text_of(message: dict[str, Any]) -> str:
+def message_text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -85,7 +85,7 @@ def module_history(body: dict[str, Any]) -> list[dict[str, Any]]:
     ``conversation_history``, as ``{role, content}`` with text content."""
     messages = [as_dict(m) for m in as_list(body.get("messages"))]
     last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-    return [{"role": m.get("role"), "content": text_of(m)} for m in messages[:last]]
+    return [{"role": m.get("role"), "content": message_text(m)} for m in messages[:last]]
 
 
 def module_input(body: dict[str, Any]) -> tuple[Any, bool]:
@@ -95,7 +95,7 @@ def module_input(body: dict[str, Any]) -> tuple[Any, bool]:
     users = [m for m in as_list(body.get("messages")) if as_dict(m).get("role") == "user"]
     if not users:
         raise ApiError(400, "Module calls need a user message holding the input", param="messages")
-    text = text_of(users[-1])
+    text = message_text(users[-1])
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -173,7 +173,9 @@ async def _stream_module(
     stream (``response.mode: sync``), sent with the W4010 warning header."""
     include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
     chunks = completion_chunks(reply, include_usage=include_usage)
-    chunks[-1 if not include_usage else -2]["cognitive"] = answer.cognitive()
+    # The last chunk with a choice: the usage-only chunk, when asked for, comes after it.
+    final = -2 if include_usage else -1
+    chunks[final]["cognitive"] = answer.cognitive()
     response = web.StreamResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

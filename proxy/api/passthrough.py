@@ -212,9 +212,15 @@ async def _limited(request: web.Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
+# How far down __cause__/__context__ our own refusal (the body limit, raised inside the upload
+# aiohttp's client reads) is looked for: it sits one or two links down; the bound stops a cycle.
+_REFUSAL_DEPTH = 5
+
+
 def _own_refusal(exc: BaseException) -> ApiError | None:
+    """The ``ApiError`` this proxy raised while the upstream call read the client's body, if any."""
     seen: BaseException | None = exc
-    for _ in range(5):
+    for _ in range(_REFUSAL_DEPTH):
         if seen is None:
             return None
         if isinstance(seen, ApiError):

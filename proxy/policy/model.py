@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -92,6 +92,10 @@ class Timeouts:
 class Backoff:
     base_ms: float = 100.0
     max_ms: float = 2000.0
+
+    def wait_s(self, retry: int, rng: Callable[[], float]) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2**retry)] (the router's and the webhook's)."""
+        return float(rng() * min(self.max_ms, self.base_ms * (2**retry)) / 1000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ def to_messages_request(
             raise ValueError(f"messages[{i}] must be an object")
         role = msg.get("role")
         if role in ("system", "developer"):
-            text = _text_of(msg.get("content"), f"messages[{i}]")
+            text = _text_parts_only(msg.get("content"), f"messages[{i}]")
             if text:
                 system_parts.append(text)
         elif role == "user":
@@ -140,7 +140,7 @@ def to_messages_request(
     return out
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_parts_only(content: Any, where: str) -> str:
     """The text of a string content or a list of text parts."""
     if content is None:
         return ""
@@ -254,7 +254,7 @@ def _tool_result(msg: dict[str, Any], where: str) -> dict[str, Any]:
     if content is None or isinstance(content, str):
         result = content or ""
     else:
-        _text_of(content, where)  # validates: text parts only
+        _text_parts_only(content, where)  # validates: text parts only
         result = [{"type": "text", "text": str(p.get("text", ""))} for p in content]
     return {"type": "tool_result", "tool_use_id": call_id, "content": result}
 

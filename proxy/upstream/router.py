@@ -105,8 +105,7 @@ def retry_after_s(failures: list[ProviderError]) -> float | None:
 
 def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float:
     """Full jitter: uniform in [0, min(max, base * 2**retry)]."""
-    ceiling = min(failover.backoff.max_ms, failover.backoff.base_ms * (2**retry)) / 1000
-    return float(rng() * ceiling)
+    return failover.backoff.wait_s(retry, rng)
 
 
 class RouterObserver(Protocol):

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from proxy.context import cache
 from proxy.context.step import ContextCall, Prepared, emit, prepare
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
-from proxy.contract.errors import Code, Origin, error_envelope, http_status
+from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
 from proxy.contract.risk import Risk, RiskSource, routed_risk, rule_risk
@@ -66,6 +66,14 @@ class Listener(Protocol):
 
 
 CACHE_HEADER = "X-Cognitive-Cache"
+
+# Bounds on text the proxy writes from provider and contract messages (never from a size the
+# model chooses): a provider error in ``cognitive.attempts``, the violations quoted in a re-ask
+# prompt (enough to fix, short enough not to crowd the answer), the message of E4001/E4002 and
+# of a denied tool call.
+ATTEMPT_ERROR_MAX = 300
+REASK_VIOLATIONS_MAX = 20
+NO_ANSWER_MESSAGE_MAX = 1000
 
 Calibrate = Callable[[float], float]
 
@@ -294,14 +302,15 @@ def _reject(
     thresholds: Thresholds, decision: Decision, envelope: dict[str, Any], module: Module
 ) -> dict[str, Any]:
     meta = as_dict(envelope.get("meta"))
+    explain = f"Rejected by policy: {decision.reason}"[:EXPLAIN_MAX]
     return error_envelope(
         Code.LOW_CONFIDENCE,
         f"Module {module.name!r} ({module.tier} tier) answer rejected: {decision.reason}",
-        explain=f"Rejected by policy: {decision.reason}"[:280],
+        explain=explain,
         meta={
             "confidence": meta.get("confidence", 0.0),
             "risk": meta.get("risk", "high"),
-            "explain": f"Rejected by policy: {decision.reason}"[:280],
+            "explain": explain,
         },
         details={"min_confidence": thresholds.min_confidence, "max_risk": thresholds.max_risk},
         partial_data=allowed_partial(module, _last_data(envelope)),
@@ -339,7 +348,7 @@ def _no_answer(
         message = "every target's circuit breaker is open"
     else:
         message = "no provider target is configured"
-    envelope = error_envelope(code, f"Every provider target failed; last: {message}"[:1000])
+    envelope = error_envelope(code, f"Every provider target failed; last: {message}"[:NO_ANSWER_MESSAGE_MAX])
     return envelope, retry_after_s(failures) or 1.0
 
 
@@ -420,7 +429,9 @@ def _assess(result: ContractResult, module: Module, source: RiskSource, calibrat
 
 def reask_messages(messages: list[dict[str, Any]], text: str, result: ContractResult) -> list[dict[str, Any]]:
     """The conversation for a re-ask: the rejected answer and what was wrong with it."""
-    problems = "\n".join(f"- {v}" for v in result.violations[:20]) or "- not a valid envelope"
+    problems = (
+        "\n".join(f"- {v}" for v in result.violations[:REASK_VIOLATIONS_MAX]) or "- not a valid envelope"
+    )
     return [
         *messages,
         {"role": "assistant", "content": text},
@@ -460,7 +471,8 @@ async def _contract(reply: dict[str, Any], text: str, module: Module) -> Contrac
     if denied:  # a violation only the answer shows: the contract fails, like any bad answer
         message = f"The answer calls tools the module denies: {', '.join(denied)}"
         return ContractResult(
-            error_envelope(Code.PERMISSION_DENIED, message[:1000]), error_code=Code.PERMISSION_DENIED
+            error_envelope(Code.PERMISSION_DENIED, message[:NO_ANSWER_MESSAGE_MAX]),
+            error_code=Code.PERMISSION_DENIED,
         )
     return await run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
 
@@ -481,7 +493,9 @@ class _Attempts:
         """Record the targets of ``rung`` that cannot take the call's media; return the others."""
         for target in targets:
             if target not in able:
-                self.items.append(Attempt(rung, str(target), "skipped:modality_unsupported"))
+                self.items.append(
+                    Attempt(rung=rung, target=str(target), outcome="skipped:modality_unsupported")
+                )
         return able
 
     def on_try(self, rung: str) -> Callable[[Try], None]:
@@ -492,11 +506,11 @@ class _Attempts:
                 outcome = "circuit_open" if attempt.skipped else f"provider_error:{attempt.error.kind}"
                 self.items.append(
                     Attempt(
-                        rung,
-                        str(attempt.target),
-                        outcome,
+                        rung=rung,
+                        target=str(attempt.target),
+                        outcome=outcome,
                         latency_ms=attempt.latency_ms,
-                        error=attempt.error.message[:300],
+                        error=attempt.error.message[:ATTEMPT_ERROR_MAX],
                     )
                 )
 
@@ -514,19 +528,19 @@ class _Attempts:
         price = self.policy.price_of(str(target))
         self.items.append(
             Attempt(
-                rung,
-                str(target),
-                outcome,
-                assessed.reported,
-                assessed.meta.risk,
-                self.last_ms,
-                result.error_code and f"contract:{result.error_code}",
-                tuple(r.kind for r in result.repairs),
-                usage,
-                assessed.model_risk,
-                assessed.rule_risk,
-                0.0 if price is None else price.cost(usage),
-                assessed.meta.confidence,
+                rung=rung,
+                target=str(target),
+                outcome=outcome,
+                confidence=assessed.reported,
+                risk=assessed.meta.risk,
+                latency_ms=self.last_ms,
+                error=result.error_code and f"contract:{result.error_code}",
+                repairs=tuple(r.kind for r in result.repairs),
+                usage=usage,
+                model_risk=assessed.model_risk,
+                rule_risk=assessed.rule_risk,
+                cost_usd=0.0 if price is None else price.cost(usage),
+                calibrated=assessed.meta.confidence,
             )
         )
 
@@ -542,15 +556,7 @@ async def run_module(call: Call) -> ModuleAnswer:
     module, policy = call.module, call.policy
     deadline = time.monotonic() + policy.timeouts.total_s
     prepared = await prepare(module, call.input, call.context)
-    checked = prepared.checked_input
-    sized = stubbed(checked) if module.takes_media else checked
-    error = prepared.error or check_input(module, checked, schema=call.check_input, sized=sized)
-    if error is None:
-        error = refused_by_policies(module, checked)  # before any media is fetched
-    media: tuple[Media, ...] = ()
-    if error is None and module.takes_media:
-        found = await prepare_media(module, checked, policy.media, deadline, call.media)
-        error, media = (found, ()) if isinstance(found, dict) else (None, found)
+    error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
         return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
@@ -590,6 +596,22 @@ async def run_module(call: Call) -> ModuleAnswer:
     return _finish(await _emit(call, prepared, answer), started, call.trace_id)
 
 
+async def _checked_input(
+    call: Call, prepared: Prepared, deadline: float
+) -> tuple[dict[str, Any] | None, tuple[Media, ...]]:
+    """The input check, the module's ``policies``, then the media step: the error envelope that
+    refuses the call, or the call's validated media (the input is sized with its media stubbed)."""
+    module, checked = call.module, prepared.checked_input
+    sized = stubbed(checked) if module.takes_media else checked
+    error = prepared.error or check_input(module, checked, schema=call.check_input, sized=sized)
+    if error is None:
+        error = refused_by_policies(module, checked)  # before any media is fetched
+    if error is not None or not module.takes_media:
+        return error, ()
+    found = await prepare_media(module, checked, call.policy.media, deadline, call.media)
+    return (found, ()) if isinstance(found, dict) else (None, found)
+
+
 def _with_warnings(answer: ModuleAnswer, warnings: list[str]) -> ModuleAnswer:
     if warnings:
         answer.envelope["_warnings"] = list(warnings)
@@ -610,26 +632,85 @@ async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleA
     return _with_warnings(answer, prepared.warnings + warnings)
 
 
-async def _ladder(
+Asked = Routed[tuple[dict[str, Any], str]]
+"""A provider's answer on one target: the reply and its text."""
+
+
+@dataclass(slots=True)
+class _Ladder:
+    """One module call's walk down the rungs: what its asks, re-asks and decisions share."""
+
+    call: Call
+    thresholds: Thresholds
+    capable: list[tuple[Target, ...]]
+    """Per usable rung (the whole ladder, or fewer when capped by ``top_rung``): its targets that
+    have the module's required capabilities."""
+    media: tuple[Media, ...]
+    messages: list[dict[str, Any]]
+    extra: dict[str, Any]
+    """What every request body carries besides the messages: the permitted client tools."""
+    stripped: tuple[str, ...]
+    ctx: CallContext
+    deadline: float
+    attempts: _Attempts
+    failures: list[ProviderError] = field(default_factory=list)
+    deadline_spent: bool = False
+    last: dict[str, Any] | None = None
+    """The last contract envelope seen: its data may become the ``partial_data`` of a failure."""
+
+    @property
+    def rungs(self) -> int:
+        return len(self.capable)
+
+    def ask(
+        self, targets: tuple[Target, ...], conversation: list[dict[str, Any]], rung: str
+    ) -> Awaitable[Asked]:
+        body = {"messages": conversation, **self.extra}
+        ctx, listener = self.ctx, self.call.listener
+        operation = (
+            partial(_streamed, body=body, ctx=ctx, listener=listener)
+            if listener is not None
+            else partial(_complete, body=body, ctx=ctx)
+        )
+        policy = self.call.policy
+        return self.call.router.call(
+            targets,
+            self.call.providers,
+            operation,
+            policy.failover,
+            self.deadline,
+            self.attempts.on_try(rung),
+        )
+
+    def targets(self, rung: int) -> tuple[Target, ...]:
+        """The rung's capable targets that can take the call's media (the others recorded as
+        skipped); empty: the rung is skipped like an unavailable one."""
+        policy = self.call.policy
+        targets = self.capable[rung]
+        if not targets or not self.media:
+            return targets
+        name = policy.ladder[rung].name
+        return self.attempts.modality_skips(name, targets, capable(targets, policy, self.media))
+
+    def assess(self, result: ContractResult, target: Target) -> _Assessed:
+        calibrate = partial(self.call.policy.calibrate, str(target))
+        return _assess(result, self.call.module, self.thresholds.risk_source, calibrate)
+
+    def cost(self) -> Cost:
+        return call_cost(self.call.policy, tuple(self.attempts.items))
+
+    @property
+    def downgraded(self) -> bool:
+        """The ladder was capped below its top rung (``limits.on_budget: downgrade``)."""
+        return self.rungs < len(self.call.policy.ladder)
+
+
+def _start_ladder(
     call: Call, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
-) -> ModuleAnswer:
-    """The rungs: provider call -> contract -> decide, escalating until a decision. A rung's
-    targets that cannot take the call's media are skipped like unavailable ones."""
+) -> _Ladder:
     module, policy = call.module, call.policy
     rungs = len(policy.ladder) if call.top_rung is None else min(call.top_rung + 1, len(policy.ladder))
-    start = min(policy.start_rung(thresholds), rungs - 1)
-    ladder = [policy.capable(rung.targets, module.runtime) for rung in policy.ladder[:rungs]]
-    if not any(ladder[start:]):
-        missing = policy.missing_capabilities(module.runtime)
-        envelope = error_envelope(
-            Code.CONTEXT_OVERFLOW,
-            f"No provider target can serve module {module.name!r}: missing capability {', '.join(missing)}",
-            details={"missing_capabilities": missing},
-        )
-        return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
-    messages = build_messages(module, prepared.model_input, media, call.injected)
     tools, stripped = permitted_tools(module, call.tools)
-    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
     ctx = CallContext(
         trace_id=call.trace_id,
         client_key=call.client_key,
@@ -637,110 +718,144 @@ async def _ladder(
         input=prepared.checked_input,
         media=media,
     )
-    attempts = _Attempts(policy)
-    failures: list[ProviderError] = []
-    deadline_spent = False
-    last: dict[str, Any] | None = None
+    return _Ladder(
+        call=call,
+        thresholds=thresholds,
+        capable=[policy.capable(rung.targets, module.runtime) for rung in policy.ladder[:rungs]],
+        media=media,
+        messages=build_messages(module, prepared.model_input, media, call.injected),
+        extra={"tools": list(tools)} if tools else {},
+        stripped=stripped,
+        ctx=ctx,
+        deadline=deadline,
+        attempts=_Attempts(policy),
+    )
 
-    def ask(
-        targets: tuple[Target, ...], conversation: list[dict[str, Any]], rung_name: str
-    ) -> Awaitable[Routed[tuple[dict[str, Any], str]]]:
-        body = {"messages": conversation, **extra}
-        operation = (
-            partial(_streamed, body=body, ctx=ctx, listener=call.listener)
-            if call.listener is not None
-            else partial(_complete, body=body, ctx=ctx)
-        )
-        return call.router.call(
-            targets, call.providers, operation, policy.failover, deadline, attempts.on_try(rung_name)
-        )
 
-    rung = start
-    while rung < rungs:
-        rung_name = policy.ladder[rung].name
-        targets = ladder[rung]
-        if not targets:  # no target of this rung has the module's required capabilities
+def _incapable(module: Module, policy: Policy) -> ModuleAnswer:
+    """No target from the start rung on has the module's required capabilities."""
+    missing = policy.missing_capabilities(module.runtime)
+    envelope = error_envelope(
+        Code.CONTEXT_OVERFLOW,
+        f"No provider target can serve module {module.name!r}: missing capability {', '.join(missing)}",
+        details={"missing_capabilities": missing},
+    )
+    return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
+
+
+async def _ladder(
+    call: Call, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
+) -> ModuleAnswer:
+    """The rungs: provider call -> contract (with re-asks) -> decide, escalating until a decision.
+    A rung's targets without the module's capabilities, or that cannot take the call's media, are
+    skipped like unavailable ones."""
+    ladder = call.policy.ladder
+    run = _start_ladder(call, prepared, thresholds, media, deadline)
+    start = rung = min(call.policy.start_rung(thresholds), run.rungs - 1)
+    if not any(run.capable[start:]):
+        return _incapable(call.module, call.policy)
+    while rung < run.rungs:
+        rung_name = ladder[rung].name
+        targets = run.targets(rung)
+        if not targets:
             rung += 1
             continue
-        if media:
-            targets = attempts.modality_skips(rung_name, targets, capable(targets, policy, media))
-            if not targets:
-                rung += 1  # no target of this rung takes the media: skipped like unavailable ones
-                continue
         try:
-            routed = await ask(targets, messages, rung_name)
+            routed = await run.ask(targets, run.messages, rung_name)
         except RungFailed as exc:
-            failures += exc.failures
+            run.failures += exc.failures
             if exc.deadline_spent:
-                deadline_spent = True
+                run.deadline_spent = True
                 break
             rung += 1  # no healthy target on this rung: the next one
             continue
-        reply, text = routed.value
-        result = await _contract(reply, text, module)
-        for _ in range(thresholds.reask):
-            if result.passed:
-                break
-            assessed = _assess(
-                result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
-            )
-            attempts.record_answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
-            if call.listener is not None:
-                call.listener.retrying("reasking", rung_name, rung_name, f"contract:{result.error_code}")
-            try:
-                again = await ask((routed.target,), reask_messages(messages, text, result), rung_name)
-            except RungFailed as exc:
-                failures += exc.failures
-                break
-            routed, (reply, text) = again, again.value
-            result = await _contract(reply, text, module)
-        assessed = _assess(
-            result, module, thresholds.risk_source, partial(policy.calibrate, str(routed.target))
+        routed, result = await _with_reasks(run, routed, rung_name)
+        assessed = run.assess(result, routed.target)
+        decision = decide(thresholds, assessed.meta, rung, run.rungs)
+        reply = routed.value[0]
+        run.attempts.record_answer(
+            rung_name, routed.target, decision.action, assessed, result, usage_of(reply)
         )
-        decision = decide(thresholds, assessed.meta, rung, rungs)
-        attempts.record_answer(rung_name, routed.target, decision.action, assessed, result, usage_of(reply))
-        last = result.envelope
+        run.last = result.envelope
         if decision.action == "escalate" and decision.next_rung is not None:
             if call.listener is not None:
-                next_name = policy.ladder[decision.next_rung].name
-                call.listener.retrying("escalating", rung_name, next_name, decision.reason)
+                call.listener.retrying(
+                    "escalating", rung_name, ladder[decision.next_rung].name, decision.reason
+                )
             rung = decision.next_rung
             continue
-        envelope = result.envelope
-        label: str = decision.action
-        origin = Origin.MODEL if result.passed else Origin.CONTRACT
-        if decision.action == "accept":
-            label = "accept" if rung == start else "escalated"
-        elif decision.action == "reject":
-            envelope = _reject(thresholds, decision, result.envelope, module)
-            origin = Origin.POLICY
-        if media and isinstance(envelope.get("meta"), dict):
-            envelope["meta"]["media_validation"] = validation_meta(media)
-        return ModuleAnswer(
-            module,
-            envelope,
-            label,
-            origin,
-            tuple(attempts.items),
-            str(routed.target),
-            result.repairs,
-            usage=usage_of(reply),
-            upstream_s=attempts.upstream_s,
-            emitted=result.emitted,
-            cost=call_cost(policy, tuple(attempts.items)),
-            downgraded=rungs < len(policy.ladder),
-            stripped_tools=stripped,
-        )
-    envelope, retry_after = _no_answer(failures, deadline_spent, module, last)
+        return _decided(run, decision, result, routed, first_rung=rung == start)
+    return _unanswered(run)
+
+
+async def _with_reasks(run: _Ladder, routed: Asked, rung_name: str) -> tuple[Asked, ContractResult]:
+    """The contract on an answer, re-asking the same target (up to the tier's ``reask``) while
+    the answer fails it; a re-ask the provider cannot answer keeps the last failed result."""
+    module, listener = run.call.module, run.call.listener
+    reply, text = routed.value
+    result = await _contract(reply, text, module)
+    for _ in range(run.thresholds.reask):
+        if result.passed:
+            break
+        assessed = run.assess(result, routed.target)
+        run.attempts.record_answer(rung_name, routed.target, "reask", assessed, result, usage_of(reply))
+        if listener is not None:
+            listener.retrying("reasking", rung_name, rung_name, f"contract:{result.error_code}")
+        try:
+            again = await run.ask((routed.target,), reask_messages(run.messages, text, result), rung_name)
+        except RungFailed as exc:
+            run.failures += exc.failures
+            break
+        routed, (reply, text) = again, again.value
+        result = await _contract(reply, text, module)
+    return routed, result
+
+
+def _decided(
+    run: _Ladder, decision: Decision, result: ContractResult, routed: Asked, *, first_rung: bool
+) -> ModuleAnswer:
+    """The answer of a rung that decided (accept, review or reject)."""
+    module = run.call.module
+    envelope = result.envelope
+    label: str = decision.action
+    origin = Origin.MODEL if result.passed else Origin.CONTRACT
+    if decision.action == "accept":
+        label = "accept" if first_rung else "escalated"
+    elif decision.action == "reject":
+        envelope = _reject(run.thresholds, decision, result.envelope, module)
+        origin = Origin.POLICY
+    if run.media and isinstance(envelope.get("meta"), dict):
+        envelope["meta"]["media_validation"] = validation_meta(run.media)
     return ModuleAnswer(
-        module,
-        envelope,
-        "reject",
-        Origin.RUNTIME,
-        tuple(attempts.items),
+        module=module,
+        envelope=envelope,
+        decision=label,
+        origin=origin,
+        attempts=tuple(run.attempts.items),
+        model=str(routed.target),
+        repairs=result.repairs,
+        usage=usage_of(routed.value[0]),
+        upstream_s=run.attempts.upstream_s,
+        emitted=result.emitted,
+        cost=run.cost(),
+        downgraded=run.downgraded,
+        stripped_tools=run.stripped,
+    )
+
+
+def _unanswered(run: _Ladder) -> ModuleAnswer:
+    """No rung decided: every target failed, was skipped, or the deadline ran out."""
+    module = run.call.module
+    envelope, retry_after = _no_answer(run.failures, run.deadline_spent, module, run.last)
+    return ModuleAnswer(
+        module=module,
+        envelope=envelope,
+        decision="reject",
+        origin=Origin.RUNTIME,
+        attempts=tuple(run.attempts.items),
         retry_after=retry_after,
-        upstream_s=attempts.upstream_s,
-        cost=call_cost(policy, tuple(attempts.items)),
-        downgraded=rungs < len(policy.ladder),
-        stripped_tools=stripped,
+        upstream_s=run.attempts.upstream_s,
+        cost=run.cost(),
+        downgraded=run.downgraded,
+        stripped_tools=run.stripped,
     )

@@ -85,9 +85,7 @@ def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.R
 
 def module_error_response(answer: ModuleAnswer) -> web.Response:
     """A module answer whose status is not 200: the envelope itself is the body."""
-    return json_response(
-        answer.envelope, status=answer.status, headers=answer.headers()
-    )
+    return json_response(answer.envelope, status=answer.status, headers=answer.headers())
 
 
 def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | None = None) -> web.Response:

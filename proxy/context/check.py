@@ -12,7 +12,7 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.contract.errors import Code, error_envelope
+from proxy.contract.errors import MESSAGE_VIOLATIONS_MAX, Code, error_envelope
 from proxy.module.context_spec import ContextSpec
 from proxy.schema import check
 
@@ -67,7 +67,7 @@ def check_context(spec: ContextSpec, merged: dict[str, Any], unavailable: Set[st
         if accept is not None and accept.validator is not None:
             problems += check(accept.validator, value, f"_context.{kind}")
     if problems:
-        listing = "; ".join(str(p) for p in problems[:10])
+        listing = "; ".join(str(p) for p in problems[:MESSAGE_VIOLATIONS_MAX])
         out.error = error_envelope(
             Code.INVALID_INPUT,
             f"_context does not match what module {module!r} accepts: {listing}",

@@ -25,7 +25,7 @@ from proxy.context.identity import (
 )
 from proxy.context.sanitise import DEFAULT_MATCHER, MAX_CONTEXT_BYTES, NameMatcher, sanitise
 from proxy.context.store import ContextStore
-from proxy.contract.errors import Code, error_envelope
+from proxy.contract.errors import EXPLAIN_MAX, Code, error_envelope
 from proxy.jsonshape import deeper_than
 from proxy.module.context_spec import TTL_REQUEST
 from proxy.module.model import Module
@@ -68,7 +68,7 @@ def _invalid(message: str, **details: Any) -> dict[str, Any]:
     return error_envelope(
         Code.INVALID_INPUT,
         message,
-        explain=f"Invalid context (caller error): {message}"[:280],
+        explain=f"Invalid context (caller error): {message}"[:EXPLAIN_MAX],
         details=details or None,
     )
 

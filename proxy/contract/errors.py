@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-EXPLAIN_MAX = 280
+EXPLAIN_MAX = 280  # meta.explain: the spec's bound
+# Schema violations of a caller's input: named in the error message (readable in one line), and
+# listed in ``error.details.violations`` (enough to fix a whole object, bounded for a hostile one).
+MESSAGE_VIOLATIONS_MAX = 10
+DETAIL_VIOLATIONS_MAX = 20
 
 
 class Origin(StrEnum):

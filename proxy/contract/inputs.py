@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.contract.errors import Code, error_envelope
+from proxy.contract.errors import DETAIL_VIOLATIONS_MAX, MESSAGE_VIOLATIONS_MAX, Code, error_envelope
 from proxy.jsonshape import MAX_JSON_DEPTH, deeper_than
 from proxy.schema import check
 
@@ -85,11 +85,12 @@ def check_input(
         if rules == {"type"}
         else Code.INVALID_INPUT
     )
-    listing = "; ".join(str(p) for p in problems[:10])
+    listing = "; ".join(str(p) for p in problems[:MESSAGE_VIOLATIONS_MAX])
+    listed = [{"path": p.path, "message": p.message} for p in problems[:DETAIL_VIOLATIONS_MAX]]
     return error_envelope(
         code,
         f"Input does not match the input schema of module {module.name!r}: {listing}",
         explain=f"Input validation failed (caller error): {problems[0]}",
         suggestion=f"Fix {problems[0].path} and send the request again",
-        details={"violations": [{"path": p.path, "message": p.message} for p in problems[:20]]},
+        details={"violations": listed},
     )

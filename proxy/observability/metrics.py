@@ -89,281 +89,336 @@ class ThresholdCollector(Collector):
         yield self._family()
 
 
+# The bins of the feedback counters (one row per module, target, scale and confidence bin).
+FEEDBACK_LABELS = ("module", "provider", "model", "scale", "bucket")
+# Every metric: (attribute, name, help, labels); histograms add their buckets. A row here is
+# the whole definition: ``Metrics`` builds them on its own registry.
+COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "requests",
+        "cognitive_requests_total",
+        "HTTP requests by route template, module, status and outcome.",
+        ("route", "module", "status", "outcome"),
+    ),
+    ("risk", "cognitive_risk_total", "meta.risk of final module answers.", ("module", "tier", "risk")),
+    (
+        "decisions",
+        "cognitive_decisions_total",
+        "Routing decisions on module answers.",
+        ("module", "tier", "decision"),
+    ),
+    (
+        "escalations",
+        "cognitive_escalations_total",
+        "Escalations from one rung to the next.",
+        ("module", "from_rung", "to_rung"),
+    ),
+    ("repairs", "cognitive_repairs_total", "Repairs the contract engine made, by kind.", ("module", "kind")),
+    (
+        "risk_disagreements",
+        "cognitive_risk_disagreements_total",
+        "Answers whose meta.risk differs from the module's risk_rule over their data.",
+        ("module",),
+    ),
+    (
+        "composition_steps",
+        "cognitive_composition_steps_total",
+        "Steps run by composite modules, by composite, step module and the step's decision.",
+        ("module", "step", "decision"),
+    ),
+    (
+        "tools_stripped",
+        "cognitive_tools_stripped_total",
+        "Client tools kept out of a module's provider request by its tools policy.",
+        ("module",),
+    ),
+    (
+        "contract_errors",
+        "cognitive_contract_errors_total",
+        "Contract failures (model output and input), by error code.",
+        ("module", "code"),
+    ),
+    (
+        "upstream_requests",
+        "cognitive_upstream_requests_total",
+        "Provider attempts by outcome.",
+        ("provider", "model", "outcome"),
+    ),
+    (
+        "stream_incomplete",
+        "cognitive_stream_incomplete_total",
+        "Relayed answers that started but did not end complete (ended with an SSE error "
+        "event), and streams with a malformed chunk (reason=malformed_chunk, forwarded as"
+        " is).",
+        ("provider", "model", "reason"),
+    ),
+    (
+        "failovers",
+        "cognitive_failovers_total",
+        "Moves from a failed target to the next one.",
+        ("from_target", "to_target", "reason"),
+    ),
+    ("tokens", "cognitive_tokens_total", "Tokens reported by providers.", ("provider", "model", "kind")),
+    ("policy_reloads", "cognitive_policy_reloads_total", "Policy and module reloads by result.", ("result",)),
+    (
+        "review_sink_failures",
+        "cognitive_review_sink_failures_total",
+        "Review records whose delivery failed (redis-stream: kept and re-sent; webhook: logged).",
+        ("sink",),
+    ),
+    (
+        "review_dropped",
+        "cognitive_review_dropped_total",
+        "Review records dropped: the Redis outbox was full, or Redis refused the write.",
+        (),
+    ),
+    (
+        "cache",
+        "cognitive_cache_total",
+        "Module result cache lookups: hit (no model called), miss, bypass (Cache-Control: no-cache).",
+        ("module", "result"),
+    ),
+    (
+        "cache_saved_tokens",
+        "cognitive_cache_saved_tokens_total",
+        "Tokens not spent because a module answer came from the result cache.",
+        ("module",),
+    ),
+    (
+        "context_redactions",
+        "cognitive_context_redactions_total",
+        "_context values redacted before a model saw them (credential-like names or values).",
+        ("module",),
+    ),
+    (
+        "context_writes_dropped",
+        "cognitive_context_writes_dropped_total",
+        "Context and cache writes dropped: the Redis outbox was full, or Redis refused the write.",
+        (),
+    ),
+    (
+        "connections_refused",
+        "cognitive_connections_refused_total",
+        "Client connections refused (max_connections) or closed for a slow request (read_timeout).",
+        ("reason",),
+    ),
+    (
+        "streams",
+        "cognitive_streams_total",
+        "Streamed module answers by how they ended (final, error, interrupted).",
+        ("module", "outcome"),
+    ),
+    (
+        "stream_resumptions",
+        "cognitive_stream_resumptions_total",
+        "Stream recovery requests by result (resumed, restarted, unknown, refused, disabled).",
+        ("result",),
+    ),
+    (
+        "feedback",
+        "cognitive_feedback_total",
+        "First verdicts on module answers, by confidence bin (of the reported or calibrated scale).",
+        (*FEEDBACK_LABELS, "verdict"),
+    ),
+    (
+        "feedback_confidence",
+        "cognitive_feedback_confidence_total",
+        "Sum of the confidence of judged answers, per bin: mean confidence = this / count.",
+        FEEDBACK_LABELS,
+    ),
+    (
+        "feedback_score",
+        "cognitive_feedback_correct_total",
+        "Sum of the correctness (1, 0, or the score) of judged answers per bin: accuracy = this / count.",
+        FEEDBACK_LABELS,
+    ),
+    (
+        "feedback_brier",
+        "cognitive_feedback_brier_total",
+        "Sum of (confidence - correctness)^2 of judged answers: Brier score = this / count.",
+        ("module", "provider", "model", "scale"),
+    ),
+    (
+        "feedback_outcomes",
+        "cognitive_feedback_outcomes_total",
+        "First verdicts by tier, decision and gate (above: calibrated confidence >= min_confidence).",
+        ("module", "tier", "provider", "model", "decision", "gate", "verdict"),
+    ),
+    (
+        "feedback_replaced",
+        "cognitive_feedback_replaced_total",
+        "Verdicts that replaced an earlier verdict for the same answer (changed: differs from it).",
+        ("module", "changed"),
+    ),
+    (
+        "cost",
+        "cognitive_cost_usd",
+        "USD spent, from the policy's prices x each answer's usage (client: the key's name).",
+        ("module", "provider", "model", "client"),
+    ),
+    (
+        "savings",
+        "cognitive_savings_usd",
+        "Module calls: top-rung cost of the final answer's usage minus the call's cost, when positive.",
+        ("module",),
+    ),
+    (
+        "savings_lost",
+        "cognitive_savings_lost_usd",
+        "Module calls that cost more than the top rung would have (escalations): the excess.",
+        ("module",),
+    ),
+    (
+        "counterfactual",
+        "cognitive_counterfactual_cost_usd",
+        "Module calls: what the final answers would have cost on the top rung.",
+        ("module",),
+    ),
+    (
+        "limited",
+        "cognitive_limited_total",
+        "Requests refused by a limit (429), by scope (client, team, global) and kind.",
+        ("scope", "kind", "client"),
+    ),
+)
+HISTOGRAMS: tuple[tuple[str, str, str, tuple[str, ...], tuple[float, ...]], ...] = (
+    (
+        "confidence",
+        "cognitive_confidence",
+        "meta.confidence of module answers.",
+        ("module", "tier", "attempt"),
+        CONFIDENCE_BUCKETS,
+    ),
+    (
+        "upstream_latency",
+        "cognitive_upstream_latency_seconds",
+        "Provider attempt latency.",
+        ("provider", "model"),
+        LATENCY_BUCKETS,
+    ),
+    (
+        "overhead",
+        "cognitive_proxy_overhead_seconds",
+        "Time spent in the proxy itself per request, upstream time excluded.",
+        ("route",),
+        OVERHEAD_BUCKETS,
+    ),
+    (
+        "stream_ttfd",
+        "cognitive_stream_ttfd_seconds",
+        "Time from the start of a streamed module call to its first delta chunk.",
+        ("module",),
+        LATENCY_BUCKETS,
+    ),
+    (
+        "confidence_calibrated",
+        "cognitive_confidence_calibrated",
+        "meta.confidence of final module answers through the target's calibration map.",
+        ("module", "tier"),
+        CONFIDENCE_BUCKETS,
+    ),
+    (
+        "ttft",
+        "cognitive_ttft_seconds",
+        "Streams: time from the request to the first byte from the provider.",
+        ("provider", "model"),
+        LATENCY_BUCKETS,
+    ),
+    (
+        "output_tps",
+        "cognitive_output_tokens_per_second",
+        "Output tokens per second of an answer (streams: after the first token).",
+        ("provider", "model"),
+        TPS_BUCKETS,
+    ),
+)
+GAUGES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "inflight_body_bytes",
+        "cognitive_inflight_body_bytes",
+        "Memory reserved by request bodies in flight, buffered and parsed (the body budget in use).",
+        (),
+    ),
+    (
+        "open_connections",
+        "cognitive_open_connections",
+        "Open client connections, by listener (api, admin).",
+        ("listener",),
+    ),
+    (
+        "stream_sessions",
+        "cognitive_stream_sessions",
+        "Streamed answers still being produced in this process.",
+        (),
+    ),
+    ("info", "cognitive_proxy_info", "Build information.", ("version",)),
+    (
+        "limits_degraded",
+        "cognitive_limits_degraded",
+        "1 while limits are enforced per replica (Redis unreachable), 0 while shared.",
+        (),
+    ),
+)
+
+
 class Metrics:
-    """Every metric the proxy exports, on its own registry."""
+    """Every metric the proxy exports, on its own registry (built from the tables above)."""
+
+    requests: Counter
+    risk: Counter
+    decisions: Counter
+    escalations: Counter
+    repairs: Counter
+    risk_disagreements: Counter
+    composition_steps: Counter
+    tools_stripped: Counter
+    contract_errors: Counter
+    upstream_requests: Counter
+    stream_incomplete: Counter
+    failovers: Counter
+    tokens: Counter
+    policy_reloads: Counter
+    review_sink_failures: Counter
+    review_dropped: Counter
+    cache: Counter
+    cache_saved_tokens: Counter
+    context_redactions: Counter
+    context_writes_dropped: Counter
+    connections_refused: Counter
+    streams: Counter
+    stream_resumptions: Counter
+    feedback: Counter
+    feedback_confidence: Counter
+    feedback_score: Counter
+    feedback_brier: Counter
+    feedback_outcomes: Counter
+    feedback_replaced: Counter
+    cost: Counter
+    savings: Counter
+    savings_lost: Counter
+    counterfactual: Counter
+    limited: Counter
+    confidence: Histogram
+    upstream_latency: Histogram
+    overhead: Histogram
+    stream_ttfd: Histogram
+    confidence_calibrated: Histogram
+    ttft: Histogram
+    output_tps: Histogram
+    inflight_body_bytes: Gauge
+    open_connections: Gauge
+    stream_sessions: Gauge
+    info: Gauge
+    limits_degraded: Gauge
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "cognitive_requests_total",
-            "HTTP requests by route template, module, status and outcome.",
-            ["route", "module", "status", "outcome"],
-            registry=r,
-        )
-        self.confidence = Histogram(
-            "cognitive_confidence",
-            "meta.confidence of module answers.",
-            ["module", "tier", "attempt"],
-            buckets=CONFIDENCE_BUCKETS,
-            registry=r,
-        )
-        self.risk = Counter(
-            "cognitive_risk_total",
-            "meta.risk of final module answers.",
-            ["module", "tier", "risk"],
-            registry=r,
-        )
-        self.decisions = Counter(
-            "cognitive_decisions_total",
-            "Routing decisions on module answers.",
-            ["module", "tier", "decision"],
-            registry=r,
-        )
-        self.escalations = Counter(
-            "cognitive_escalations_total",
-            "Escalations from one rung to the next.",
-            ["module", "from_rung", "to_rung"],
-            registry=r,
-        )
-        self.repairs = Counter(
-            "cognitive_repairs_total",
-            "Repairs the contract engine made, by kind.",
-            ["module", "kind"],
-            registry=r,
-        )
-        self.risk_disagreements = Counter(
-            "cognitive_risk_disagreements_total",
-            "Answers whose meta.risk differs from the module's risk_rule over their data.",
-            ["module"],
-            registry=r,
-        )
-        self.composition_steps = Counter(
-            "cognitive_composition_steps_total",
-            "Steps run by composite modules, by composite, step module and the step's decision.",
-            ["module", "step", "decision"],
-            registry=r,
-        )
-        self.tools_stripped = Counter(
-            "cognitive_tools_stripped_total",
-            "Client tools kept out of a module's provider request by its tools policy.",
-            ["module"],
-            registry=r,
-        )
-        self.contract_errors = Counter(
-            "cognitive_contract_errors_total",
-            "Contract failures (model output and input), by error code.",
-            ["module", "code"],
-            registry=r,
-        )
-        self.upstream_requests = Counter(
-            "cognitive_upstream_requests_total",
-            "Provider attempts by outcome.",
-            ["provider", "model", "outcome"],
-            registry=r,
-        )
-        self.upstream_latency = Histogram(
-            "cognitive_upstream_latency_seconds",
-            "Provider attempt latency.",
-            ["provider", "model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.stream_incomplete = Counter(
-            "cognitive_stream_incomplete_total",
-            "Relayed answers that started but did not end complete (ended with an SSE error event), "
-            "and streams with a malformed chunk (reason=malformed_chunk, forwarded as is).",
-            ["provider", "model", "reason"],
-            registry=r,
-        )
-        self.failovers = Counter(
-            "cognitive_failovers_total",
-            "Moves from a failed target to the next one.",
-            ["from_target", "to_target", "reason"],
-            registry=r,
-        )
-        self.overhead = Histogram(
-            "cognitive_proxy_overhead_seconds",
-            "Time spent in the proxy itself per request, upstream time excluded.",
-            ["route"],
-            buckets=OVERHEAD_BUCKETS,
-            registry=r,
-        )
-        self.tokens = Counter(
-            "cognitive_tokens_total",
-            "Tokens reported by providers.",
-            ["provider", "model", "kind"],
-            registry=r,
-        )
-        self.policy_reloads = Counter(
-            "cognitive_policy_reloads_total", "Policy and module reloads by result.", ["result"], registry=r
-        )
-        self.review_sink_failures = Counter(
-            "cognitive_review_sink_failures_total",
-            "Review records whose delivery failed (redis-stream: kept and re-sent; webhook: logged).",
-            ["sink"],
-            registry=r,
-        )
-        self.review_dropped = Counter(
-            "cognitive_review_dropped_total",
-            "Review records dropped: the Redis outbox was full, or Redis refused the write.",
-            registry=r,
-        )
-        self.cache = Counter(
-            "cognitive_cache_total",
-            "Module result cache lookups: hit (no model called), miss, bypass (Cache-Control: no-cache).",
-            ["module", "result"],
-            registry=r,
-        )
-        self.cache_saved_tokens = Counter(
-            "cognitive_cache_saved_tokens_total",
-            "Tokens not spent because a module answer came from the result cache.",
-            ["module"],
-            registry=r,
-        )
-        self.context_redactions = Counter(
-            "cognitive_context_redactions_total",
-            "_context values redacted before a model saw them (credential-like names or values).",
-            ["module"],
-            registry=r,
-        )
-        self.context_writes_dropped = Counter(
-            "cognitive_context_writes_dropped_total",
-            "Context and cache writes dropped: the Redis outbox was full, or Redis refused the write.",
-            registry=r,
-        )
-        self.inflight_body_bytes = Gauge(
-            "cognitive_inflight_body_bytes",
-            "Memory reserved by request bodies in flight, buffered and parsed (the body budget in use).",
-            registry=r,
-        )
-        self.connections_refused = Counter(
-            "cognitive_connections_refused_total",
-            "Client connections refused (max_connections) or closed for a slow request (read_timeout).",
-            ["reason"],
-            registry=r,
-        )
-        self.open_connections = Gauge(
-            "cognitive_open_connections",
-            "Open client connections, by listener (api, admin).",
-            ["listener"],
-            registry=r,
-        )
-        self.stream_ttfd = Histogram(
-            "cognitive_stream_ttfd_seconds",
-            "Time from the start of a streamed module call to its first delta chunk.",
-            ["module"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.streams = Counter(
-            "cognitive_streams_total",
-            "Streamed module answers by how they ended (final, error, interrupted).",
-            ["module", "outcome"],
-            registry=r,
-        )
-        self.stream_resumptions = Counter(
-            "cognitive_stream_resumptions_total",
-            "Stream recovery requests by result (resumed, restarted, unknown, refused, disabled).",
-            ["result"],
-            registry=r,
-        )
-        self.stream_sessions = Gauge(
-            "cognitive_stream_sessions", "Streamed answers still being produced in this process.", registry=r
-        )
-        self.confidence_calibrated = Histogram(
-            "cognitive_confidence_calibrated",
-            "meta.confidence of final module answers through the target's calibration map.",
-            ["module", "tier"],
-            buckets=CONFIDENCE_BUCKETS,
-            registry=r,
-        )
-        feedback = ["module", "provider", "model", "scale", "bucket"]
-        self.feedback = Counter(
-            "cognitive_feedback_total",
-            "First verdicts on module answers, by confidence bin (of the reported or calibrated scale).",
-            [*feedback, "verdict"],
-            registry=r,
-        )
-        self.feedback_confidence = Counter(
-            "cognitive_feedback_confidence_total",
-            "Sum of the confidence of judged answers, per bin: mean confidence = this / count.",
-            feedback,
-            registry=r,
-        )
-        self.feedback_score = Counter(
-            "cognitive_feedback_correct_total",
-            "Sum of the correctness (1, 0, or the score) of judged answers per bin: accuracy = this / count.",
-            feedback,
-            registry=r,
-        )
-        self.feedback_brier = Counter(
-            "cognitive_feedback_brier_total",
-            "Sum of (confidence - correctness)^2 of judged answers: Brier score = this / count.",
-            ["module", "provider", "model", "scale"],
-            registry=r,
-        )
-        self.feedback_outcomes = Counter(
-            "cognitive_feedback_outcomes_total",
-            "First verdicts by tier, decision and gate (above: calibrated confidence >= min_confidence).",
-            ["module", "tier", "provider", "model", "decision", "gate", "verdict"],
-            registry=r,
-        )
-        self.feedback_replaced = Counter(
-            "cognitive_feedback_replaced_total",
-            "Verdicts that replaced an earlier verdict for the same answer (changed: differs from it).",
-            ["module", "changed"],
-            registry=r,
-        )
-        self.info = Gauge("cognitive_proxy_info", "Build information.", ["version"], registry=r)
-        self.cost = Counter(
-            "cognitive_cost_usd",
-            "USD spent, from the policy's prices x each answer's usage (client: the key's name).",
-            ["module", "provider", "model", "client"],
-            registry=r,
-        )
-        self.savings = Counter(
-            "cognitive_savings_usd",
-            "Module calls: top-rung cost of the final answer's usage minus the call's cost, when positive.",
-            ["module"],
-            registry=r,
-        )
-        self.savings_lost = Counter(
-            "cognitive_savings_lost_usd",
-            "Module calls that cost more than the top rung would have (escalations): the excess.",
-            ["module"],
-            registry=r,
-        )
-        self.counterfactual = Counter(
-            "cognitive_counterfactual_cost_usd",
-            "Module calls: what the final answers would have cost on the top rung.",
-            ["module"],
-            registry=r,
-        )
-        self.limited = Counter(
-            "cognitive_limited_total",
-            "Requests refused by a limit (429), by scope (client, team, global) and kind.",
-            ["scope", "kind", "client"],
-            registry=r,
-        )
-        self.limits_degraded = Gauge(
-            "cognitive_limits_degraded",
-            "1 while limits are enforced per replica (Redis unreachable), 0 while shared.",
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "cognitive_ttft_seconds",
-            "Streams: time from the request to the first byte from the provider.",
-            ["provider", "model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.output_tps = Histogram(
-            "cognitive_output_tokens_per_second",
-            "Output tokens per second of an answer (streams: after the first token).",
-            ["provider", "model"],
-            buckets=TPS_BUCKETS,
-            registry=r,
-        )
+        for attr, name, doc, labels in COUNTERS:
+            setattr(self, attr, Counter(name, doc, labels, registry=r))
+        for attr, name, doc, labels, buckets in HISTOGRAMS:
+            setattr(self, attr, Histogram(name, doc, labels, buckets=buckets, registry=r))
+        for attr, name, doc, labels in GAUGES:
+            setattr(self, attr, Gauge(name, doc, labels, registry=r))
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
         self._request_children: dict[tuple[str, str, int, str], Any] = {}

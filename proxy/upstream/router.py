@@ -14,7 +14,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from proxy.policy.model import Failover, RetryBudget, Target
@@ -108,6 +108,21 @@ def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float
     return failover.backoff.wait_s(retry, rng)
 
 
+@dataclass(slots=True)
+class _RungCall(Generic[T]):
+    """One ``Router.call``: its fixed inputs and the failures seen so far, in order."""
+
+    rung: Sequence[Target]
+    providers: Mapping[str, Provider]
+    operation: Operation[T]
+    failover: Failover
+    deadline: float
+    on_try: Callable[[Try], None]
+    stop_on_client_error: bool
+    bound_attempts: bool
+    failures: list[ProviderError] = field(default_factory=list)
+
+
 class RouterObserver(Protocol):
     """Where the router reports what happened (metrics): every try and every failover."""
 
@@ -163,29 +178,20 @@ class Router:
         answer's body included, not only between reads: a body dripping a byte at a time fails it.
         ``bound_attempts=False`` leaves the whole-attempt bound to the operation (a streamed
         upload, whose sending time is the client's)."""
-        failures: list[ProviderError] = []
+        run = _RungCall(
+            targets, providers, operation, failover, deadline, on_try, stop_on_client_error, bound_attempts
+        )
         self.budget.requests += 1
         try:
             for index, target in enumerate(targets):
-                result = await self._target(
-                    targets,
-                    target,
-                    providers,
-                    operation,
-                    failover,
-                    deadline,
-                    on_try,
-                    failures,
-                    stop_on_client_error,
-                    bound_attempts,
-                )
+                result = await self._target(run, target)
                 if result is not None:
                     return result
                 if self._clock() >= deadline:
-                    raise RungFailed(failures, deadline_spent=True)
+                    raise RungFailed(run.failures, deadline_spent=True)
                 if self.observer is not None and index + 1 < len(targets):
-                    self.observer.failover(target, targets[index + 1], _reason(failures))
-            raise RungFailed(failures)
+                    self.observer.failover(target, targets[index + 1], _reason(run.failures))
+            raise RungFailed(run.failures)
         finally:
             self.budget.requests -= 1
 
@@ -199,68 +205,42 @@ class Router:
         protect = all(self.breakers.is_open(t.state_key) for t in rung if t != target)
         await self.breakers.record(target.state_key, ticket, failover.breaker, failed=failed, protect=protect)
 
-    async def _target(
-        self,
-        rung: Sequence[Target],
-        target: Target,
-        providers: Mapping[str, Provider],
-        operation: Operation[T],
-        failover: Failover,
-        deadline: float,
-        on_try: Callable[[Try], None],
-        failures: list[ProviderError],
-        stop_on_client_error: bool,
-        bound_attempts: bool,
-    ) -> Routed[T] | None:
-        key = target.state_key
-        per_try = failover.timeouts.per_try_s
-        ticket = await self._admit(target, failover, deadline)
+    async def _target(self, run: _RungCall[T], target: Target) -> Routed[T] | None:
+        """Try ``target`` (retrying it while the policy allows); None: go on to the next one."""
+        ticket = await self._admit(target, run.failover, run.deadline)
         if ticket.admission == "open":
             skipped = ProviderError(
-                "circuit_open", f"{key}: circuit breaker open", retry_after=ticket.retry_in
+                "circuit_open", f"{target.state_key}: circuit breaker open", retry_after=ticket.retry_in
             )
-            failures.append(skipped)
-            on_try(Try(target, 0.0, skipped, skipped=True))
+            run.failures.append(skipped)
+            run.on_try(Try(target, 0.0, skipped, skipped=True))
             return None
-        provider = providers[target.provider]
-        trial = ticket.admission == "trial"
+        provider = run.providers[target.provider]
         retries = 0
         waited = 0.0
         while True:
-            remaining = deadline - self._clock()
+            remaining = run.deadline - self._clock()
             if remaining <= 0:
-                failures.append(ProviderError("timeout", "the call's total deadline is spent"))
-                raise RungFailed(failures, deadline_spent=True)
+                run.failures.append(ProviderError("timeout", "the call's total deadline is spent"))
+                raise RungFailed(run.failures, deadline_spent=True)
             started = self._clock()
             retrying = retries > 0
             if retrying:
                 self.budget.retries += 1
             try:
-                value = await _attempt(operation, provider, target, min(per_try, remaining), bound_attempts)
+                timeout = min(run.failover.timeouts.per_try_s, remaining)
+                value = await _attempt(run.operation, provider, target, timeout, run.bound_attempts)
             except ProviderError as exc:
-                failures.append(exc)
                 elapsed = self._clock() - started
-                on_try(Try(target, elapsed * 1000, exc, retry=retrying, waited_s=waited))
-                if self.observer is not None:
-                    self.observer.attempt(target, elapsed, exc)
-                if counts_against_breaker(exc):
-                    await self._record(rung, target, ticket, failover, failed=True)
-                if exc.kind == "client_error" and stop_on_client_error:
-                    raise RungFailed(failures, final=exc) from exc
-                if (
-                    trial
-                    or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on
-                    or retries >= failover.retries
-                ):
-                    return None
-                wait = max(backoff_s(failover, retries, self._rng), exc.retry_after or 0.0)
-                if self._clock() + wait >= deadline or not self.budget.allows_retry(failover.budget):
+                attempt = Try(target, elapsed * 1000, exc, retry=retrying, waited_s=waited)
+                await self._failed(run, ticket, exc, attempt, elapsed)
+                wait = self._retry_wait(run, exc, retries, trial=ticket.admission == "trial")
+                if wait is None:
                     return None
                 await self._sleep(wait)
-                ticket = await self._admit(target, failover, deadline)
+                ticket = await self._admit(target, run.failover, run.deadline)
                 if ticket.admission == "open":
                     return None  # the breaker opened meanwhile: no retry into it
-                trial = ticket.admission == "trial"
                 waited = wait
                 retries += 1
                 continue
@@ -268,8 +248,35 @@ class Router:
                 if retrying:
                     self.budget.retries -= 1
             elapsed = self._clock() - started
-            on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
+            run.on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
             if self.observer is not None:
                 self.observer.attempt(target, elapsed, None)
-            await self._record(rung, target, ticket, failover, failed=False)
+            await self._record(run.rung, target, ticket, run.failover, failed=False)
             return Routed(value, target)
+
+    async def _failed(
+        self, run: _RungCall[T], ticket: Ticket, exc: ProviderError, attempt: Try, elapsed: float
+    ) -> None:
+        """Report and count a failed attempt; a client error ends the call when asked to."""
+        target = attempt.target
+        run.failures.append(exc)
+        run.on_try(attempt)
+        if self.observer is not None:
+            self.observer.attempt(target, elapsed, exc)
+        if counts_against_breaker(exc):
+            await self._record(run.rung, target, ticket, run.failover, failed=True)
+        if exc.kind == "client_error" and run.stop_on_client_error:
+            raise RungFailed(run.failures, final=exc) from exc
+
+    def _retry_wait(
+        self, run: _RungCall[T], exc: ProviderError, retries: int, *, trial: bool
+    ) -> float | None:
+        """How long to wait before retrying the same target, or None when it must not be retried:
+        a breaker trial, a kind not in ``retry_on``, no retries or retry budget left, or no time."""
+        failover = run.failover
+        if trial or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on or retries >= failover.retries:
+            return None
+        wait = max(backoff_s(failover, retries, self._rng), exc.retry_after or 0.0)
+        if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget):
+            return None
+        return wait

@@ -78,7 +78,24 @@ def to_messages_request(
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
         raise ValueError("'messages' must be a list")
+    system_parts, turns = _system_and_turns(raw_messages)
+    messages = _merge_turns(turns)
+    if not messages:
+        raise ValueError("the request has no user or assistant message")
 
+    out: dict[str, Any] = {"model": model, "messages": messages}
+    if system_parts:
+        out["system"] = "\n\n".join(system_parts)
+    out.update(_sampling(body, default_max_tokens))
+    out.update(_tools_of(body))
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        out["metadata"] = {"user_id": user}
+    return out
+
+
+def _system_and_turns(raw_messages: list[Any]) -> tuple[list[str], list[tuple[str, Any]]]:
+    """System/developer texts (Anthropic's top-level ``system``) and the conversation turns."""
     system_parts: list[str] = []
     turns: list[tuple[str, Any]] = []
     for i, msg in enumerate(raw_messages):
@@ -97,15 +114,12 @@ def to_messages_request(
             turns.append(("user", [_tool_result(msg, f"messages[{i}]")]))
         else:
             raise ValueError(f"messages[{i}] has unsupported role {role!r}")
+    return system_parts, turns
 
-    messages = _merge_turns(turns)
-    if not messages:
-        raise ValueError("the request has no user or assistant message")
 
-    out: dict[str, Any] = {"model": model, "messages": messages}
-    if system_parts:
-        out["system"] = "\n\n".join(system_parts)
-
+def _sampling(body: dict[str, Any], default_max_tokens: int) -> dict[str, Any]:
+    """``max_tokens`` (required by Anthropic), temperature, top_p, stop sequences, stream."""
+    out: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
@@ -121,7 +135,12 @@ def to_messages_request(
         out["stop_sequences"] = list(stop)
     if body.get("stream") is not None:
         out["stream"] = bool(body["stream"])
+    return out
 
+
+def _tools_of(body: dict[str, Any]) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` (``parallel_tool_calls: false`` as ``disable_parallel_tool_use``)."""
+    out: dict[str, Any] = {}
     tools = body.get("tools")
     if tools:
         out["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
@@ -133,10 +152,6 @@ def to_messages_request(
             tool_choice["disable_parallel_tool_use"] = True
     if tool_choice is not None:
         out["tool_choice"] = tool_choice
-
-    user = body.get("user")
-    if isinstance(user, str) and user:
-        out["metadata"] = {"user_id": user}
     return out
 
 

@@ -15,7 +15,7 @@ from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, caller_error, module_not_found
-from proxy.api.state import METRICS, SETTINGS, runtime_of
+from proxy.api.state import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
     framer_for,
@@ -26,6 +26,7 @@ from proxy.api.streaming import (
 )
 from proxy.contract.errors import Code
 from proxy.jsonshape import as_dict
+from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT
 from proxy.stream.negotiate import (
     MODE_HEADER,
@@ -87,24 +88,44 @@ async def execute(request: web.Request) -> web.StreamResponse:
             return resumed
     if "input" not in body:
         record.outcome = OUTCOME_INVALID_INPUT
-        return caller_error(
-            Code.INVALID_INPUT,
-            'The request body needs an "input" field',
-            trace_id,
-            suggestion='Send {"input": {...}} with the module input',
-        )
+        return _no_input(trace_id)
     if negotiated.refused:
-        return caller_error(
-            Code.STREAMING_NOT_SUPPORTED,
-            f"Module {module.name!r} answers streaming only; a sync answer was asked for",
-            trace_id,
-        )
+        return _sync_refused(module, trace_id)
     if negotiated.mode == "sync":
-        answer = await answer_module(request, runtime, module, body["input"])
-        answer_headers = {**answer.headers(), **headers}
-        envelope = answer.envelope
-        if negotiated.fallback_reason is not None:
-            envelope = {**envelope, "_warnings": negotiated.warnings()}
-            answer_headers[WARNING_HEADER] = negotiated.warning_header or ""
-        return json_response(envelope, status=answer.status, headers=answer_headers)
+        return await _sync(request, runtime, module, body["input"], negotiated, headers)
     return await stream_module_execute(request, runtime, module, body["input"], framer)
+
+
+def _no_input(trace_id: str) -> web.Response:
+    return caller_error(
+        Code.INVALID_INPUT,
+        'The request body needs an "input" field',
+        trace_id,
+        suggestion='Send {"input": {...}} with the module input',
+    )
+
+
+def _sync_refused(module: Module, trace_id: str) -> web.Response:
+    return caller_error(
+        Code.STREAMING_NOT_SUPPORTED,
+        f"Module {module.name!r} answers streaming only; a sync answer was asked for",
+        trace_id,
+    )
+
+
+async def _sync(
+    request: web.Request,
+    runtime: Runtime,
+    module: Module,
+    value: Any,
+    negotiated: Negotiated,
+    headers: dict[str, str],
+) -> web.Response:
+    """The envelope as one JSON answer; a streaming request that fell back says so (W4010)."""
+    answer = await answer_module(request, runtime, module, value)
+    answer_headers = {**answer.headers(), **headers}
+    envelope = answer.envelope
+    if negotiated.fallback_reason is not None:
+        envelope = {**envelope, "_warnings": negotiated.warnings()}
+        answer_headers[WARNING_HEADER] = negotiated.warning_header or ""
+    return json_response(envelope, status=answer.status, headers=answer_headers)

@@ -187,6 +187,51 @@ async def _stream_module(
     return response
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """The router call of one passthrough chat request: its targets, deadline, attempt log and
+    accounting."""
+
+    request: web.Request
+    runtime: Runtime
+    targets: tuple[Target, ...]
+    started: float
+    """``time.monotonic()`` when the request was taken up: the deadlines count from it."""
+
+    def log_try(self, attempt: Try) -> None:
+        self.request[RECORD_KEY].upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
+        if attempt.error is not None and not attempt.skipped:
+            log.info(
+                "proxy.upstream_failed",
+                target=str(attempt.target),
+                kind=attempt.error.kind,
+                retry=attempt.retry,
+            )
+
+    def __call__(self, operation: Operation[T]) -> Awaitable[Routed[T]]:
+        policy = self.runtime.policy
+        return self.request.app[ROUTER].call(
+            self.targets,
+            self.runtime.providers,
+            operation,
+            policy.failover,
+            self.started + policy.timeouts.total_s,
+            self.log_try,
+            stop_on_client_error=True,
+        )
+
+    async def account(self, target: Target, usage: Mapping[str, Any], output_s: float) -> None:
+        """Tokens, cost, output speed, and the settlement of the request's limits."""
+        request, policy = self.request, self.runtime.policy
+        metrics = request.app[METRICS]
+        record_usage(metrics, policy, target, usage)
+        usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
+        completion = usage.get("completion_tokens")
+        if isinstance(completion, int) and completion > 0 and output_s > 0:
+            metrics.output_tps.labels(*target_labels(policy, target)).observe(completion / output_s)
+        await settle(request, total_tokens(usage), usd)
+
+
 async def _passthrough(
     request: web.Request, runtime: Runtime, body: dict[str, Any], model: str
 ) -> web.StreamResponse:
@@ -206,66 +251,43 @@ async def _passthrough(
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
-    router = request.app[ROUTER]
-    started = time.monotonic()
-    deadline = started + runtime.policy.timeouts.total_s
-
-    record = request[RECORD_KEY]
-    metrics = request.app[METRICS]
-
-    def log_try(attempt: Try) -> None:
-        record.upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
-        if attempt.error is not None and not attempt.skipped:
-            log.info(
-                "proxy.upstream_failed",
-                target=str(attempt.target),
-                kind=attempt.error.kind,
-                retry=attempt.retry,
-            )
-
-    def route(operation: Operation[T]) -> Awaitable[Routed[T]]:
-        return router.call(
-            targets,
-            runtime.providers,
-            operation,
-            runtime.policy.failover,
-            deadline,
-            log_try,
-            stop_on_client_error=True,
-        )
-
-    async def account(target: Target, usage: Mapping[str, Any], output_s: float) -> None:
-        """Tokens, cost, output speed, and the settlement of the request's limits."""
-        record_usage(metrics, runtime.policy, target, usage)
-        usd = record_cost(metrics, runtime.policy, NO_MODULE, target, usage, caller(request).label)
-        completion = usage.get("completion_tokens")
-        if isinstance(completion, int) and completion > 0 and output_s > 0:
-            metrics.output_tps.labels(*target_labels(runtime.policy, target)).observe(completion / output_s)
-        await settle(request, total_tokens(usage), usd)
-
-    asked = time.perf_counter()
+    route = _Route(request, runtime, targets, time.monotonic())
     if body.get("stream") is not True:
-        try:
-            routed = await route(partial(_relay, body=body, ctx=ctx))
-        except RungFailed as exc:
-            return passthrough_failure(exc)
-        await account(routed.target, routed.value.usage, time.perf_counter() - asked)
-        record.fields["target"] = str(routed.target)
-        return web.Response(
-            body=routed.value.body,
-            headers={
-                "X-Cognitive-Model": str(routed.target),
-                "Content-Type": "application/json",
-            },
-        )
-    timeouts = runtime.policy.timeouts
+        return await _relay_plain(route, body, ctx)
+    return await _relay_stream(route, body, ctx)
+
+
+async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) -> web.StreamResponse:
+    """A plain completion: the upstream body as it came, its usage accounted."""
+    asked = time.perf_counter()
+    try:
+        routed = await route(partial(_relay, body=body, ctx=ctx))
+    except RungFailed as exc:
+        return passthrough_failure(exc)
+    await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
+    route.request[RECORD_KEY].fields["target"] = str(routed.target)
+    return web.Response(
+        body=routed.value.body,
+        headers={
+            "X-Cognitive-Model": str(routed.target),
+            "Content-Type": "application/json",
+        },
+    )
+
+
+async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallContext) -> web.StreamResponse:
+    """A streamed completion: relayed chunk by chunk within the idle and stream bounds."""
+    request, policy = route.request, route.runtime.policy
+    timeouts, record = policy.timeouts, request[RECORD_KEY]
+    asked = time.perf_counter()
     try:
         opened = await route(partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s))
     except RungFailed as exc:
         return passthrough_failure(exc)
     stream = opened.value
     record.fields["target"] = str(opened.target)
-    metrics.ttft.labels(*target_labels(runtime.policy, opened.target)).observe(time.perf_counter() - asked)
+    ttft = time.perf_counter() - asked
+    request.app[METRICS].ttft.labels(*target_labels(policy, opened.target)).observe(ttft)
     usage = UsageSniffer()
     response = web.StreamResponse(
         headers={
@@ -284,14 +306,14 @@ async def _passthrough(
             stream.chunks,
             stream.check,
             idle_s=timeouts.idle_s,
-            until=None if timeouts.stream_total_s is None else started + timeouts.stream_total_s,
+            until=None if timeouts.stream_total_s is None else route.started + timeouts.stream_total_s,
             sniff=usage.feed,
         )
     finally:
         await stream.chunks.aclose()
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
-        await account(opened.target, usage.usage, time.perf_counter() - streaming_since)
+        await route.account(opened.target, usage.usage, time.perf_counter() - streaming_since)
     return response
 
 

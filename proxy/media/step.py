@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from proxy.contract.errors import error_envelope
 from proxy.media.cache import MediaCache
 from proxy.media.model import Media
 from proxy.media.resolve import MediaRequest, MemoryBudget, NoBudget, prepare
 from proxy.media.types import LIMITS, MB, MediaError
-from proxy.module.model import Module
 from proxy.policy.model import MediaPolicy, Policy, Target
+
+
+class MediaModule(Protocol):
+    """What the media step reads of a module (``proxy.module.model.Module`` satisfies it): the
+    media layer sits below the module layer and never imports it."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def input_modalities(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +34,7 @@ class MediaEnv:
 
 
 async def prepare_media(
-    module: Module, value: Any, settings: MediaPolicy, deadline: float, env: MediaEnv
+    module: MediaModule, value: Any, settings: MediaPolicy, deadline: float, env: MediaEnv
 ) -> tuple[Media, ...] | dict[str, Any]:
     """The call's validated media, or the error envelope that refuses the call."""
     request = MediaRequest(module.path, module.input_modalities, settings, deadline, env.budget, env.cache)

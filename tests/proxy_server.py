@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 
 from proxy.api.state import ROUTER
 from proxy.app import build_app
+from proxy.policy.loader import DEFAULT_TIERS
 from proxy.server import SERVER_OPTIONS
 from proxy.settings import Settings
 from tests.fake_upstream import FakeUpstream
@@ -45,11 +47,7 @@ def upstream_policy(fake: FakeUpstream, **extra: Any) -> dict[str, Any]:
             {"name": "fast", "targets": ["up/cheap"]},
             {"name": "strong", "targets": ["up/strong"]},
         ],
-        "tiers": {
-            "exec": {"min_confidence": 0.9, "max_risk": "low", "exhausted": "reject"},
-            "decision": {"min_confidence": 0.7, "max_risk": "medium", "exhausted": "review"},
-            "exploration": {"min_confidence": 0.3, "max_risk": "high", "exhausted": "accept"},
-        },
+        "tiers": copy.deepcopy(DEFAULT_TIERS),  # the proxy's own defaults, written out
         "aliases": {"gpt-4o-mini": "fast", "gpt-4o": "strong", "claude": "anth/claude-x"},
         "failover": {"timeout": {"per_try_s": 5, "total_s": 10}},
     }

@@ -67,11 +67,11 @@ def _validator() -> Validator:
 
 
 def _thresholds(raw: dict[str, Any]) -> Thresholds:
-    defaults = Thresholds(0.0, "high", "reject")  # read for its defaulted fields only
+    defaults = Thresholds(0.0, "high")  # read for its defaulted fields only
     return Thresholds(
         min_confidence=float(raw["min_confidence"]),
         max_risk=raw["max_risk"],
-        exhausted=raw.get("exhausted", "reject"),
+        exhausted=raw.get("exhausted", defaults.exhausted),
         start=raw.get("start"),
         reask=int(raw.get("reask", defaults.reask)),
         risk_source=raw.get("risk_source", defaults.risk_source),
@@ -122,10 +122,30 @@ def _failover(raw: dict[str, Any], source: str) -> Failover:
     return Failover(
         retries=int(raw.get("retries", defaults.retries)),
         retry_on=frozenset(raw.get("retry_on", defaults.retry_on)),
-        backoff=Backoff(float(backoff.get("base_ms", 100)), float(backoff.get("max_ms", 2000))),
+        backoff=Backoff(
+            float(backoff.get("base_ms", defaults.backoff.base_ms)),
+            float(backoff.get("max_ms", defaults.backoff.max_ms)),
+        ),
         timeouts=_timeouts(timeout),
         breaker=_breaker(as_dict(raw.get("circuit_breaker")), source),
-        budget=RetryBudget(float(budget.get("percent", 20)), int(budget.get("min_concurrency", 3))),
+        budget=RetryBudget(
+            float(budget.get("percent", defaults.budget.percent)),
+            int(budget.get("min_concurrency", defaults.budget.min_concurrency)),
+        ),
+    )
+
+
+def _provider(name: str, raw: dict[str, Any]) -> ProviderConfig:
+    defaults = ProviderConfig(name, raw["kind"])
+    return ProviderConfig(
+        name=name,
+        kind=raw["kind"],
+        base_url=raw.get("base_url", defaults.base_url).rstrip("/"),
+        api_key_env=raw.get("api_key_env", defaults.api_key_env),
+        forward_client_key=raw.get("forward_client_key", defaults.forward_client_key),
+        allow_any_model=raw.get("allow_any_model", defaults.allow_any_model),
+        headers=MappingProxyType(dict(raw.get("headers", defaults.headers))),
+        options=MappingProxyType(dict(raw.get("options", defaults.options))),
     )
 
 
@@ -244,7 +264,8 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
             "failover.circuit_breaker.failures: removed; it is consecutive_failures now (give only that)"
         )
     timeout = as_dict(as_dict(doc.get("failover")).get("timeout"))
-    if timeout.get("per_try_s", 30) > timeout.get("total_s", 90):
+    defaults = Timeouts()
+    if timeout.get("per_try_s", defaults.per_try_s) > timeout.get("total_s", defaults.total_s):
         problems.append("failover.timeout.per_try_s: larger than total_s (total_s bounds every try)")
     for target, entry in as_dict(doc.get("calibration")).items():
         if target.split("/", 1)[0] not in providers:
@@ -270,19 +291,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
     problems = _cross_checks(doc) + quota_checks(doc, [r["name"] for r in doc["ladder"]])
     if problems:
         raise PolicyError(source, problems)
-    providers = {
-        name: ProviderConfig(
-            name=name,
-            kind=raw["kind"],
-            base_url=raw.get("base_url", "").rstrip("/"),
-            api_key_env=raw.get("api_key_env"),
-            forward_client_key=raw.get("forward_client_key", False),
-            allow_any_model=raw.get("allow_any_model", False),
-            headers=MappingProxyType(dict(raw.get("headers", {}))),
-            options=MappingProxyType(dict(raw.get("options", {}))),
-        )
-        for name, raw in doc["providers"].items()
-    }
+    providers = {name: _provider(name, raw) for name, raw in doc["providers"].items()}
     ladder = tuple(
         Rung(r["name"], tuple(Target(*t.split("/", 1)) for t in r["targets"])) for r in doc["ladder"]
     )

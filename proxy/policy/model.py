@@ -63,7 +63,7 @@ class Thresholds:
 
     min_confidence: float
     max_risk: Risk
-    exhausted: Exhausted
+    exhausted: Exhausted = "reject"
     start: str | None = None
     reask: int = 0
     risk_source: RiskSource = DEFAULT_RISK_SOURCE

@@ -316,7 +316,8 @@ def spec_for(code: str) -> ErrorSpec | None:
 
 
 def http_status(code: str, origin: Origin = Origin.RUNTIME) -> int:
-    """The HTTP status a module answer carrying ``code`` is sent with (DESIGN §3).
+    """The HTTP status a module answer carrying ``code`` is sent with (README "HTTP surface",
+    *Status codes for module answers*).
 
     Answers from a module that ran (``Origin.MODEL``, ``Origin.CONTRACT``) are 200 whatever code
     they carry: a model that writes E4002 or E1001 must not pick a 429 or a 400. Unknown codes

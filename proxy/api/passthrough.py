@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -36,7 +37,7 @@ from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
 from proxy.upstream.http import auth_headers, client_timeout, status_error
 from proxy.upstream.relay import body_chunks, first_chunk, send
-from proxy.upstream.router import RungFailed, Try, real_failures, retry_after_s
+from proxy.upstream.router import Routed, RungFailed, Try, real_failures, retry_after_s
 from proxy.upstream.sse import StreamCheck, wire_format
 
 log = structlog.get_logger("proxy.passthrough")
@@ -316,22 +317,11 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
     template = path_template(target.path)
     record = request[RECORD_KEY]
     record.route = template
-    names = providers_for(runtime.policy, target.path)
-    if not names:
-        raise ApiError(
-            404,
-            f"{request.method} {target.path} is not handled by this proxy and the policy "
-            "names no passthrough provider (passthrough.provider)",
-            code="not_found",
-        )
+    names = _provider_names(request, runtime.policy, target)
     first = runtime.policy.providers.get(names[0])
     if first is not None and first.kind == "offline":
         return await answer_offline(request, body, first, template)
-    limit = request.app[SETTINGS].max_upload_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(
-            413, f"Request body too large: the passthrough limit is {limit} bytes", code="request_too_large"
-        )
+    _refuse_oversized(request)
     replay = body is not None or resendable(request, template)
     if replay and body is None and request.method not in SAFE_METHODS:
         body = await read_body(request)  # bounded by --max-body-bytes and the body budget
@@ -340,52 +330,76 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         if replay
         else (Target(names[0], PASSTHROUGH_MODEL),)
     )
-    outgoing = Outgoing(request.method, target, body if replay else None)
-    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
-    started = time.perf_counter()
-
-    def on_try(attempt: Try) -> None:
-        if attempt.error is not None:
-            log.info(
-                "proxy.upstream_failed",
-                target=attempt.target.provider,
-                kind=attempt.error.kind,
-                status=attempt.error.status,
-                retry=attempt.retry,
-            )
-
     timeouts = runtime.policy.timeouts
-
-    async def operation(provider: Provider, target: Target, timeout: float) -> _Answer:
-        return await _open(
-            provider,
-            target,
-            timeout,
-            request=request,
-            outgoing=outgoing,
-            session=request.app[SESSION],
-            ctx=ctx,
-            idle_s=timeouts.idle_s,
-        )
-
+    operation = partial(
+        _open,
+        request=request,
+        outgoing=Outgoing(request.method, target, body if replay else None),
+        session=request.app[SESSION],
+        ctx=CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY)),
+        idle_s=timeouts.idle_s,
+    )
+    started = time.perf_counter()
     now = time.monotonic()
     deadline = now + timeouts.total_s
     failover = runtime.policy.failover if replay else _no_retries(runtime)
     try:
         routed = await request.app[ROUTER].call(
-            targets, runtime.providers, operation, failover, deadline, on_try, bound_attempts=replay
+            targets, runtime.providers, operation, failover, deadline, _log_try, bound_attempts=replay
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
         return _failure(exc)
-    answer = routed.value
-    upstream = answer.resp
     record.fields["target"] = routed.target.provider
+    answer = routed.value
     if answer.check is not None:  # a stream: stream_idle_s between chunks, stream_total_s overall
         idle_s: float | None = timeouts.idle_s
         until = None if timeouts.stream_total_s is None else now + timeouts.stream_total_s
     else:  # a plain answer: its attempt's bound and the call's deadline cover the body too
         idle_s, until = None, min(answer.started + answer.timeout, deadline)
+    return await _relay_answer(request, routed, idle_s, until, started)
+
+
+def _provider_names(request: web.Request, policy: Policy, target: ClientTarget) -> tuple[str, ...]:
+    """The passthrough providers of ``target``'s path, in failover order; 404 when none."""
+    names = providers_for(policy, target.path)
+    if not names:
+        raise ApiError(
+            404,
+            f"{request.method} {target.path} is not handled by this proxy and the policy "
+            "names no passthrough provider (passthrough.provider)",
+            code="not_found",
+        )
+    return names
+
+
+def _refuse_oversized(request: web.Request) -> None:
+    """413 for a declared body over ``--max-upload-bytes`` before anything is read or sent."""
+    limit = request.app[SETTINGS].max_upload_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(
+            413, f"Request body too large: the passthrough limit is {limit} bytes", code="request_too_large"
+        )
+
+
+def _log_try(attempt: Try) -> None:
+    if attempt.error is not None:
+        log.info(
+            "proxy.upstream_failed",
+            target=attempt.target.provider,
+            kind=attempt.error.kind,
+            status=attempt.error.status,
+            retry=attempt.retry,
+        )
+
+
+async def _relay_answer(
+    request: web.Request, routed: Routed[_Answer], idle_s: float | None, until: float | None, started: float
+) -> web.StreamResponse:
+    """The upstream's answer to the client as it arrives (status and headers as sent, less the
+    hop-by-hop ones); the time it takes counts as upstream time."""
+    answer = routed.value
+    upstream = answer.resp
     try:
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=returned_headers(upstream.headers)
@@ -406,7 +420,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
     finally:
         await answer.chunks.aclose()
         upstream.release()
-        record.upstream_s += time.perf_counter() - started
+        request[RECORD_KEY].upstream_s += time.perf_counter() - started
 
 
 def _no_retries(runtime: Runtime) -> Failover:

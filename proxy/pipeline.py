@@ -221,7 +221,8 @@ class ModuleAnswer:
         return None
 
     def cognitive(self) -> dict[str, Any]:
-        """The ``cognitive`` block (README "HTTP surface", *Module mode over chat*); a composite's steps nest in its attempts."""
+        """The ``cognitive`` block (README "HTTP surface", *Module mode over chat*); a composite's
+        steps nest in its attempts."""
         return {
             "module": self.module.name,
             "tier": self.module.tier,

@@ -20,14 +20,21 @@ import orjson
 import yaml
 
 from proxy import schemas
-from proxy.compose.directives import DirectiveError, parse_directives
-from proxy.compose.spec import CompositionError, parse_composition
-from proxy.contract.rules import CompatPolicy, FailurePolicy, OverflowPolicy, RuntimeRequirements, Validators
+from proxy.compose.directives import CallDirective, DirectiveError, parse_directives
+from proxy.compose.spec import Composition, CompositionError, parse_composition
+from proxy.contract.rules import (
+    CompatPolicy,
+    FailurePolicy,
+    OverflowPolicy,
+    RuntimeRequirements,
+    Tier,
+    Validators,
+)
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
 from proxy.media import schema as media_schema
 from proxy.module.context_spec import ContextSpecError, parse_context
-from proxy.module.model import Module, ModuleFormat, ToolPolicy
+from proxy.module.model import Module, ModuleFormat, Strictness, ToolPolicy
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
@@ -120,83 +127,18 @@ def _compile(path: Path, section: str, schema: dict[str, Any], documents: dict[s
 def _build(
     root: Path, manifest: dict[str, Any], prompt: str, schema: dict[str, Any], fmt: ModuleFormat
 ) -> Module:
-    name = str(manifest.get("name", root.name))
-    if not valid_module_name(name):
-        raise ModuleLoadError(root, f"invalid module name {name!r} (lowercase, digits, '-', '_', '.')")
-    tier = manifest.get("tier") or LEGACY_TIER
-    if tier not in TIER_DEFAULTS:
-        raise ModuleLoadError(root, f"tier: {tier!r} is not one of exec, decision, exploration")
+    name, tier = _name_and_tier(root, manifest)
     defaults = TIER_DEFAULTS[tier]
     strictness = manifest.get("schema_strictness") or defaults.strictness
     enums = as_dict(manifest.get("enums"))
     enum_strategy = enums.get("strategy") or defaults.enum_strategy
     unknown_tag = str(enums.get("unknown_tag") or "custom")
-    overflow_raw = as_dict(manifest.get("overflow"))
-    overflow = OverflowPolicy(
-        enabled=bool(overflow_raw.get("enabled", defaults.overflow_enabled)),
-        max_items=int(overflow_raw.get("max_items", MAX_ITEMS_BY_STRICTNESS[strictness])),
-        require_suggested_mapping=bool(overflow_raw.get("require_suggested_mapping", True)),
-        recoverable=bool(overflow_raw.get("recoverable", True)),
-    )
-    failure_raw = as_dict(manifest.get("failure"))
-    failure = FailurePolicy(
-        contract=failure_raw.get("contract", "error_union"),
-        partial_allowed=bool(failure_raw.get("partial_allowed", True)),
-        must_return_error_schema=bool(failure_raw.get("must_return_error_schema", True)),
-    )
-    compat_raw = as_dict(manifest.get("compat"))
-    legacy = fmt is not ModuleFormat.V22  # v2.1 and v1 answers carry no meta: always wrap them
-    compat = CompatPolicy(
-        accepts_v21_payload=legacy or bool(compat_raw.get("accepts_v21_payload", False)),
-        runtime_auto_wrap=legacy or bool(compat_raw.get("runtime_auto_wrap", False)),
-        schema_output_alias=compat_raw.get("schema_output_alias", "data"),
-    )
-    runtime_raw = as_dict(manifest.get("runtime_requirements"))
-    runtime = RuntimeRequirements(
-        structured_output=bool(runtime_raw.get("structured_output", True)),
-        max_input_tokens=runtime_raw.get("max_input_tokens"),
-        preferred_capabilities=tuple(runtime_raw.get("preferred_capabilities") or ()),
-    )
-    try:
-        composition = parse_composition(manifest.get("composition"))
-        prompt, calls = parse_directives(prompt)
-    except (CompositionError, DirectiveError) as exc:
-        raise ModuleLoadError(root, str(exc)) from exc
-    tools_raw = as_dict(manifest.get("tools"))
-    tools = ToolPolicy(
-        policy=tools_raw.get("policy", "deny_by_default"),
-        allowed=frozenset(str(t) for t in tools_raw.get("allowed") or ()),
-        denied=frozenset(str(t) for t in tools_raw.get("denied") or ()),
-    )
-    input_schema = media_schema.without_content_encoding(with_definitions(schema, "input"))
-    meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
-    error_schema = with_definitions(schema, "error") or {
-        "type": "object",
-        "required": ["code", "message"],
-        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-    }
-    schema_path = root / "schema.json"
-    try:
-        documents = referenced_files(schema, schema_path, root)
-    except RefError as exc:
-        raise ModuleLoadError(exc.path, str(exc)) from exc
+    composition, prompt, calls = _composition(root, manifest, prompt)
     modalities = frozenset(as_dict(manifest.get("modalities")).get("input") or ("text",))
-    problem = media_schema.check(input_schema, schema, modalities)
-    if problem is not None:
-        raise ModuleLoadError(root, f"module {name!r}: {problem}")
-    validators = Validators(
-        input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
-        data=_compile(
-            schema_path,
-            "data",
-            data_contract_schema(
-                schema, strictness=strictness, enum_strategy=enum_strategy, unknown_tag=unknown_tag
-            ),
-            documents,
-        ),
-        meta=_compile(schema_path, "meta", meta_schema, documents),
-        error=_compile(schema_path, "error", error_schema, documents),
+    data_schema = data_contract_schema(
+        schema, strictness=strictness, enum_strategy=enum_strategy, unknown_tag=unknown_tag
     )
+    validators = _validators(root, name, schema, data_schema, modalities)
     try:
         context = parse_context(manifest.get("context"), root)
     except ContextSpecError as exc:
@@ -213,11 +155,11 @@ def _build(
         strictness=strictness,
         enum_strategy=enum_strategy,
         unknown_tag=unknown_tag,
-        overflow=overflow,
-        failure=failure,
-        compat=compat,
+        overflow=_overflow(as_dict(manifest.get("overflow")), defaults.overflow_enabled, strictness),
+        failure=_failure(as_dict(manifest.get("failure"))),
+        compat=_compat(as_dict(manifest.get("compat")), legacy=fmt is not ModuleFormat.V22),
         risk_rule=as_dict(manifest.get("meta")).get("risk_rule", "max_changes_risk"),
-        runtime=runtime,
+        runtime=_runtime(as_dict(manifest.get("runtime_requirements"))),
         response_mode=as_dict(manifest.get("response")).get("mode") or defaults.response_mode,
         excludes=tuple(str(x) for x in manifest.get("excludes") or ()),
         tests=_tests(root, manifest.get("tests")),
@@ -227,8 +169,104 @@ def _build(
         input_modalities=modalities,
         composition=composition,
         calls=calls,
-        tools=tools,
+        tools=_tools(as_dict(manifest.get("tools"))),
         policies=tuple((str(k), str(v)) for k, v in as_dict(manifest.get("policies")).items()),
+    )
+
+
+def _name_and_tier(root: Path, manifest: dict[str, Any]) -> tuple[str, Tier]:
+    name = str(manifest.get("name", root.name))
+    if not valid_module_name(name):
+        raise ModuleLoadError(root, f"invalid module name {name!r} (lowercase, digits, '-', '_', '.')")
+    tier = manifest.get("tier") or LEGACY_TIER
+    if tier not in TIER_DEFAULTS:
+        raise ModuleLoadError(root, f"tier: {tier!r} is not one of exec, decision, exploration")
+    return name, tier
+
+
+def _composition(
+    root: Path, manifest: dict[str, Any], prompt: str
+) -> tuple[Composition | None, str, tuple[CallDirective, ...]]:
+    """The ``composition`` section, and the prompt without its ``@call`` directives and those."""
+    try:
+        composition = parse_composition(manifest.get("composition"))
+        prompt, calls = parse_directives(prompt)
+    except (CompositionError, DirectiveError) as exc:
+        raise ModuleLoadError(root, str(exc)) from exc
+    return composition, prompt, calls
+
+
+def _overflow(raw: dict[str, Any], enabled: bool, strictness: Strictness) -> OverflowPolicy:
+    """``overflow``: on by the tier's default, as many items as the strictness allows."""
+    return OverflowPolicy(
+        enabled=bool(raw.get("enabled", enabled)),
+        max_items=int(raw.get("max_items", MAX_ITEMS_BY_STRICTNESS[strictness])),
+        require_suggested_mapping=bool(raw.get("require_suggested_mapping", True)),
+        recoverable=bool(raw.get("recoverable", True)),
+    )
+
+
+def _failure(raw: dict[str, Any]) -> FailurePolicy:
+    defaults = FailurePolicy()
+    return FailurePolicy(
+        contract=raw.get("contract", defaults.contract),
+        partial_allowed=bool(raw.get("partial_allowed", defaults.partial_allowed)),
+        must_return_error_schema=bool(raw.get("must_return_error_schema", defaults.must_return_error_schema)),
+    )
+
+
+def _compat(raw: dict[str, Any], *, legacy: bool) -> CompatPolicy:
+    """``compat``; v2.1 and v1 answers (``legacy``) carry no meta: they are always wrapped."""
+    defaults = CompatPolicy()
+    return CompatPolicy(
+        accepts_v21_payload=legacy or bool(raw.get("accepts_v21_payload", defaults.accepts_v21_payload)),
+        runtime_auto_wrap=legacy or bool(raw.get("runtime_auto_wrap", defaults.runtime_auto_wrap)),
+        schema_output_alias=raw.get("schema_output_alias", defaults.schema_output_alias),
+    )
+
+
+def _runtime(raw: dict[str, Any]) -> RuntimeRequirements:
+    defaults = RuntimeRequirements()
+    return RuntimeRequirements(
+        structured_output=bool(raw.get("structured_output", defaults.structured_output)),
+        max_input_tokens=raw.get("max_input_tokens", defaults.max_input_tokens),
+        preferred_capabilities=tuple(raw.get("preferred_capabilities") or defaults.preferred_capabilities),
+    )
+
+
+def _tools(raw: dict[str, Any]) -> ToolPolicy:
+    return ToolPolicy(
+        policy=raw.get("policy", ToolPolicy().policy),
+        allowed=frozenset(str(t) for t in raw.get("allowed") or ()),
+        denied=frozenset(str(t) for t in raw.get("denied") or ()),
+    )
+
+
+def _validators(
+    root: Path, name: str, schema: dict[str, Any], data_schema: dict[str, Any], modalities: frozenset[str]
+) -> Validators:
+    """The module's four schemas compiled once, with the files their ``$ref``s name; the input
+    schema's media declarations are checked against the declared modalities."""
+    input_schema = media_schema.without_content_encoding(with_definitions(schema, "input"))
+    meta_schema = with_definitions(schema, "meta") or standard_meta_schema()
+    error_schema = with_definitions(schema, "error") or {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    }
+    schema_path = root / "schema.json"
+    try:
+        documents = referenced_files(schema, schema_path, root)
+    except RefError as exc:
+        raise ModuleLoadError(exc.path, str(exc)) from exc
+    problem = media_schema.check(input_schema, schema, modalities)
+    if problem is not None:
+        raise ModuleLoadError(root, f"module {name!r}: {problem}")
+    return Validators(
+        input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
+        data=_compile(schema_path, "data", data_schema, documents),
+        meta=_compile(schema_path, "meta", meta_schema, documents),
+        error=_compile(schema_path, "error", error_schema, documents),
     )
 
 

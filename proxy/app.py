@@ -106,59 +106,22 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Breaker state: in Redis when ``--redis-url`` is set (shared by replicas), else in memory."""
+    """Breaker state: in Redis when ``--redis-url`` is set (shared by replicas), else in memory;
+    likewise limits, feedback, the Redis outbox and the context store."""
     settings = app[SETTINGS]
+    metrics = app[METRICS]
     store: BreakerStore = (
         RedisBreakerStore(settings.redis_url) if settings.redis_url else MemoryBreakerStore()
     )
-    holder = app[RUNTIME]
-    metrics = app[METRICS]
-
-    def current_policy() -> Policy | None:
-        return holder.current.policy if holder.current else None
-
-    breakers = Breakers(store)
-    app[ROUTER] = Router(breakers, observer=MetricsObserver(metrics, current_policy))
-
-    def breaker_states() -> list[tuple[str, bool]]:
-        policy = current_policy()
-        seen = breakers.snapshot()
-        targets = sorted(policy.known_targets) if policy else sorted(seen)
-        return [(target, seen.get(target, False)) for target in targets]
-
-    metrics.watch_breakers(breaker_states)
+    _route_and_watch(app, Breakers(store))
     limits = app[quota.QUOTA] = quota.Quota.build(
         settings.redis_url, settings.replicas_hint, lambda down: metrics.limits_degraded.set(int(down))
     )
-
-    def tier_thresholds() -> list[tuple[str, float]]:
-        policy = current_policy()
-        return [(tier, t.min_confidence) for tier, t in policy.tiers.items()] if policy else []
-
-    metrics.watch_thresholds(tier_thresholds)
-    feedback_store: MemoryFeedbackStore | RedisFeedbackStore
-    if settings.redis_url:
-        feedback_store = RedisFeedbackStore(settings.redis_url)
-        feedback_store.start()
-    else:
-        feedback_store = MemoryFeedbackStore()
-    app[FEEDBACK] = feedback_store
-    outbox = None
+    feedback_store = app[FEEDBACK] = _feedback_store(settings)
+    outbox: RedisOutbox | None = None
     context: ContextStore = MemoryContextStore()
     if settings.redis_url:
-
-        def dropped(write: Write) -> None:
-            (metrics.context_writes_dropped if isinstance(write, KeyWrite) else metrics.review_dropped).inc()
-
-        def failed(write: Write) -> None:
-            if not isinstance(write, KeyWrite):
-                metrics.review_sink_failures.labels("redis-stream").inc()
-
-        outbox = app[OUTBOX] = RedisOutbox(
-            settings.redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed
-        )
-        outbox.start()
-        metrics.watch_redis(lambda: outbox.up)
+        outbox = _outbox(app, settings.redis_url)
         context = RedisContextStore(settings.redis_url, outbox)
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
@@ -169,6 +132,57 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     await feedback_store.aclose()
     await store.aclose()
     await limits.aclose()
+
+
+def _route_and_watch(app: web.Application, breakers: Breakers) -> None:
+    """The router over ``breakers``, and the gauges read from the current policy at scrape time."""
+    holder = app[RUNTIME]
+    metrics = app[METRICS]
+
+    def current_policy() -> Policy | None:
+        return holder.current.policy if holder.current else None
+
+    app[ROUTER] = Router(breakers, observer=MetricsObserver(metrics, current_policy))
+
+    def breaker_states() -> list[tuple[str, bool]]:
+        policy = current_policy()
+        seen = breakers.snapshot()
+        targets = sorted(policy.known_targets) if policy else sorted(seen)
+        return [(target, seen.get(target, False)) for target in targets]
+
+    def tier_thresholds() -> list[tuple[str, float]]:
+        policy = current_policy()
+        return [(tier, t.min_confidence) for tier, t in policy.tiers.items()] if policy else []
+
+    metrics.watch_breakers(breaker_states)
+    metrics.watch_thresholds(tier_thresholds)
+
+
+def _feedback_store(settings: Settings) -> MemoryFeedbackStore | RedisFeedbackStore:
+    if not settings.redis_url:
+        return MemoryFeedbackStore()
+    store = RedisFeedbackStore(settings.redis_url)
+    store.start()
+    return store
+
+
+def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
+    """The Redis outbox (started), counting what it drops and its first failures."""
+    settings, metrics = app[SETTINGS], app[METRICS]
+
+    def dropped(write: Write) -> None:
+        (metrics.context_writes_dropped if isinstance(write, KeyWrite) else metrics.review_dropped).inc()
+
+    def failed(write: Write) -> None:
+        if not isinstance(write, KeyWrite):
+            metrics.review_sink_failures.labels("redis-stream").inc()
+
+    outbox = app[OUTBOX] = RedisOutbox(
+        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed
+    )
+    outbox.start()
+    metrics.watch_redis(lambda: outbox.up)
+    return outbox
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -680,7 +680,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cogproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    _serve_parser(sub)
+    _policy_parser(sub)
+    _module_parsers(sub)
+    calibration_command.add_parser(sub)
+    return parser
 
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve``: one flag per ``SERVE_OPTIONS`` entry, each also read from its variable."""
     p = sub.add_parser("serve", help="run the proxy (flags also read from COGPROXY_* variables)")
     p.add_argument(
         "--modules",
@@ -708,6 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p.set_defaults(func=cmd_serve)
 
+
+def _policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``policy check`` and ``policy explain``."""
     policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     p = policy_sub.add_parser("check", help="validate a policy and print a summary")
@@ -728,6 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
 
+
+def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The module commands: ``new``, ``validate``, ``conformance``, ``test``, ``run``."""
     p = sub.add_parser("new", help="create a module that validates and passes its golden test")
     p.add_argument("name", help="the module name (lowercase letters, digits, '-')")
     p.add_argument(
@@ -773,8 +787,6 @@ def build_parser() -> argparse.ArgumentParser:
         "without it the module's own golden examples answer (offline)",
     )
     p.set_defaults(func=cmd_run)
-    calibration_command.add_parser(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

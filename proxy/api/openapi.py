@@ -327,6 +327,17 @@ def _paths() -> dict[str, Any]:
     )
     api_errors = _openai_errors(401)
     return {
+        **_module_paths(module_answers, api_errors),
+        **_client_paths(api_errors),
+        **_operational_paths(),
+        **_usage_and_document_paths(api_errors),
+    }
+
+
+def _module_paths(module_answers: dict[str, Any], api_errors: dict[str, Any]) -> dict[str, Any]:
+    """The module routes: execute (an envelope, or a stream), catalogue, manifest."""
+    envelope = _ref("Envelope")
+    return {
         "/v1/modules/{name}/execute": {
             "post": {
                 "operationId": "executeModule",
@@ -353,6 +364,12 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+    }
+
+
+def _client_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
+    """Feedback, capabilities and the OpenAI model list."""
+    return {
         "/v1/feedback": {
             "post": {
                 "operationId": "postFeedback",
@@ -396,6 +413,12 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+    }
+
+
+def _operational_paths() -> dict[str, Any]:
+    """Health, readiness and metrics: open without a key."""
+    return {
         "/healthz": {
             "get": {
                 "operationId": "healthz",
@@ -428,6 +451,12 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+    }
+
+
+def _usage_and_document_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
+    """The admin usage read, and this document."""
+    return {
         "/v1/usage": {
             "get": {
                 "operationId": "usage",

@@ -56,7 +56,7 @@ def unavailable_response(unavailable: Unavailable, request: web.Request) -> web.
     return json_response(
         envelope,
         status=http_status(unavailable.code),
-        headers={"X-Cognitive-Trace-Id": trace_id, "X-Cognitive-Decision": "reject"},
+        headers={"X-Cognitive-Decision": "reject"},
     )
 
 

@@ -28,8 +28,9 @@ from proxy.schemas import load
 from tests.policy.test_loader import MINIMAL
 
 # Where each schema object with defaults lives: its JSON pointer -> the dataclass instance built
-# with no arguments but the required ones.
+# with no arguments but the required ones. A default with no owner here fails the test below.
 OWNERS: dict[str, Any] = {
+    "": parse_policy(MINIMAL),  # top-level sections: the Policy a minimal document loads to
     "/properties/providers/additionalProperties": ProviderConfig("p", "openai"),
     "/properties/failover": Failover(),
     "/properties/failover/properties/backoff": Backoff(),

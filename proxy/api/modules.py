@@ -16,7 +16,6 @@ from proxy.api.media import media_env
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
 from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
-from proxy.compose.resolve import Unavailable
 from proxy.compose.run import Composer
 from proxy.context.identity import (
     SESSION_HEADER,
@@ -29,6 +28,7 @@ from proxy.context.identity import (
 from proxy.context.step import ContextCall
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
+from proxy.module.resolve import Unavailable
 from proxy.observability.metrics import (
     OTHER,
     OUTCOME_INVALID_INPUT,

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from proxy.compose.resolve import Unavailable, resolve
 from proxy.module.loader import ModuleLoadError, is_module_dir, load_module, valid_module_name
 from proxy.module.model import Module
+from proxy.module.resolve import Unavailable, resolve
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from proxy.observability.metrics import (
     Metrics,
     feedback_bucket,
 )
-from proxy.pipeline import ModuleAnswer
+from proxy.pipeline import Attempt, ModuleAnswer
 from proxy.policy.model import Policy, Target
 from proxy.state.feedback import AnswerRecord
 from proxy.upstream.base import ProviderError
@@ -112,42 +112,9 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
     rungs = [r.name for r in policy.ladder]
     answered = [a for a in answer.attempts if a.confidence is not None]
     for index, attempt in enumerate(answered):
-        final = index == len(answered) - 1
-        assert attempt.confidence is not None
-        metrics.confidence.labels(module, tier, "final" if final else "intermediate").observe(
-            attempt.confidence
-        )
-        if final and attempt.calibrated is not None:
-            metrics.confidence_calibrated.labels(module, tier).observe(attempt.calibrated)
-        if attempt.risks_disagree:
-            metrics.risk_disagreements.labels(module).inc()
-            log.info(
-                "proxy.risk_disagreement",
-                module=module,
-                target=attempt.target,
-                model_risk=attempt.model_risk,
-                rule_risk=attempt.rule_risk,
-            )
-        for kind in attempt.repairs:
-            metrics.repairs.labels(module, kind).inc()
-        if attempt.repairs:
-            log.info("proxy.repaired", module=module, target=attempt.target, kinds=list(attempt.repairs))
-        if attempt.error and attempt.error.startswith("contract:"):
-            metrics.contract_errors.labels(module, attempt.error.removeprefix("contract:")).inc()
-        provider, _, model = attempt.target.partition("/")
-        record_usage(metrics, policy, Target(provider, model), attempt.usage)
+        _record_attempt(metrics, policy, answer, attempt, final=index == len(answered) - 1)
         if attempt.outcome == "escalate" and attempt.rung in rungs:
-            position = rungs.index(attempt.rung)
-            to_rung = rungs[position + 1] if position + 1 < len(rungs) else OTHER
-            metrics.escalations.labels(module, attempt.rung, to_rung).inc()
-            log.info(
-                "proxy.escalated",
-                module=module,
-                from_rung=attempt.rung,
-                to_rung=to_rung,
-                confidence=attempt.confidence,
-                risk=attempt.risk,
-            )
+            _record_escalation(metrics, module, attempt, rungs)
     if answer.redacted:
         metrics.context_redactions.labels(module).inc(len(answer.redacted))
     if answer.cache is not None:
@@ -164,6 +131,48 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
     if answered:
         metrics.risk.labels(module, tier, risk if risk in RISK_RANK else OTHER).inc()
     return OUTCOME_DECIDED
+
+
+def _record_attempt(
+    metrics: Metrics, policy: Policy, answer: ModuleAnswer, attempt: Attempt, *, final: bool
+) -> None:
+    """One answered attempt: its confidence, risk disagreement, repairs, contract error, tokens."""
+    module, tier = answer.module.name, answer.module.tier
+    assert attempt.confidence is not None
+    metrics.confidence.labels(module, tier, "final" if final else "intermediate").observe(attempt.confidence)
+    if final and attempt.calibrated is not None:
+        metrics.confidence_calibrated.labels(module, tier).observe(attempt.calibrated)
+    if attempt.risks_disagree:
+        metrics.risk_disagreements.labels(module).inc()
+        log.info(
+            "proxy.risk_disagreement",
+            module=module,
+            target=attempt.target,
+            model_risk=attempt.model_risk,
+            rule_risk=attempt.rule_risk,
+        )
+    for kind in attempt.repairs:
+        metrics.repairs.labels(module, kind).inc()
+    if attempt.repairs:
+        log.info("proxy.repaired", module=module, target=attempt.target, kinds=list(attempt.repairs))
+    if attempt.error and attempt.error.startswith("contract:"):
+        metrics.contract_errors.labels(module, attempt.error.removeprefix("contract:")).inc()
+    provider, _, model = attempt.target.partition("/")
+    record_usage(metrics, policy, Target(provider, model), attempt.usage)
+
+
+def _record_escalation(metrics: Metrics, module: str, attempt: Attempt, rungs: list[str]) -> None:
+    position = rungs.index(attempt.rung)
+    to_rung = rungs[position + 1] if position + 1 < len(rungs) else OTHER
+    metrics.escalations.labels(module, attempt.rung, to_rung).inc()
+    log.info(
+        "proxy.escalated",
+        module=module,
+        from_rung=attempt.rung,
+        to_rung=to_rung,
+        confidence=attempt.confidence,
+        risk=attempt.risk,
+    )
 
 
 def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previous: AnswerRecord) -> None:

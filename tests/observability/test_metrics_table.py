@@ -12,7 +12,7 @@ def test_every_row_becomes_its_attribute_on_the_own_registry() -> None:
     metrics = Metrics()
     kinds = {"Counter": Counter, "Histogram": Histogram, "Gauge": Gauge}
     declared = {attr: kind for attr, kind in Metrics.__annotations__.items() if kind in kinds}
-    rows = {row[0]: row[1] for row in (*COUNTERS, *HISTOGRAMS, *GAUGES)}
+    rows = {str(row[0]): str(row[1]) for row in (*COUNTERS, *HISTOGRAMS, *GAUGES)}
     assert set(declared) == set(rows)
     registered = {m.name for m in metrics.registry.collect()}
     for attr, kind in declared.items():

@@ -30,6 +30,11 @@ async def until(probe: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> An
     return value
 
 
+async def _at_least(redis_db: Any, pattern: str, count: int) -> list[bytes] | None:
+    keys: list[bytes] = await redis_db.keys(pattern)
+    return keys if len(keys) >= count else None
+
+
 def policy_file(tmp_path: Path, fake: FakeUpstream, **extra: Any) -> str:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(upstream_policy(fake, **extra)))
@@ -52,8 +57,14 @@ async def test_two_replicas_share_context_and_cache_through_redis(
         assert second["_emitted_context"]["session_state"]["last_action"] == "verify_fix"
         # Without a session (no context), the same input on the other replica is a shared cache hit.
         fake_upstream.script("cheap", reviewer_answer(0, "code_review"))
+        # The two session calls' entries land in the background too: let them, then take the set.
+        cached_before = set(await until(lambda: _at_least(redis_db, "cogproxy:ctx:*:cache:*", 2)))
+
+        async def new_cache_entry() -> bool:
+            return bool(set(await redis_db.keys("cogproxy:ctx:*:cache:*")) - cached_before)
+
         _, miss, answered = await execute(b.url, REVIEWER, {"code": "x = 1"})
-        await until(lambda: redis_db.keys("cogproxy:ctx:*:cache:*"))  # cache writes do not wait
+        await until(new_cache_entry)  # cache writes do not wait: poll for this call's entry
         _, hit, cached = await execute(a.url, REVIEWER, {"code": "x = 1"})
         assert (miss["X-Cognitive-Cache"], hit["X-Cognitive-Cache"]) == ("miss", "hit")
         assert cached["data"] == answered["data"]

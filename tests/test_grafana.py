@@ -748,7 +748,7 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                 outcome = await evaluate(prom, queries, dashboard)
                 if outcome.ok or asyncio.get_running_loop().time() > deadline:
                     break
-                await asyncio.sleep(1)
+                await asyncio.sleep(0.25)  # poll step: Prometheus scrapes every second
             exported = {
                 base_metric(line.split("{")[0].split(" ")[0])
                 for line in (await proxy_metrics(session, px)).splitlines()

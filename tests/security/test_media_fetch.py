@@ -217,7 +217,7 @@ class Origin:
         resp = web.StreamResponse(headers={"Content-Type": "image/png"})
         await resp.prepare(request)
         await resp.write(samples.PNG[:8])
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # stalls until the proxy gives up and the server cancels it
         return resp
 
 

@@ -41,6 +41,8 @@ POLL_S = 0.05
 REDIS_OP_TIMEOUT_S = 1.0
 MIRROR_DRAIN_S = 2.0
 """At shutdown, how long chunks still queued for Redis get to be written."""
+REDIS_INDEX_MAX = 2**63 - 1
+"""Redis list indexes are signed 64-bit: a larger one is an error, not an absent chunk."""
 MIRROR_QUEUE_MAX = 10_000
 """Chunks waiting for Redis at most; beyond it a session stops being resumable elsewhere."""
 _KEY = "cogproxy:stream:{}:{}"
@@ -138,8 +140,8 @@ class RedisSource:
             await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     async def chunk_at(self, seq: int) -> dict[str, Any] | None:
-        if seq < 1:
-            return None
+        if not 1 <= seq <= REDIS_INDEX_MAX:
+            return None  # a seq no list can hold: the session never had it
         raw = await self._redis.lindex(self._events, seq - 1)
         if raw is None:
             return None

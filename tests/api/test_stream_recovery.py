@@ -255,3 +255,24 @@ async def test_without_recovery_a_client_that_leaves_cancels_the_upstream_call(
         while slow_fake.cancelled == 0:
             assert loop.time() < deadline, "the upstream call went on after the client left"
             await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("last_seq", ["9223372036854775808", "99999999999999999999999"])
+async def test_a_seq_beyond_redis_range_on_another_replica_restarts_not_500(
+    fake_upstream: FakeUpstream, tmp_path: Path, last_seq: str
+) -> None:
+    """A last_seq no Redis list index can hold is a seq the session never had: W4012, not a 500."""
+    _clean_redis()
+    fake_upstream.set_default_reply("cheap", answer(0.92))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(fake_upstream)))
+    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+    async with proxy_process(*args, env=env) as one, proxy_process(*args, env=env) as two:
+        _, events = await _call(_execute_url(one.url), SSE)
+        sid = events[0][1]["session_id"]
+        headers = {**SSE, "X-Cognitive-Recovery-Session": sid, "X-Cognitive-Recovery-Seq": last_seq}
+        status, rest = await _call(_execute_url(two.url), headers)
+    assert status == 200
+    assert rest[0][1]["resume_from_seq"] == 1 and rest[0][1]["resumed"] is False
+    assert rest[-1][1] == events[-1][1]

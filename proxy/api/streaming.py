@@ -495,7 +495,7 @@ def recovery_of(request: web.Request, body: dict[str, Any]) -> Recovery | None:
         last_seq = int(seq if seq is not None else 0)
     except (TypeError, ValueError) as exc:
         raise BadRecovery("last_seq (X-Cognitive-Recovery-Seq) must be an integer >= 0") from exc
-    if last_seq < 0 or isinstance(seq, bool):
+    if last_seq < 0 or isinstance(seq, bool) or (isinstance(seq, float) and not seq.is_integer()):
         raise BadRecovery("last_seq (X-Cognitive-Recovery-Seq) must be an integer >= 0")
     return Recovery(sid, last_seq, checkpoint if isinstance(checkpoint, dict) else None)
 

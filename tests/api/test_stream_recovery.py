@@ -276,3 +276,13 @@ async def test_a_seq_beyond_redis_range_on_another_replica_restarts_not_500(
     assert status == 200
     assert rest[0][1]["resume_from_seq"] == 1 and rest[0][1]["resumed"] is False
     assert rest[-1][1] == events[-1][1]
+
+
+@pytest.mark.parametrize("last_seq", [1.5, "1.5", -1, True, [], "x"])
+async def test_a_last_seq_that_is_not_a_whole_number_is_refused(local: Any, last_seq: Any) -> None:
+    """``_recovery.last_seq`` 1.5 is refused like ``X-Cognitive-Recovery-Seq: 1.5`` (E1001), not
+    truncated to seq 1."""
+    body = {"input": REVIEW_INPUT, "_recovery": {"session_id": "sess_" + "0" * 32, "last_seq": last_seq}}
+    status, refused = await _call(_execute_url(local.url), SSE, body)
+    assert status == 400
+    assert refused["error"]["code"] == "E1001" and "last_seq" in refused["error"]["message"]

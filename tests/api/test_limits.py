@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import (
     UPSTREAM_KEY,
     UPSTREAM_KEY_ENV,
+    RunningProxy,
     cognitive_of,
     free_port,
     proxy_process,
@@ -39,6 +41,18 @@ def priced(fake: FakeUpstream, limits: dict[str, Any] | None = None) -> dict[str
     if limits is not None:
         policy["limits"] = limits
     return policy
+
+
+def keyed_proxy(
+    tmp_path: Path, policy: dict[str, Any], **settings: Any
+) -> AbstractAsyncContextManager[RunningProxy]:
+    """The proxy with the keys file ``KEYS`` (alice and bob, with names and teams) as its clients."""
+    keys = tmp_path / "keys"
+    keys.write_text(KEYS)
+    identities = read_identities(keys)
+    return running_proxy(
+        tmp_path, policy, api_keys=frozenset(identities), client_identities=identities, **settings
+    )
 
 
 def usd(price: dict[str, float], usage: dict[str, int]) -> float:
@@ -87,17 +101,13 @@ async def post_module(session: aiohttp.ClientSession, base: str, key: str) -> ai
 async def test_savings_counter_equals_a_hand_computation_on_a_scripted_escalation_sequence(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     # accepted on cheap, accepted on cheap, escalated cheap -> strong
     fake_upstream.script("cheap", answer(0.9), answer(0.95), answer(0.2))
     fake_upstream.script("strong", answer(0.9))
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
         ) as px,
         aiohttp.ClientSession() as session,
     ):
@@ -173,15 +183,11 @@ async def test_60_rpm_shared_by_two_replicas_admits_60(
 async def test_a_short_window_slides_and_admits_again(
     fake_upstream: FakeUpstream, tmp_path: Path, redis_db: aioredis.Redis
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     limits = {"clients": {"default": {"rpm": 3}}, "window_s": 1}
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream, limits),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
             redis_url=REDIS_URL,
         ) as px,
         aiohttp.ClientSession() as session,
@@ -197,15 +203,11 @@ async def test_a_short_window_slides_and_admits_again(
 async def test_token_and_spend_budgets_stop_a_client_with_the_right_headers(
     fake_upstream: FakeUpstream, tmp_path: Path, redis_db: aioredis.Redis
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     limits = {"clients": {"alice": {"tpm": 120}, "bob": {"usd_per_day": 0.00005}}}
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream, limits),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
             redis_url=REDIS_URL,
             admin_keys=frozenset({"sk-admin"}),
         ) as px,
@@ -251,8 +253,6 @@ async def test_token_and_spend_budgets_stop_a_client_with_the_right_headers(
 async def test_on_budget_downgrade_caps_the_ladder(
     fake_upstream: FakeUpstream, tmp_path: Path, redis_db: aioredis.Redis
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     limits = {
         "clients": {"alice": {"usd_per_day": 0.000001}},
         "on_budget": "downgrade",
@@ -260,11 +260,9 @@ async def test_on_budget_downgrade_caps_the_ladder(
     }
     fake_upstream.script("cheap", answer(0.2), answer(0.2))
     fake_upstream.script("strong", answer(0.9))
-    async with running_proxy(
+    async with keyed_proxy(
         tmp_path,
         priced(fake_upstream, limits),
-        api_keys=frozenset(read_identities(keys)),
-        client_identities=read_identities(keys),
         redis_url=REDIS_URL,
     ) as px:
         client = px.client("sk-alice")
@@ -286,15 +284,11 @@ async def test_on_budget_downgrade_caps_the_ladder(
 async def test_redis_down_falls_back_to_local_windows_and_says_so(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     dead = f"redis://127.0.0.1:{free_port()}/0"
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream, {"clients": {"default": {"rpm": 10}}}),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
             redis_url=dead,
             replicas_hint=2,
         ) as px,
@@ -307,14 +301,10 @@ async def test_redis_down_falls_back_to_local_windows_and_says_so(
 
 
 async def test_usage_needs_an_admin_key(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream, {"clients": {"default": {"rpm": 10}}}),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
             admin_keys=frozenset({"sk-admin"}),
         ) as px,
         aiohttp.ClientSession() as session,
@@ -339,14 +329,10 @@ async def test_usage_needs_an_admin_key(fake_upstream: FakeUpstream, tmp_path: P
 async def test_passthrough_routes_count_against_the_request_window(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    keys = tmp_path / "keys"
-    keys.write_text(KEYS)
     async with (
-        running_proxy(
+        keyed_proxy(
             tmp_path,
             priced(fake_upstream, {"clients": {"default": {"rpm": 2}}}),
-            api_keys=frozenset(read_identities(keys)),
-            client_identities=read_identities(keys),
         ) as px,
         aiohttp.ClientSession() as session,
     ):

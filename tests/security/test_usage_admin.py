@@ -71,68 +71,32 @@ async def test_usage_is_closed_without_admin_keys(served: ServedProcess) -> None
         assert orjson.loads(body)["error"]["code"] == "admin_key_required"
 
 
-def test_serve_refuses_an_admin_key_that_is_a_client_key(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(tmp_path / "p.yaml"),
-            "--api-keys",
-            "sk-same",
-            "--admin-keys",
-            "sk-same",
-        ],
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    """``cogproxy serve ARGS`` run to its exit (these tests expect a refusal at start-up)."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_serve_refuses_an_admin_key_that_is_a_client_key(tmp_path: Path) -> None:
+    done = serve("--policy", str(tmp_path / "p.yaml"), "--api-keys", "sk-same", "--admin-keys", "sk-same")
     assert done.returncode == 2 and "admin key must not also be a client key" in done.stderr
 
 
 def test_serve_refuses_a_malformed_keys_file_label(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("sk-a name=alice\nsk-b role=admin\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(tmp_path / "p.yaml"),
-            "--api-keys-file",
-            str(keys),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve("--policy", str(tmp_path / "p.yaml"), "--api-keys-file", str(keys))
     assert done.returncode == 2 and f"{keys}:2" in done.stderr and "sk-b" not in done.stderr
 
 
 def test_a_keys_file_error_never_echoes_a_key(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("sk-first sk-second-secret\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(tmp_path / "p.yaml"),
-            "--api-keys-file",
-            str(keys),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve("--policy", str(tmp_path / "p.yaml"), "--api-keys-file", str(keys))
     assert done.returncode == 2 and f"{keys}:1" in done.stderr
     assert "sk-first" not in done.stderr and "sk-second-secret" not in done.stderr

@@ -304,6 +304,126 @@ async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
     return samples
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    """Ports of the three servers measured side by side."""
+
+    upstream: int
+    floor: int
+    proxy: int
+
+    def chat(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    @property
+    def module(self) -> str:
+        return f"http://127.0.0.1:{self.proxy}/v1/modules/code-reviewer/execute"
+
+
+@dataclass
+class Runs:
+    """One case at one concurrency over the interleaved rounds."""
+
+    results: list[WrkResult]
+    cpu_ms: list[float]
+
+    @property
+    def p50(self) -> float:
+        return statistics.fmean(r.p50_ms for r in self.results)
+
+    @property
+    def p99(self) -> float:
+        return statistics.fmean(r.p99_ms for r in self.results)
+
+    @property
+    def rps(self) -> float:
+        return statistics.fmean(r.rps for r in self.results)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.fmean(self.cpu_ms) if self.cpu_ms else float("nan")
+
+
+ROUNDS = 2
+"""Each case runs this many times, interleaved with the others (the order reversed in every
+other round), so machine drift hits the floor and the proxy alike."""
+
+
+def relay_section(
+    ends: Endpoints, floor_pid: int, proxy_pid: int, args: argparse.Namespace, tmp: Path
+) -> None:
+    """The floor relay and the proxy against the same upstream in one run, and the #21 goals."""
+    cases: list[tuple[str, str, dict[str, object], int | None]] = [
+        ("direct", ends.chat(ends.upstream), CHAT_BODY, None),
+        ("floor relay", ends.chat(ends.floor), CHAT_BODY, floor_pid),
+        ("passthrough", ends.chat(ends.proxy), CHAT_BODY, proxy_pid),
+        ("module (execute)", ends.module, MODULE_BODY, proxy_pid),
+    ]
+    for _, url, body, _pid in cases[1:]:
+        wrk(url, body, 4, 2, tmp)  # warm-up: imports, pools, caches
+    runs: dict[tuple[str, int], Runs] = {}
+    for round_no in range(ROUNDS):
+        order = cases if round_no % 2 == 0 else cases[::-1]
+        for conc in args.concurrency:
+            for name, url, body, pid in order:
+                cpu0 = cpu_seconds(pid) if pid else 0.0
+                res = wrk(url, body, conc, args.duration, tmp)
+                entry = runs.setdefault((name, conc), Runs([], []))
+                entry.results.append(res)
+                if pid:
+                    entry.cpu_ms.append((cpu_seconds(pid) - cpu0) * 1000 / max(res.requests, 1))
+    print(
+        f"{'case':<22}{'conc':>5}{'direct p50':>12}{'p50':>9}{'overhead p50':>14}{'p99':>9}"
+        f"{'rps':>9}{'vs direct':>11}{'cpu ms/req':>12}"
+    )
+    for conc in args.concurrency:
+        base = runs[("direct", conc)]
+        for name, *_ in cases[1:]:
+            run = runs[(name, conc)]
+            print(
+                f"{name:<22}{conc:>5}{base.p50:>12.3f}{run.p50:>9.3f}{run.p50 - base.p50:>14.3f}"
+                f"{run.p99:>9.3f}{run.rps:>9.0f}{run.rps / base.rps:>11.3f}{run.cpu:>12.3f}"
+            )
+    ttfb_ms = {name: [] for name in ("direct", "floor relay", "passthrough")}  # type: dict[str, list[float]]
+    for _ in range(5):
+        for name, port in (
+            ("direct", ends.upstream),
+            ("floor relay", ends.floor),
+            ("passthrough", ends.proxy),
+        ):
+            ttfb_ms[name] += asyncio.run(ttfb(ends.chat(port), 1, 80))
+    direct_ttfb = pct(ttfb_ms["direct"], 50)
+    for name in ("floor relay", "passthrough"):
+        p50 = pct(ttfb_ms[name], 50)
+        print(f"{'stream TTFB ' + name:<26}{1:>1}{direct_ttfb:>12.3f}{p50:>9.3f}{p50 - direct_ttfb:>14.3f}")
+    rss = {"floor relay": rss_mb(floor_pid), "proxy": rss_mb(proxy_pid)}
+    print(f"RSS after load: floor relay {rss['floor relay']:.1f} MB, proxy {rss['proxy']:.1f} MB")
+    print_goals(runs, args.concurrency, pct(ttfb_ms["passthrough"], 50) - direct_ttfb, rss["proxy"])
+
+
+def print_goals(
+    runs: dict[tuple[str, int], Runs], concurrency: list[int], ttfb_overhead: float, rss: float
+) -> None:
+    """Issue #21's goals as ratios of this run."""
+    goals: list[tuple[str, float, str, bool]] = []
+    if 1 in concurrency:
+        direct = runs[("direct", 1)].p50
+        floor = runs[("floor relay", 1)].p50 - direct
+        passthrough = runs[("passthrough", 1)].p50 - direct
+        ratio = passthrough / floor if floor > 0 else float("inf")
+        goals.append(("passthrough overhead p50 c=1 / floor's", ratio, "<= 1.30", ratio <= 1.3))
+        module = runs[("module (execute)", 1)].p50 - runs[("passthrough", 1)].p50
+        goals.append(("module p50 - passthrough p50, c=1 (ms)", module, "<= 0.60", module <= 0.6))
+    if 16 in concurrency:
+        share = runs[("passthrough", 16)].rps / runs[("floor relay", 16)].rps
+        goals.append(("throughput c=16, proxy / floor", share, ">= 0.85", share >= 0.85))
+    goals.append(("SSE TTFB overhead p50 c=1 (ms)", ttfb_overhead, "<= 0.50", ttfb_overhead <= 0.5))
+    goals.append(("proxy RSS after load (MB)", rss, "<= 80", rss <= 80))
+    print(f"{'goal':<42}{'this run':>10}  {'target':<9}")
+    for name, value, target, met in goals:
+        print(f"{name:<42}{value:>10.3f}  {target:<9}{'met' if met else 'MISSED'}")
+
+
 STREAM_MODULE_BODY = {
     "model": "m",
     "stream": True,
@@ -339,6 +459,8 @@ def stream_section(up_port: int, proxy_port: int, total: int = 300) -> None:
     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
     module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
     asyncio.run(first_delta(module, MODULE_BODY, b"event: chunk", 50))  # warm-up
+    print(f"{'case':<22}{'conc':>5}{'direct p50':>12}{'proxy p50':>11}", end="")
+    print(f"{'overhead p50':>14}{'proxy p99':>11}")
     d: list[float] = []
     p: list[float] = []
     for _ in range(5):
@@ -574,6 +696,8 @@ async def _limits_bench() -> None:
 def limits_bench() -> None:
     sys.path.insert(0, str(ROOT))
     asyncio.run(_limits_bench())
+
+
 def composition_bench(repeat: int = 3_000) -> None:
     """Composition overhead per step: a 3-step sequential composite (mapping, a condition on
     meta, merge) against the same 3 module calls made directly, through an instant in-process
@@ -735,6 +859,9 @@ def main() -> int:
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
+    parser.add_argument(
+        "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
+    )
     args = parser.parse_args()
     if args.compose:
         composition_bench()
@@ -766,6 +893,7 @@ def main() -> int:
             "aliases: {bench: fast}\n"
         )
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
+        proxy_log = (tmpdir / "proxy.log").open("wb")
         proxy = subprocess.Popen(
             [
                 sys.executable,
@@ -778,58 +906,44 @@ def main() -> int:
                 str(ROOT / "modules"),
                 "--port",
                 str(proxy_port),
-                "--log-level",
-                "warning",
             ],
             cwd=ROOT,
+            stderr=proxy_log,  # the per-request log line stays on, written where a pod's would go
         )
         try:
             wait_port(up_port)
             wait_port(proxy_port)
-            direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
             if args.stream:
-                print(f"{'case':<22}{'conc':>5}{'direct p50':>12}{'proxy p50':>11}", end="")
-                print(f"{'overhead p50':>14}{'proxy p99':>11}")
                 stream_section(up_port, proxy_port)
                 return 0
             if args.context:
                 context_bench(tmpdir, up_port)
                 return 0
-            memory_section(through, proxy.pid)
             if args.memory_only:
+                memory_section(through, proxy.pid)
                 return 0
-            module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
-            wrk(through, CHAT_BODY, 4, 2, tmpdir)  # warm-up (imports, pools, JIT-free but caches)
-            wrk(module, MODULE_BODY, 4, 2, tmpdir)
-            print(
-                f"{'case':<22}{'conc':>5}{'direct p50':>12}{'proxy p50':>11}{'overhead p50':>14}"
-                f"{'proxy p99':>11}{'direct rps':>12}{'proxy rps':>11}{'ratio':>8}{'cpu ms/req':>12}"
+            floor_port = free_port()
+            floor = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("floor_relay.py")),
+                    "--port",
+                    str(floor_port),
+                    "--upstream",
+                    f"http://127.0.0.1:{up_port}/v1",
+                ]
             )
-            for conc in args.concurrency:
-                base = wrk(direct, CHAT_BODY, conc, args.duration, tmpdir)
-                for name, url, body in (
-                    ("passthrough", through, CHAT_BODY),
-                    ("module (execute)", module, MODULE_BODY),
-                ):
-                    cpu0 = cpu_seconds(proxy.pid)
-                    res = wrk(url, body, conc, args.duration, tmpdir)
-                    cpu_ms = (cpu_seconds(proxy.pid) - cpu0) * 1000 / max(res.requests, 1)
-                    print(
-                        f"{name:<22}{conc:>5}{base.p50_ms:>12.3f}{res.p50_ms:>11.3f}"
-                        f"{res.p50_ms - base.p50_ms:>14.3f}{res.p99_ms:>11.3f}{base.rps:>12.0f}"
-                        f"{res.rps:>11.0f}{res.rps / base.rps:>8.3f}{cpu_ms:>12.3f}"
-                    )
-            for conc in args.concurrency:
-                total = 400 if conc == 1 else 2000
-                d = asyncio.run(ttfb(direct, conc, total))
-                p = asyncio.run(ttfb(through, conc, total))
-                print(
-                    f"{'stream TTFB':<22}{conc:>5}{pct(d, 50):>12.3f}{pct(p, 50):>11.3f}"
-                    f"{pct(p, 50) - pct(d, 50):>14.3f}{pct(p, 99):>11.3f}"
-                )
+            try:
+                wait_port(floor_port)
+                relay_section(Endpoints(up_port, floor_port, proxy_port), floor.pid, proxy.pid, args, tmpdir)
+            finally:
+                floor.terminate()
+                floor.wait(timeout=30)
+            if args.relay:
+                return 0
+            memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
             stream_section(up_port, proxy_port)
-            print(f"proxy RSS after load: {rss_mb(proxy.pid):.1f} MB")
             context_bench(tmpdir, up_port)
             composition_bench()
             parse_bench()
@@ -839,6 +953,9 @@ def main() -> int:
             for proc in (proxy, upstream):
                 proc.terminate()
                 proc.wait(timeout=30)
+            proxy_log.close()
+            lines = (tmpdir / "proxy.log").read_bytes().count(b'"proxy.request"')
+            print(f"proxy log: {lines} request lines written")
     return 0
 
 

@@ -38,6 +38,7 @@ from proxy.module.locate import locate_module
 from proxy.module.model import Module
 from proxy.module.registry import ModuleRegistry
 from proxy.module.scaffold import ScaffoldError, scaffold
+from proxy.observability.logbuffer import DEFAULT_FLUSH_INTERVAL_S, MAX_FLUSH_INTERVAL_S
 from proxy.observability.logging import configure_logging
 from proxy.pipeline import Call, ModuleAnswer, run_module
 from proxy.policy.decide import Meta
@@ -441,6 +442,14 @@ SERVE_OPTIONS = (
     ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
+    ServeOption(
+        "--log-flush-interval",
+        "LOG_FLUSH_INTERVAL",
+        float,
+        DEFAULT_FLUSH_INTERVAL_S,
+        "seconds JSON log lines may wait in memory before they are written (every line is kept; "
+        "64 KiB of lines are written at once); 0: write each line as it comes",
+    ),
 )
 
 
@@ -499,6 +508,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         admin |= read_key_file(Path(args.admin_keys_file))
     if admin & keys:
         raise ValueError("an admin key must not also be a client key (--admin-keys vs --api-keys)")
+    if not 0 <= args.log_flush_interval <= MAX_FLUSH_INTERVAL_S:
+        raise ValueError(
+            f"--log-flush-interval must be 0..{MAX_FLUSH_INTERVAL_S:g} seconds, not {args.log_flush_interval}"
+        )
     return Settings(
         policy_path=Path(args.policy),
         module_dirs=tuple(Path(d) for d in args.modules),
@@ -512,6 +525,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         client_read_timeout_s=args.client_read_timeout,
         max_connections=args.max_connections,
         drain_timeout_s=args.drain_timeout,
+        log_flush_interval_s=args.log_flush_interval,
         api_keys=keys,
         client_identities=identities,
         admin_keys=admin,

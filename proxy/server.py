@@ -37,6 +37,7 @@ from aiohttp.web_request import BaseRequest
 
 from proxy.api.errors import ApiError, ClientReadTimeout, error_body, request_timeout
 from proxy.api.state import METRICS
+from proxy.observability.logging import log_lines
 from proxy.observability.metrics import Metrics
 from proxy.settings import Settings
 
@@ -299,6 +300,10 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
         **SERVER_OPTIONS,
     )
     await runner.setup()
+    lines = log_lines()
+    flusher = None
+    if lines is not None and settings.log_flush_interval_s > 0:
+        flusher = asyncio.create_task(lines.flush_every(settings.log_flush_interval_s))
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         on_started()
@@ -306,3 +311,7 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
             await asyncio.sleep(3600)
     finally:
         await runner.cleanup()
+        if flusher is not None:
+            flusher.cancel()
+            with suppress(asyncio.CancelledError):
+                await flusher

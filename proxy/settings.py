@@ -51,6 +51,8 @@ class Settings:
     max_connections: int = 0
     """Open client connections at most; 0: what the open-file limit leaves (proxy.server)."""
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    log_flush_interval_s: float = 0.0
+    """How long JSON log lines may wait in memory (``proxy.observability.logbuffer``); 0: none."""
     api_keys: frozenset[str] = field(default_factory=frozenset, repr=False)
     client_identities: Mapping[str, ClientIdentity] = field(default_factory=dict, repr=False)
     """Name and team of each client key (the keys file's labels); metrics and limits use these."""

@@ -13,11 +13,20 @@ from typing import Any, Literal
 import orjson
 import structlog
 
+from proxy.observability.logbuffer import BufferedLines
 from proxy.redact import REDACTED, is_secret_key, scrub
 
-__all__ = ["REDACTED", "LogFormat", "configure_logging", "redact_secrets"]
+__all__ = ["REDACTED", "LogFormat", "configure_logging", "log_lines", "redact_secrets"]
 
 LogFormat = Literal["json", "console"]
+
+_LINES: BufferedLines | None = None
+
+
+def log_lines() -> BufferedLines | None:
+    """The JSON log's line writer (None before ``configure_logging`` or in console format): the
+    server runs its flusher (``BufferedLines.flush_every``)."""
+    return _LINES
 
 
 def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -39,14 +48,17 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
         structlog.processors.format_exc_info,
         redact_secrets,
     ]
+    global _LINES
     if fmt == "json":
+        lines = _LINES = BufferedLines(sys.stderr.buffer)
         structlog.configure(
             processors=[*processors, structlog.processors.JSONRenderer(serializer=orjson.dumps)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer),
+            logger_factory=lambda *_: lines,
             cache_logger_on_first_use=True,
         )
     else:
+        _LINES = None
         structlog.configure(
             processors=[*processors, structlog.dev.ConsoleRenderer(colors=False)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -1,0 +1,67 @@
+"""A buffered, interval-flushed line writer: every log line is kept, written in batches.
+
+Writing and flushing each line costs a ``write(2)`` per request. Like Envoy's access log, lines
+are appended to a buffer and written when it holds ``FLUSH_BYTES`` or when the flusher's
+interval elapses (and always at exit), so a burst of requests shares one write. Until a flusher
+runs (CLI commands, start-up) every line is written at once, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from contextlib import suppress
+from typing import BinaryIO, Final
+
+FLUSH_BYTES: Final = 64 * 1024
+"""A buffer this full is written at once, without waiting for the interval."""
+DEFAULT_FLUSH_INTERVAL_S: Final = 0.1
+MAX_FLUSH_INTERVAL_S: Final = 10.0
+"""Lines older than this would make a crash lose too much and tailing the log useless."""
+
+
+class BufferedLines:
+    """structlog logger (``msg`` and its level aliases) writing byte lines to ``file``."""
+
+    __slots__ = ("_buffer", "_file", "_lock", "buffered")
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._buffer = bytearray()
+        self._lock = threading.Lock()  # a line may come from a worker thread (asyncio.to_thread)
+        self.buffered = False
+        """Whether lines wait for the flusher; False writes each line at once."""
+        atexit.register(self.flush)
+
+    def msg(self, message: bytes) -> None:
+        with self._lock:
+            self._buffer += message
+            self._buffer += b"\n"
+            if self.buffered and len(self._buffer) < FLUSH_BYTES:
+                return
+            self._write_out()
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = failure = msg
+
+    def flush(self) -> None:
+        with self._lock:
+            self._write_out()
+
+    def _write_out(self) -> None:
+        if self._buffer:
+            data, self._buffer = self._buffer, bytearray()
+            with suppress(ValueError, OSError):  # a closed or broken stderr loses lines, not requests
+                self._file.write(data)
+                self._file.flush()
+
+    async def flush_every(self, interval_s: float) -> None:
+        """Buffer lines and write them every ``interval_s`` until cancelled; then write the rest."""
+        self.buffered = interval_s > 0
+        try:
+            while self.buffered:
+                await asyncio.sleep(interval_s)
+                self.flush()
+        finally:
+            self.buffered = False
+            self.flush()

@@ -18,6 +18,8 @@ _SECRET_KEY = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
 _INLINE_KEY = re.compile(r"\b(sk|sk-ant|pk|rk)-[A-Za-z0-9_-]{8,}")
+_MAYBE_SECRET = re.compile(r"(?i)bearer\s|\b(sk|pk|rk)-")
+"""A cheap first look (one scan, no copy) that finds every text the two patterns above could mask."""
 # Keys the proxy itself logs that merely contain "key" but are not secrets.
 _SAFE_KEYS = frozenset({"trace_id", "module", "route", "kinds", "event"})
 _MAX_DEPTH = 8  # log values are the proxy's own small structures; deeper is not walked
@@ -25,11 +27,26 @@ _MAX_DEPTH = 8  # log values are the proxy's own small structures; deeper is not
 
 def redact_text(text: str) -> str:
     """``text`` with bearer tokens and provider keys masked."""
+    if _MAYBE_SECRET.search(text) is None:
+        return text
     return _INLINE_KEY.sub(REDACTED, _BEARER.sub(rf"\g<1>{REDACTED}", text))
 
 
+_KEY_VERDICTS: dict[str, bool] = {}
+_KEY_VERDICTS_MAX = 4096
+"""Log keys are the proxy's own few names; foreign keys (a context dict's) are judged afresh
+once this many are remembered."""
+
+
 def is_secret_key(key: Any) -> bool:
-    return isinstance(key, str) and key not in _SAFE_KEYS and bool(_SECRET_KEY.search(key))
+    if not isinstance(key, str):
+        return False
+    verdict = _KEY_VERDICTS.get(key)
+    if verdict is None:
+        verdict = key not in _SAFE_KEYS and bool(_SECRET_KEY.search(key))
+        if len(_KEY_VERDICTS) < _KEY_VERDICTS_MAX:
+            _KEY_VERDICTS[key] = verdict
+    return verdict
 
 
 def scrub(value: Any, depth: int = 0) -> Any:

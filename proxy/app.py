@@ -23,12 +23,12 @@ from proxy.api import (
     responses,
     streaming,
 )
-from proxy.api.browser_guard import browser_guard_middleware, guards_browsers
-from proxy.api.budget import BUDGET, BodyBudget, budget_middleware
+from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
+from proxy.api.budget import BUDGET, BodyBudget
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import auth_middleware, echo_trace_id, observe_middleware, trace_middleware
+from proxy.api.middleware import echo_trace_id, edge_middleware
 from proxy.api.state import (
     CONTEXT_STORE,
     FEEDBACK,
@@ -42,7 +42,6 @@ from proxy.api.state import (
     Runtime,
     RuntimeHolder,
 )
-from proxy.api.target import target_form_middleware
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore, MemoryContextStore, RedisContextStore
 from proxy.module.registry import ModuleRegistry
@@ -227,19 +226,8 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
-    guard = [browser_guard_middleware] if guards_browsers(settings) else []
-    app = web.Application(
-        client_max_size=settings.max_body_bytes,
-        middlewares=[
-            error_middleware,
-            target_form_middleware,
-            trace_middleware,
-            observe_middleware,
-            *guard,
-            auth_middleware,
-            budget_middleware,
-        ],
-    )
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[edge_middleware])
+    app[BROWSER_GUARD] = guards_browsers(settings)
     app.on_response_prepare.append(echo_trace_id)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()

@@ -18,11 +18,13 @@ import ipaddress
 
 from aiohttp import web
 
-from proxy.api.errors import ApiError, Handler
+from proxy.api.errors import ApiError
 from proxy.api.state import SETTINGS
 from proxy.settings import Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+BROWSER_GUARD = web.AppKey("browser_guard", bool)
+"""Whether the app checks requests with ``check_browser`` (``guards_browsers`` of its settings)."""
 
 
 def guards_browsers(settings: Settings) -> bool:
@@ -47,10 +49,9 @@ def host_name(value: str) -> str:
     return value.partition(":")[0]
 
 
-@web.middleware
-async def browser_guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def check_browser(request: web.Request) -> None:
     """403 for a ``Host`` that is not a loopback or allowed name, and for an ``Origin`` that
-    is present and not allowed (installed only when ``guards_browsers``)."""
+    is present and not allowed (checked only when ``guards_browsers``)."""
     settings = request.app[SETTINGS]
     host = host_name(request.headers.get("Host", "localhost"))
     if host not in LOOPBACK_NAMES and host not in settings.allowed_hosts:
@@ -70,4 +71,3 @@ async def browser_guard_middleware(request: web.Request, handler: Handler) -> we
             "permission_error",
             "origin_not_allowed",
         )
-    return await handler(request)

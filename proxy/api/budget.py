@@ -18,7 +18,7 @@ from collections import deque
 
 from aiohttp import web
 
-from proxy.api.errors import ApiError, Handler
+from proxy.api.errors import ApiError
 
 BUDGET_WAIT_S = 2.0
 """How long a request waits for budget: long enough to ride out a burst of large bodies
@@ -128,12 +128,7 @@ BUDGET = web.AppKey("body_budget", BodyBudget)
 RESERVATION = web.RequestKey("body_reservation", Reservation)
 
 
-@web.middleware
-async def budget_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Give the request a reservation and release it when the handler is done with the body."""
-    reservation = Reservation(request.app[BUDGET])
-    request[RESERVATION] = reservation
-    try:
-        return await handler(request)
-    finally:
-        reservation.release()
+def reserve(request: web.Request) -> Reservation:
+    """Give the request a reservation; the caller releases it when the handler is done."""
+    reservation = request[RESERVATION] = Reservation(request.app[BUDGET])
+    return reservation

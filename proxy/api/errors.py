@@ -135,18 +135,16 @@ _HTTP_TYPES = {
 }
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Outermost middleware: every failure leaves as an OpenAI error body with the right status."""
-    try:
-        return await handler(request)
-    except ApiError as exc:
+def error_answer(request: web.Request, exc: BaseException) -> web.StreamResponse:
+    """The answer to ``exc`` raised by a handler: an OpenAI error body with the right status.
+    Re-raises what is not an error answer (cancellation, an HTTP redirect)."""
+    if isinstance(exc, ApiError):
         return exc.response()
-    except ClientReadTimeout:
+    if isinstance(exc, ClientReadTimeout):
         return request_timeout().response()
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         # aiohttp's own texts are specific ("Maximum request body size N exceeded, ...").
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
         return ApiError(
@@ -155,6 +153,22 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             _HTTP_TYPES.get(exc.status, "invalid_request_error"),
             exc.reason.lower().replace(" ", "_"),
         ).response()
+    if not isinstance(exc, Exception):  # CancelledError, KeyboardInterrupt, SystemExit
+        raise exc
+    log.exception("proxy.internal_error", path=request.path, exc_info=exc)
+    return ApiError(
+        500, "Internal error in the proxy; see its log for the trace id", "server_error", "internal_error"
+    ).response()
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as an OpenAI error body with the right status (the admin listener's
+    only middleware; the API's ``edge_middleware`` maps errors the same way)."""
+    try:
+        return await handler(request)
+    except BaseException as exc:
+        return error_answer(request, exc)
     except asyncio.CancelledError:
         raise
     except Exception:

@@ -1,4 +1,10 @@
-"""Request middlewares, in this order after error mapping: trace id, then client auth."""
+"""The API's one middleware, ``edge_middleware``, and the steps it runs in this order: error
+mapping (outermost), the request-target check, the trace id, observation (metrics and the one
+log line), the browser guard, client auth, and the body budget's reservation.
+
+One middleware instead of a chain: each layer of aiohttp's chain is a coroutine frame and a call
+per request; the steps are plain functions here.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,13 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from proxy.api.errors import ApiError, Handler
+from proxy.api.browser_guard import BROWSER_GUARD, check_browser
+from proxy.api.budget import reserve
+from proxy.api.errors import ApiError, Handler, error_answer
 from proxy.api.state import METRICS, SETTINGS
+from proxy.api.target import check_target_form
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
+from proxy.settings import Settings
 
 log = structlog.get_logger("proxy")
 
@@ -62,14 +72,12 @@ def trace_id_of(request: web.Request) -> str:
     return f"{random.getrandbits(128):032x}"
 
 
-@web.middleware
-async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def bind_trace(request: web.Request) -> None:
     """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it)."""
     trace_id = trace_id_of(request)
     request[TRACE_KEY] = trace_id
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route_of(request))
-    return await handler(request)
 
 
 async def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -86,11 +94,9 @@ def bearer_of(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def authenticate(request: web.Request, settings: Settings) -> None:
     """When client keys are configured, demand one of them as a bearer token (constant-time); an
     admin key counts only on ``ADMIN_JUDGED_PATHS``."""
-    settings = request.app[SETTINGS]
     keys = settings.api_keys
     token = bearer_of(request)
     if token is not None:
@@ -107,7 +113,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 "authentication_error",
                 "invalid_api_key",
             )
-    return await handler(request)
 
 
 def route_of(request: web.Request) -> str:
@@ -117,7 +122,17 @@ def route_of(request: web.Request) -> str:
 
 
 @web.middleware
-async def observe_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every step of a request around its handler; every failure leaves as an OpenAI error body."""
+    try:
+        check_target_form(request)
+        bind_trace(request)
+        return await _observed(request, handler)
+    except BaseException as exc:
+        return error_answer(request, exc)
+
+
+async def _observed(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
     canonical log line per request."""
     started = time.perf_counter()
@@ -125,13 +140,10 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
     request[RECORD_KEY] = record
     status = 500
     try:
-        response = await handler(request)
+        response = await _admitted(request, handler)
         status = response.status
         return response
-    except ApiError as exc:
-        status = exc.status
-        raise
-    except web.HTTPException as exc:
+    except (ApiError, web.HTTPException) as exc:
         status = exc.status
         raise
     except asyncio.CancelledError:
@@ -154,3 +166,17 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
             overhead_ms=round(overhead * 1000, 3),
             **record.fields,
         )
+
+
+async def _admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The browser guard, client auth, then the handler holding a body-budget reservation."""
+    app = request.app
+    settings = app[SETTINGS]
+    if app[BROWSER_GUARD]:
+        check_browser(request)
+    authenticate(request, settings)
+    reservation = reserve(request)
+    try:
+        return await handler(request)
+    finally:
+        reservation.release()

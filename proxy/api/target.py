@@ -20,7 +20,6 @@ appended by yarl. What is refused, with 400:
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
@@ -161,13 +160,8 @@ def origin_form(raw_target: str) -> bool:
     return raw_target.startswith("/") and not raw_target.startswith("//")
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def target_form_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def check_target_form(request: web.Request) -> None:
     """Absolute-form (``GET http://host/v1/x``) and authority-form (``CONNECT host:443``) targets
     are for forward proxies; this is a reverse proxy, so they are refused everywhere with 400."""
     if not origin_form(request.raw_path):
         raise _refuse(_NOT_ORIGIN_FORM)
-    return await handler(request)

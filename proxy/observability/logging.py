@@ -31,9 +31,16 @@ def log_lines() -> BufferedLines | None:
 
 def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: credentials never leave the process in a log line."""
-    for key in list(event):
-        event[key] = REDACTED if is_secret_key(key) else scrub(event[key])
+    for key, value in event.items():  # values are replaced in place; no key is added or removed
+        if is_secret_key(key):
+            event[key] = REDACTED
+        elif type(value) not in _PLAIN:
+            event[key] = scrub(value)
     return event
+
+
+_PLAIN = frozenset({int, float, bool, type(None)})
+"""Value types that cannot hold a secret: left as they are, without a call."""
 
 
 def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
@@ -43,10 +50,11 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
         raise ValueError(f"unknown log level {level!r}")
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         redact_secrets,
+        # The proxy's own fields, after redaction: nothing in them to scrub.
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     global _LINES
     if fmt == "json":

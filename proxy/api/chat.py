@@ -228,7 +228,7 @@ class _Route:
         usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
         completion = usage.get("completion_tokens")
         if isinstance(completion, int) and completion > 0 and output_s > 0:
-            metrics.output_tps.labels(*target_labels(policy, target)).observe(completion / output_s)
+            metrics.child(metrics.output_tps, *target_labels(policy, target)).observe(completion / output_s)
         await settle(request, total_tokens(usage), usd)
 
 
@@ -287,7 +287,8 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallContext) -
     stream = opened.value
     record.fields["target"] = str(opened.target)
     ttft = time.perf_counter() - asked
-    request.app[METRICS].ttft.labels(*target_labels(policy, opened.target)).observe(ttft)
+    metrics = request.app[METRICS]
+    metrics.child(metrics.ttft, *target_labels(policy, opened.target)).observe(ttft)
     usage = UsageSniffer()
     response = web.StreamResponse(
         headers={

@@ -38,7 +38,7 @@ def record_usage(metrics: Metrics, policy: Policy | None, target: Target, usage:
     for kind in ("prompt", "completion"):
         count = usage.get(f"{kind}_tokens")
         if isinstance(count, int) and count > 0:
-            metrics.tokens.labels(provider, model, kind).inc(count)
+            metrics.child(metrics.tokens, provider, model, kind).inc(count)
 
 
 def total_tokens(usage: Mapping[str, Any]) -> int:
@@ -60,7 +60,7 @@ def record_cost(
     usd = price.cost(usage)
     if usd > 0:
         provider, model = target_labels(policy, target)
-        metrics.cost.labels(module, provider, model, client).inc(usd)
+        metrics.child(metrics.cost, module, provider, model, client).inc(usd)
     return usd
 
 

@@ -424,6 +424,16 @@ class Metrics:
         self._request_children: dict[tuple[str, str, int, str], Any] = {}
         self._overhead_children: dict[str, Any] = {}
         self._upstream_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Counter | Histogram | Gauge, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered. Label values are bounded (``target_labels``,
+        client labels), so the cache is too."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def count_request(self, route: str, module: str, status: int, outcome: str = OUTCOME_NONE) -> None:
         key = (route, module, status, outcome)

@@ -42,13 +42,18 @@ class Target:
     state: str | None = None
     """The breaker key, when not ``provider/model`` (``provider/*`` for a model the policy does
     not name): per-target state stays bounded by the policy, whatever names clients send."""
+    name: str = field(init=False, repr=False, compare=False)
+    """``provider/model``, built once: labels, headers and log lines ask for it on every call."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", f"{self.provider}/{self.model}")
 
     def __str__(self) -> str:
-        return f"{self.provider}/{self.model}"
+        return self.name
 
     @property
     def state_key(self) -> str:
-        return self.state or str(self)
+        return self.state or self.name
 
 
 @dataclass(frozen=True, slots=True)

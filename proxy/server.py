@@ -22,6 +22,7 @@ message queue, the current request, the paused flag): the tests in
 from __future__ import annotations
 
 import asyncio
+import gc
 import resource
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -259,6 +260,21 @@ def admin_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
     return ConnectionGuard("admin", ADMIN_MAX_CONNECTIONS, settings.client_read_timeout_s, metrics)
 
 
+GC_THRESHOLDS: Final = (10_000, 50, 100)
+"""Python's defaults (700, 10, 10) run a young-generation collection every few requests, each
+request allocating hundreds of containers; measured in ``make bench``, about a fifth of the
+passthrough's CPU went to the collector. Garbage cycles still go, a little later."""
+
+
+def settle_heap() -> None:
+    """After start-up: move everything allocated so far (modules, schemas, compiled validators,
+    the policy) out of the collector's sight with ``gc.freeze`` and collect less often, so that
+    a full collection scans only what requests left behind."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(
     app: web.Application,
     settings: Settings,
@@ -306,6 +322,7 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
         flusher = asyncio.create_task(lines.flush_every(settings.log_flush_interval_s))
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
+        settle_heap()
         on_started()
         while True:
             await asyncio.sleep(3600)

@@ -224,11 +224,18 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         await final.review.aclose()
 
 
+async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """The headers every answer of the API gets just before it is sent: one signal callback (a
+    coroutine per answer) for both."""
+    echo_trace_id(request, response)
+    quota.add_ratelimit_headers(request, response)
+
+
 def build_app(settings: Settings) -> web.Application:
     """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[edge_middleware])
     app[BROWSER_GUARD] = guards_browsers(settings)
-    app.on_response_prepare.append(echo_trace_id)
+    app.on_response_prepare.append(_on_response_prepare)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[METRICS] = Metrics()
@@ -257,7 +264,6 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/openapi.json", openapi.openapi)
     app.router.add_post("/v1/responses", responses.create_response)
     app.router.add_get(quota.USAGE_PATH, quota.usage)
-    app.on_response_prepare.append(quota.add_ratelimit_headers)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
     app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all)

@@ -208,7 +208,8 @@ class _Route:
                 retry=attempt.retry,
             )
 
-    def __call__(self, operation: Operation[T]) -> Awaitable[Routed[T]]:
+    def __call__(self, operation: Operation[T], *, bounded: bool = False) -> Awaitable[Routed[T]]:
+        """``bounded``: the operation bounds each attempt itself (``Provider.relay``)."""
         policy = self.runtime.policy
         return self.request.app[ROUTER].call(
             self.targets,
@@ -218,6 +219,7 @@ class _Route:
             self.started + policy.timeouts.total_s,
             self.log_try,
             stop_on_client_error=True,
+            bound_attempts=not bounded,
         )
 
     async def account(self, target: Target, usage: Mapping[str, Any], output_s: float) -> None:
@@ -261,7 +263,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) ->
     """A plain completion: the upstream body as it came, its usage accounted."""
     asked = time.perf_counter()
     try:
-        routed = await route(partial(_relay, body=body, ctx=ctx))
+        routed = await route(partial(_relay, body=body, ctx=ctx), bounded=True)
     except RungFailed as exc:
         return passthrough_failure(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)

@@ -80,9 +80,9 @@ def bind_trace(request: web.Request) -> None:
     structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route_of(request))
 
 
-async def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the one place the trace header is set, on every answer the trace
-    middleware saw (plain, streamed, envelopes, error bodies), overriding any upstream copy."""
+def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Called on ``on_response_prepare``: the one place the trace header is set, on every answer
+    the edge middleware saw (plain, streamed, envelopes, error bodies), overriding any upstream copy."""
     trace_id = request.get(TRACE_KEY)
     if trace_id is not None:
         response.headers[TRACE_HEADER] = trace_id

@@ -139,8 +139,8 @@ async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
         await request.app[QUOTA].settle(admission, tokens, cost_usd)
 
 
-async def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: every answer to an admitted request tells its windows (in
+def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Called on ``on_response_prepare``: every answer to an admitted request tells its windows (in
     place of a provider's: the client is held to the proxy's limits, the provider's are the
     proxy's own account's)."""
     admission = request.get(ADMISSION)

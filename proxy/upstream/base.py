@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -78,7 +79,10 @@ class Provider(Protocol):
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         """A non-streamed passthrough answer as OpenAI ``chat.completion`` JSON bytes (an
-        OpenAI-wire provider hands the upstream's bytes over untouched), with its usage."""
+        OpenAI-wire provider hands the upstream's bytes over untouched), with its usage.
+
+        Bounded as a whole by ``timeout`` (the body's arrival included): the router leaves the
+        passthrough's attempts to it (one timer per call instead of two)."""
         ...
 
     def stream(
@@ -121,5 +125,11 @@ async def relay_from_complete(
     provider: Provider, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
 ) -> Relayed:
     """``relay`` for providers that do not speak the OpenAI wire format natively."""
-    reply = await provider.complete(body, model, ctx, timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await provider.complete(body, model, ctx, timeout)
+    except TimeoutError as exc:
+        raise ProviderError(
+            "timeout", f"{provider.config.name}/{model} gave no full answer within {timeout:g}s"
+        ) from exc
     return Relayed(orjson.dumps(reply), usage_of(reply))

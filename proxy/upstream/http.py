@@ -120,10 +120,16 @@ async def post(
 async def post_for_bytes(
     session: aiohttp.ClientSession, url: URL, payload: dict[str, Any], headers: dict[str, str], timeout: float
 ) -> bytes:
-    """``post`` for a whole answer, without the context-manager machinery (the passthrough's hot path)."""
+    """``post`` for a whole answer, without the context-manager machinery (the passthrough's hot path).
+    ``timeout`` bounds the whole call, the answer's body included: a body dripping a byte at a
+    time fails it (one timer, no per-read rescheduling)."""
     try:
         async with session.post(
-            url, data=orjson.dumps(payload), headers=headers, timeout=_timeout(timeout), allow_redirects=False
+            url,
+            data=orjson.dumps(payload),
+            headers=headers,
+            timeout=client_timeout(timeout, None, timeout),
+            allow_redirects=False,
         ) as resp:
             if resp.status >= _FIRST_NON_SUCCESS:
                 body = await resp.content.read(_ERROR_BODY_LIMIT)

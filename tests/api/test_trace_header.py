@@ -1,5 +1,5 @@
-"""``X-Cognitive-Trace-Id`` is set in one place (``proxy.api.middleware.echo_trace_id``, an
-``on_response_prepare`` signal) and reaches every answer of the public listener: plain and streamed
+"""``X-Cognitive-Trace-Id`` is set in one place (``proxy.api.middleware.echo_trace_id``, called
+on the ``on_response_prepare`` signal) and reaches every answer of the public listener: plain and streamed
 passthrough, module envelopes, error bodies, including errors aiohttp raises itself (unknown route)."""
 
 from __future__ import annotations

@@ -44,13 +44,16 @@ class Caller:
         return self.identity.label
 
 
+_ANONYMOUS_CALLER = Caller(ANONYMOUS, ClientIdentity())
+
+
 def caller_of(token: str | None, identities: Mapping[str, ClientIdentity]) -> Caller:
     identity = identities.get(token or "")
     if identity is not None and identity.name:
         return Caller(identity.name, identity)
     if token:
         return Caller("key-" + hashlib.sha256(token.encode()).hexdigest()[:16], identity or ClientIdentity())
-    return Caller(ANONYMOUS, ClientIdentity())
+    return _ANONYMOUS_CALLER
 
 
 def parse_key_line(line: str, where: str) -> tuple[str, ClientIdentity] | None:

@@ -211,9 +211,7 @@ async def test_fork_mode_gives_each_step_a_copy(tmp_path: Path, fake_upstream: F
     assert "_emitted_context" not in env and env["ok"] is True
 
 
-async def test_a_composites_cost_is_its_steps_cost(
-    tmp_path: Path, fake_upstream: FakeUpstream
-) -> None:
+async def test_a_composites_cost_is_its_steps_cost(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
     _two_steps(tmp_path / "m", {})
     fake_upstream.set_default_reply("m-first", answer(0.8, summary="one"))
     fake_upstream.set_default_reply("m-second", answer(0.8, summary="two"))

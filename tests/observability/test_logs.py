@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from proxy.observability.logging import REDACTED, redact_secrets
@@ -87,3 +88,26 @@ def test_redaction_processor() -> None:
     assert out["nested"][0] == {"client_secret": REDACTED, "ok": "fine"}
     assert "abcdefghijk" not in out["note"] and "ABCDEFGH1234" not in out["note"]
     assert out["max_tokens"] == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("Bearer\tabcdefghijk", "abcdefghijk"),  # a tab, no '-'
+        ("BEARER\u00a0abcdefghijk", "abcdefghijk"),  # a Unicode space, upper case
+        ("key=sk-abcdefgh12345", "abcdefgh12345"),  # no space at all
+        ("pk-live12345678", "live12345678"),
+        ("x sk-ant-api03-abcdefgh", "api03-abcdefgh"),
+    ],
+)
+def test_the_quick_look_before_redaction_misses_no_secret(text: str, secret: str) -> None:
+    """Texts with neither '-' nor white space skip the masking patterns: each neighbouring shape
+    that does hold a secret must still be masked, in a value of any type the processor skips less."""
+    out = redact_secrets(None, "info", {"note": text, "nested": {"ok": text}, "count": 3, "flag": True})
+    assert secret not in out["note"] and secret not in out["nested"]["ok"]
+    assert out["count"] == 3 and out["flag"] is True
+
+
+def test_texts_without_a_secret_come_out_as_they_went_in() -> None:
+    event = {"route": "/v1/chat/completions", "trace_id": "a" * 32, "note": "no-secret here"}
+    assert redact_secrets(None, "info", dict(event)) == event

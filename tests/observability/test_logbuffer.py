@@ -1,0 +1,107 @@
+"""The buffered log writer: lines wait for the flusher's interval (or 64 KiB) and none is lost,
+not at the interval, not at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from proxy.observability.logbuffer import FLUSH_BYTES, BufferedLines
+from tests.fake_upstream import FakeUpstream
+from tests.paths import ROOT
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, upstream_policy
+
+DEMO = str(ROOT / "policies" / "demo.yaml")
+
+
+def test_lines_wait_while_buffered_and_all_come_out_in_order_on_flush() -> None:
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    lines.buffered = True
+    for n in range(100):
+        lines.info(b'{"n":%d}' % n)
+    assert sink.getvalue() == b""
+    lines.flush()
+    assert sink.getvalue().splitlines() == [b'{"n":%d}' % n for n in range(100)]
+
+
+def test_an_unbuffered_writer_writes_each_line_at_once() -> None:
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    lines.msg(b"one")
+    assert sink.getvalue() == b"one\n"
+
+
+def test_a_full_buffer_is_written_without_waiting_for_the_interval() -> None:
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    lines.buffered = True
+    line = b"x" * 1023
+    count = FLUSH_BYTES // 1024
+    for _ in range(count - 1):
+        lines.msg(line)
+    assert sink.getvalue() == b""  # just under 64 KiB waits
+    lines.msg(line)
+    assert len(sink.getvalue()) == count * 1024
+
+
+async def test_the_flusher_writes_on_its_interval_and_the_rest_when_cancelled() -> None:
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    flusher = asyncio.create_task(lines.flush_every(0.01))
+    await asyncio.sleep(0)  # the flusher starts buffering
+    lines.msg(b"first")
+    while not sink.getvalue():  # polled: written by the interval, not by anything else
+        await asyncio.sleep(0.005)
+    assert sink.getvalue() == b"first\n"
+    lines.msg(b"last")
+    flusher.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flusher
+    assert sink.getvalue() == b"first\nlast\n"
+    assert not lines.buffered  # after the flusher, lines are written at once again
+    lines.msg(b"after")
+    assert sink.getvalue().endswith(b"after\n")
+
+
+async def test_every_request_line_is_written_by_shutdown(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A long interval keeps lines in memory; SIGTERM must still write each one."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(fake_upstream)))
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+    count = 40
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    served_process = proxy_process("--policy", str(policy), "--log-flush-interval", "10", env=env)
+    async with served_process as served, aiohttp.ClientSession() as session:
+        for n in range(count):
+            resp = await session.post(
+                served.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": f"buffered-{n}"}
+            )
+            assert resp.status == 200
+    _, stderr = served.output
+    traces = [
+        event["trace_id"]
+        for event in (json.loads(line) for line in stderr.splitlines() if line.startswith("{"))
+        if event.get("event") == "proxy.request" and event.get("route") == "/v1/chat/completions"
+    ]
+    assert traces == [f"buffered-{n}" for n in range(count)]
+
+
+@pytest.mark.parametrize("value", ["-1", "11", "nan"])
+def test_a_flush_interval_out_of_range_is_refused_at_start(value: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--policy", DEMO, "--log-flush-interval", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--log-flush-interval must be 0..10 seconds" in done.stderr

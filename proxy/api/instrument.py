@@ -44,10 +44,16 @@ def record_usage(metrics: Metrics, policy: Policy | None, target: Target, usage:
 def total_tokens(usage: Mapping[str, Any]) -> int:
     """Input + output tokens of one usage object (OpenAI, Responses or Anthropic names)."""
     total = 0
-    for names in (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens")):
-        value = next((usage.get(n) for n in names if isinstance(usage.get(n), int)), 0)
-        total += value if isinstance(value, int) and value > 0 else 0
+    for names in _TOKEN_NAMES:
+        for name in names:
+            value = usage.get(name)
+            if type(value) is int:  # not bool, which is an int subclass
+                total += max(value, 0)
+                break
     return total
+
+
+_TOKEN_NAMES = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"))
 
 
 def record_cost(

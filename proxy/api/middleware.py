@@ -62,22 +62,25 @@ ADMIN_JUDGED_PATHS = frozenset({"/v1/feedback"})
 
 def trace_id_of(request: web.Request) -> str:
     """W3C ``traceparent``'s trace id, else a sane ``X-Request-Id``, else a new id."""
-    match = _TRACEPARENT.match(request.headers.get("traceparent", "").strip().lower())
-    if match and match["trace"] != "0" * 32:
-        return match["trace"]
-    request_id = request.headers.get("X-Request-Id", "").strip()
-    if _REQUEST_ID.match(request_id):
+    headers = request.headers
+    traceparent = headers.get("traceparent")
+    if traceparent is not None:
+        match = _TRACEPARENT.match(traceparent.strip().lower())
+        if match and match["trace"] != "0" * 32:
+            return match["trace"]
+    request_id = headers.get("X-Request-Id", "").strip()
+    if request_id and _REQUEST_ID.match(request_id):
         return request_id
     # A trace id needs uniqueness, not secrecy: getrandbits avoids a urandom syscall per request.
     return f"{random.getrandbits(128):032x}"
 
 
-def bind_trace(request: web.Request) -> None:
+def bind_trace(request: web.Request, route: str) -> None:
     """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it)."""
     trace_id = trace_id_of(request)
     request[TRACE_KEY] = trace_id
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route_of(request))
+    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route)
 
 
 def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -126,13 +129,14 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Every step of a request around its handler; every failure leaves as an OpenAI error body."""
     try:
         check_target_form(request)
-        bind_trace(request)
-        return await _observed(request, handler)
+        route = route_of(request)
+        bind_trace(request, route)
+        return await _observed(request, handler, route)
     except BaseException as exc:
         return error_answer(request, exc)
 
 
-async def _observed(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _observed(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
     canonical log line per request."""
     started = time.perf_counter()
@@ -151,7 +155,7 @@ async def _observed(request: web.Request, handler: Handler) -> web.StreamRespons
         raise
     finally:
         total = time.perf_counter() - started
-        route = record.route or route_of(request)
+        route = record.route or route
         overhead = max(0.0, total - record.upstream_s)
         metrics = request.app[METRICS]
         metrics.count_request(route, record.module, status, record.outcome)

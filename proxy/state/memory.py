@@ -76,9 +76,12 @@ class MemoryBreakerStore:
     def _count(t: _Target, outcome: Outcome, now: float, policy: BreakerPolicy) -> None:
         width = policy.window_s / WINDOW_BUCKETS
         bucket = math.floor(now / width)
-        for old in [b for b in t.buckets if b <= bucket - WINDOW_BUCKETS]:
-            del t.buckets[old]
-        t.buckets.setdefault(bucket, [0, 0])[1 if outcome.failed else 0] += 1
+        counts = t.buckets.get(bucket)
+        if counts is None:  # a new bucket: the window slid, so drop the buckets it left behind
+            for old in [b for b in t.buckets if b <= bucket - WINDOW_BUCKETS]:
+                del t.buckets[old]
+            counts = t.buckets[bucket] = [0, 0]
+        counts[1 if outcome.failed else 0] += 1
         t.consecutive = t.consecutive + 1 if outcome.failed else 0
         if not outcome.failed:
             return

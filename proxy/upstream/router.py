@@ -202,7 +202,8 @@ class Router:
     async def _record(
         self, rung: Sequence[Target], target: Target, ticket: Ticket, failover: Failover, *, failed: bool
     ) -> None:
-        protect = all(self.breakers.is_open(t.state_key) for t in rung if t != target)
+        # Only a failure can open a breaker, so only a failure asks whether it is the rung's last.
+        protect = failed and all(self.breakers.is_open(t.state_key) for t in rung if t != target)
         await self.breakers.record(target.state_key, ticket, failover.breaker, failed=failed, protect=protect)
 
     async def _target(self, run: _RungCall[T], target: Target) -> Routed[T] | None:

@@ -187,7 +187,7 @@ async def _stream_module(
     return response
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class _Route:
     """The router call of one passthrough chat request: its targets, deadline, attempt log and
     accounting."""

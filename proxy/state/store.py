@@ -25,14 +25,14 @@ from proxy.policy.model import BreakerPolicy
 WINDOW_BUCKETS = 10
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class BreakerState:
     epoch: int = 0
     open_until: float = 0.0
     """When the open period ends (0.0: closed)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Outcome:
     """One attempt's result as the breaker counts it."""
 

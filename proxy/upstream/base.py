@@ -45,7 +45,7 @@ class ProviderError(Exception):
         self.headers = headers or {}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class CallContext:
     """What a provider may know about the call besides the OpenAI body."""
 
@@ -57,7 +57,7 @@ class CallContext:
     """The call's validated media: their bytes replace their tokens when a body is written."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Relayed:
     body: bytes
     usage: dict[str, Any]

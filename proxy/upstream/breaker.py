@@ -39,7 +39,7 @@ def counts_against_breaker(exc: ProviderError) -> bool:
     return exc.kind in BREAKER_KINDS
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Ticket:
     """An admission: may the request go, is it the half-open trial, which epoch did it see."""
 

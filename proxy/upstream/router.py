@@ -33,7 +33,7 @@ _RETRY_ON_KIND = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Try:
     """One attempt at a target (or a skip of an open breaker), for attempts lists and logs."""
 
@@ -63,7 +63,7 @@ class RungFailed(Exception):
         """Set when a failure must reach the caller as is (a passthrough client error)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Routed(Generic[T]):
     value: T
     target: Target

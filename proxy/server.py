@@ -300,7 +300,7 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        await web.TCPSite(runner, settings.host, settings.port, reuse_port=settings.shares_port).start()
         on_started()
         while True:
             await asyncio.sleep(3600)

@@ -1,0 +1,260 @@
+"""``serve --workers N``: N worker processes accept on one port; this process supervises them.
+
+Each worker is ``python -m proxy <this command's arguments> --worker-slot I``: a fresh
+interpreter with its own event loop (nothing forked after imports, threads or a loop exist),
+binding the API and admin ports with SO_REUSEPORT so the kernel spreads connections over the
+workers. The parent binds nothing: it checks the ports are free first (the same one-line error
+as a single process), then
+
+* restarts a worker that exits, after a backoff doubling from ``RESTART_MIN_S`` to
+  ``RESTART_MAX_S`` while restarts keep failing (reset once a worker served ``STABLE_S``);
+* stops everything and exits with the worker's code when a worker fails before any worker has
+  served (a start-up refusal the parent could not check itself: it would fail again);
+* forwards SIGHUP (policy reload) to every worker, and SIGTERM/SIGINT (drain, then exit),
+  exiting 0 once all have exited (SIGKILL for a worker still there ``KILL_MARGIN_S`` after its
+  drain timeout);
+* keeps the metrics directory the workers share (``proxy.observability.metrics``) and marks an
+  exited worker dead in it, so its live gauges stop counting and its counters keep counting.
+
+A worker is ready when it writes its "serving" line to stdout (a pipe to the parent). Its stdin
+is a pipe from the parent that is never written: end of file means the parent died, and the
+worker drains and exits (``watch_parent``) rather than serve on as an orphan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import structlog
+from prometheus_client.multiprocess import mark_process_dead
+
+from proxy.settings import Settings
+from proxy.state.outbox import SPOOL_FILE
+
+log = structlog.get_logger("proxy.supervisor")
+
+WORKER_FLAG = "--worker-slot"
+RESTART_MIN_S = 0.1
+RESTART_MAX_S = 10.0
+STABLE_S = 30.0
+"""A worker that served this long before exiting starts the backoff over."""
+KILL_MARGIN_S = 5.0
+METRICS_DIR_BASES = ("/dev/shm",)
+"""Tried before the temporary directory: memory-backed (no writeback of the files workers
+update on every request) and writable under a read-only root filesystem."""
+
+
+def spool_dir_of(base: Path, slot: int | None) -> Path:
+    """A worker's own ``--spool-dir`` (slot 0 and a single process use ``base`` itself): two
+    processes appending to and truncating one spool file would lose records."""
+    return base if not slot else base / f"worker-{slot}"
+
+
+def adopt_spools(base: Path, workers: int) -> None:
+    """Move the spools of slots this run has no worker for (after ``--workers`` went down)
+    into slot 0's, which replays them. Runs before any worker starts."""
+    for directory in sorted(base.glob("worker-*")):
+        slot = directory.name.removeprefix("worker-")
+        if not slot.isdigit() or int(slot) < workers:
+            continue
+        spool = directory / SPOOL_FILE
+        if spool.exists():
+            with (base / SPOOL_FILE).open("ab") as target:
+                target.write(spool.read_bytes())
+            log.info("proxy.spool_adopted", source=str(spool), target=str(base / SPOOL_FILE))
+        shutil.rmtree(directory)
+
+
+def watch_parent(loop: asyncio.AbstractEventLoop) -> None:
+    """In a worker: SIGTERM itself (the usual drain) once the parent's pipe on stdin closes."""
+
+    def readable() -> None:
+        if not os.read(0, 4096):
+            loop.remove_reader(0)
+            log.warning("proxy.supervisor_gone", pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    loop.add_reader(0, readable)
+
+
+def make_metrics_dir() -> Path:
+    """A new, empty directory for the workers' metric files."""
+    for base in (*METRICS_DIR_BASES, None):
+        with contextlib.suppress(OSError):
+            if base is None or os.access(base, os.W_OK):
+                return Path(tempfile.mkdtemp(prefix="cogproxy-metrics-", dir=base))
+    raise OSError(
+        f"--workers needs a writable directory for the workers' metrics: none of "
+        f"{', '.join(METRICS_DIR_BASES)} or {tempfile.gettempdir()} (set TMPDIR)"
+    )
+
+
+def backoff(failures: int) -> float:
+    """Seconds before restarting a worker after ``failures`` exits in a row."""
+    return float(min(RESTART_MAX_S, RESTART_MIN_S * 2 ** max(0, failures - 1)))
+
+
+def _exit_fields(code: int) -> dict[str, object]:
+    if code < 0:
+        return {"exit_code": code, "signal": signal.Signals(-code).name}
+    return {"exit_code": code}
+
+
+class Supervisor:
+    """Runs ``settings.workers`` copies of ``command`` (each given ``--worker-slot I``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        command: Sequence[str],
+        metrics_dir: Path,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._command = list(command)
+        self._metrics_dir = metrics_dir
+        self._env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        self._clock = clock
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._serving: set[int] = set()
+        """Slots whose worker wrote its "serving" line: only they get SIGHUP (a worker still
+        starting reads the files anyway, and would die of a signal it has no handler for yet)."""
+        self._stopping = asyncio.Event()
+        self._served = False
+        self._code = 0
+
+    async def run(self) -> int:
+        """Serve until stopped; the exit code (0, or a worker's start-up failure)."""
+        await self._check_ports()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        await asyncio.gather(*(self._keep(slot) for slot in range(self._settings.workers)))
+        return self._code
+
+    async def _check_ports(self) -> None:
+        """Bind each port once without SO_REUSEPORT and let go: taken (even by another group of
+        workers) raises the OSError a single process would."""
+        s = self._settings
+        loop = asyncio.get_running_loop()
+        ports = [(s.host, s.port)] + ([(s.admin_bind_host, s.admin_port)] if s.admin_port else [])
+        for host, port in ports:
+            server = await loop.create_server(asyncio.Protocol, host, port)
+            server.close()
+            await server.wait_closed()
+
+    async def _keep(self, slot: int) -> None:
+        """Slot ``slot``: start its worker, and again each time it exits, until stopping."""
+        failures = 0
+        while not self._stopping.is_set():
+            started = self._clock()
+            proc = await asyncio.create_subprocess_exec(
+                *self._command,
+                WORKER_FLAG,
+                str(slot),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=self._env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the parent only, once
+            )
+            self._procs[slot] = proc
+            log.info("proxy.worker_started", worker=slot, pid=proc.pid)
+            if self._stopping.is_set():
+                proc.send_signal(signal.SIGTERM)
+            served = await self._relay(slot, proc)
+            code = await proc.wait()
+            del self._procs[slot]
+            self._serving.discard(slot)
+            mark_process_dead(proc.pid, str(self._metrics_dir))  # type: ignore[no-untyped-call]
+            (log.info if self._stopping.is_set() else log.error)(
+                "proxy.worker_exited",
+                worker=slot,
+                pid=proc.pid,
+                served=served,
+                **_exit_fields(code),
+            )
+            if self._stopping.is_set():
+                return
+            if not served and not self._served:
+                self._fail(slot, code)
+                return
+            failures = 0 if served and self._clock() - started >= STABLE_S else failures + 1
+            delay = backoff(failures)
+            log.info("proxy.worker_restarting", worker=slot, in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+
+    async def _relay(self, slot: int, proc: asyncio.subprocess.Process) -> bool:
+        """Wait for the worker's "serving" line, then pass on whatever else it prints until it
+        closes stdout; True if it served."""
+        assert proc.stdout is not None
+        if not await proc.stdout.readline():
+            return False
+        self._serving.add(slot)
+        if not self._served:
+            self._served = True
+            s = self._settings
+            print(f"cogproxy serving on http://{s.host}:{s.port} ({s.workers} workers)", flush=True)
+        while chunk := await proc.stdout.read(65536):
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        return True
+
+    def _fail(self, slot: int, code: int) -> None:
+        log.error(
+            "proxy.workers_failed",
+            worker=slot,
+            reason="a worker exited before any worker served; its error is above",
+            **_exit_fields(code),
+        )
+        self._code = code if code > 0 else 1
+        self._stop("worker_failed")
+
+    def _stop(self, reason: str) -> None:
+        """SIGTERM to every worker (each drains, then exits); a second signal is passed on too
+        (a single process ends its drain early on one)."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+            log.info("proxy.workers_stopping", reason=reason, workers=sorted(self._procs))
+            grace = self._settings.drain_timeout_s + KILL_MARGIN_S
+            asyncio.get_running_loop().call_later(grace, self._kill_stragglers)
+        self._signal(self._procs, signal.SIGTERM)
+
+    def _reload(self) -> None:
+        log.info("proxy.workers_reloading", workers=sorted(self._serving))
+        self._signal(self._serving, signal.SIGHUP)
+
+    def _signal(self, slots: Iterable[int], sig: signal.Signals) -> None:
+        for slot in list(slots):
+            with contextlib.suppress(ProcessLookupError, KeyError):
+                self._procs[slot].send_signal(sig)
+
+    def _kill_stragglers(self) -> None:
+        for slot, proc in self._procs.items():
+            log.error(
+                "proxy.worker_killed", worker=slot, pid=proc.pid, reason="still running after the drain"
+            )
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+
+def supervise(settings: Settings, arguments: Sequence[str]) -> int:
+    """Run ``cogproxy ARGUMENTS`` as ``settings.workers`` supervised workers; the exit code.
+    Raises ``OSError`` for a port that is taken or a metrics directory that cannot be made."""
+    metrics_dir = make_metrics_dir()
+    command = [sys.executable, "-m", "proxy", *arguments]
+    try:
+        return asyncio.run(Supervisor(settings, command, metrics_dir).run())
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

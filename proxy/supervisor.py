@@ -48,6 +48,7 @@ RESTART_MAX_S = 10.0
 STABLE_S = 30.0
 """A worker that served this long before exiting starts the backoff over."""
 KILL_MARGIN_S = 5.0
+METRICS_DIR_PREFIX = "cogproxy-metrics-"
 METRICS_DIR_BASES = ("/dev/shm",)
 """Tried before the temporary directory: memory-backed (no writeback of the files workers
 update on every request) and writable under a read-only root filesystem."""
@@ -87,15 +88,36 @@ def watch_parent(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def make_metrics_dir() -> Path:
-    """A new, empty directory for the workers' metric files."""
-    for base in (*METRICS_DIR_BASES, None):
+    """A new, empty directory for the workers' metric files, named after this process; those
+    left by a supervisor that was killed (its pid gone, or this pid after a container restart)
+    are removed first."""
+    prefix = f"{METRICS_DIR_PREFIX}{os.getpid()}-"
+    for base in (*METRICS_DIR_BASES, tempfile.gettempdir()):
         with contextlib.suppress(OSError):
-            if base is None or os.access(base, os.W_OK):
-                return Path(tempfile.mkdtemp(prefix="cogproxy-metrics-", dir=base))
+            if os.access(base, os.W_OK):
+                _remove_stale(Path(base))
+                return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     raise OSError(
         f"--workers needs a writable directory for the workers' metrics: none of "
         f"{', '.join(METRICS_DIR_BASES)} or {tempfile.gettempdir()} (set TMPDIR)"
     )
+
+
+def _remove_stale(base: Path) -> None:
+    for directory in base.glob(f"{METRICS_DIR_PREFIX}*-*"):
+        owner = directory.name.removeprefix(METRICS_DIR_PREFIX).partition("-")[0]
+        if owner.isdigit() and (int(owner) == os.getpid() or not _exists(int(owner))):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def backoff(failures: int) -> float:

@@ -64,7 +64,8 @@ from proxy.settings import (
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
-from proxy.supervisor import WORKER_FLAG, adopt_spools, spool_dir_of, supervise, watch_parent
+from proxy.state.outbox import adopt_spools, spool_dir_of
+from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.http import upstream_session
 from proxy.upstream.offline import offline_answer
@@ -562,11 +563,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if settings.workers > 1 and settings.worker is None:
-        try:
-            return supervise(settings, args.arguments)
-        except OSError as exc:
-            print(listen_error(exc, settings.host, settings.port), file=sys.stderr)
+        taken = _taken_port(settings)
+        if taken is not None:
+            print(taken, file=sys.stderr)
             return EXIT_USAGE
+        plan = Plan(
+            settings.workers, settings.host, settings.port, settings.drain_timeout_s, bool(args.redis_url)
+        )
+        exec_supervisor(plan, args.log_format, args.log_level, args.arguments)  # this process becomes it
     loop = None
     try:
         import uvloop
@@ -583,6 +587,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
+
+
+def _taken_port(settings: Settings) -> str | None:
+    """Under ``--workers``, before the workers bind with SO_REUSEPORT: the error a single process
+    would meet for a port that is taken (even by another group of workers), else None."""
+    addresses = [(settings.host, settings.port)]
+    if settings.admin_port is not None:
+        addresses.append((settings.admin_bind_host, settings.admin_port))
+    try:
+        asyncio.run(check_ports(addresses))
+    except OSError as exc:
+        return listen_error(exc, settings.host, settings.port)
+    return None
 
 
 _BIND_ADDRESS = re.compile(r"address \('?(?P<host>[^',]+)'?, (?P<port>\d+)")

@@ -869,10 +869,21 @@ def _scrape_ms(port: int, count: int = 30) -> float:
     return statistics.median(samples)
 
 
-def workers_bench(duration: int) -> None:
+def _serve_workers(policy: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(port)]
+    command += ["--modules", str(ROOT / "modules"), "--workers", str(workers), "--log-level", "error"]
+    proxy = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    wait_port(port)
+    if workers > 1:
+        _wait_workers(port, workers)
+    return proxy
+
+
+def workers_bench(duration: int, rounds: int = 2) -> None:
     """``serve --workers 1`` against ``--workers 2`` in front of the same no-delay upstream:
-    passthrough chat at c=64 (wrk), requests/s, the CPU of all the proxy's processes per
-    request and a /metrics scrape after the load; then what summing metrics over workers costs:
+    passthrough chat at c=64 (wrk), in alternating rounds (both proxies run throughout, so both
+    see the same machine load): requests/s, the CPU of all the proxy's processes per request
+    and a /metrics scrape after the load; then what summing metrics over workers costs:
     prometheus-client's multiprocess files (what ``--workers`` uses) against per-worker
     registries a parent would scrape and add up (``ports``; HTTP round trips not counted)."""
     if shutil.which("wrk") is None:
@@ -890,54 +901,37 @@ def workers_bench(duration: int) -> None:
             "aliases: {bench: fast}\n"
         )
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
+        proxies: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
         try:
             wait_port(up_port)
+            for workers in (1, 2):
+                port = free_port()
+                proxies[workers] = (_serve_workers(policy, port, workers), port)
+                wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 2, tmpdir)  # warm-up
             direct = wrk(f"http://127.0.0.1:{up_port}/v1/chat/completions", CHAT_BODY, 64, duration, tmpdir)
             print(f"workers: direct upstream at c={WORKERS_BENCH_CONCURRENCY}: {direct.rps:.0f} rps")
             print(f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}")
-            rps: dict[int, float] = {}
-            for workers in (1, 2):
-                port = free_port()
-                proxy = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "proxy",
-                        "serve",
-                        "--policy",
-                        str(policy),
-                        "--modules",
-                        str(ROOT / "modules"),
-                        "--port",
-                        str(port),
-                        "--workers",
-                        str(workers),
-                        "--log-level",
-                        "warning",
-                    ],
-                    cwd=ROOT,
-                    stdout=subprocess.DEVNULL,
-                )
-                try:
-                    wait_port(port)
-                    if workers > 1:
-                        _wait_workers(port, workers)
-                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                    wrk(url, CHAT_BODY, 4, 2, tmpdir)  # warm-up
+            rps: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(rounds):
+                for workers, (proxy, port) in proxies.items():
                     pids = _proxy_pids(proxy.pid)
                     cpu0 = sum(cpu_seconds(pid) for pid in pids)
+                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
                     res = wrk(url, CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmpdir)
                     cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu0) * 1000 / max(res.requests, 1)
-                    rps[workers] = res.rps
+                    rps[workers].append(res.rps)
                     print(
                         f"{workers:<9}{res.rps:>9.0f}{res.p50_ms:>9.2f}{res.p99_ms:>9.2f}{cpu_ms:>12.3f}"
                         f"{_scrape_ms(port):>11.2f}"
                     )
-                finally:
-                    proxy.terminate()
-                    proxy.wait(timeout=60)
-            print(f"workers: rps ratio 2/1 = {rps[2] / rps[1]:.2f} on {os.cpu_count()} CPUs")
+            ratio = statistics.median(rps[2]) / statistics.median(rps[1])
+            print(
+                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds) on {os.cpu_count()} CPUs"
+            )
         finally:
+            for proxy, _ in proxies.values():
+                proxy.terminate()
+                proxy.wait(timeout=60)
             upstream.terminate()
             upstream.wait(timeout=30)
     print(

@@ -196,15 +196,16 @@ class Supervisor:
         failures = 0
         while not self._stopping.is_set():
             started = self._clock()
-            proc = await asyncio.create_subprocess_exec(
-                *self._command,
-                WORKER_FLAG,
-                str(slot),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                env=self._env,
-                start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only, once
-            )
+            try:
+                proc = await self._spawn(slot)
+            except OSError as exc:  # no process (fork refused: memory, pid limit)
+                log.error("proxy.worker_not_started", worker=slot, error=str(exc))
+                if not self._served:
+                    self._fail(slot, 1)
+                    return
+                failures += 1
+                await self._pause(backoff(failures))
+                continue
             self._procs[slot] = proc
             log.info("proxy.worker_started", worker=slot, pid=proc.pid)
             if self._stopping.is_set():
@@ -229,8 +230,23 @@ class Supervisor:
             failures = 0 if served and self._clock() - started >= STABLE_S else failures + 1
             delay = backoff(failures)
             log.info("proxy.worker_restarting", worker=slot, in_s=delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+            await self._pause(delay)
+
+    async def _spawn(self, slot: int) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *self._command,
+            WORKER_FLAG,
+            str(slot),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=self._env,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only, once
+        )
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when stopping starts."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _relay(self, slot: int, proc: asyncio.subprocess.Process) -> bool:
         """Wait for the worker's "serving" line, then pass on whatever else it prints until it

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.cli import main
 from proxy.settings import MAX_WORKERS
 from proxy.state.outbox import SPOOL_FILE, adopt_spools, spool_dir_of
-from proxy.supervisor import METRICS_DIR_PREFIX, backoff, make_metrics_dir
+from proxy.supervisor import METRICS_DIR_PREFIX, Plan, Supervisor, backoff, make_metrics_dir
 from tests.conftest import MODULES, ROOT
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import (
@@ -355,3 +355,9 @@ def test_metrics_directories_of_killed_supervisors_are_removed() -> None:
     finally:
         for directory in (*made, stale, alive):
             shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_worker_that_cannot_be_started_at_all_stops_the_supervisor(tmp_path: Path) -> None:
+    plan = Plan(workers=2, host="127.0.0.1", port=free_port(), drain_timeout_s=1.0, shared_state=False)
+    supervisor = Supervisor(plan, [str(tmp_path / "no-such-python")], tmp_path)
+    assert await supervisor.run() == 1

@@ -568,7 +568,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(taken, file=sys.stderr)
             return EXIT_USAGE
         plan = Plan(
-            settings.workers, settings.host, settings.port, settings.drain_timeout_s, bool(args.redis_url)
+            settings.workers, settings.host, settings.port, settings.drain_timeout_s, bool(settings.redis_url)
         )
         exec_supervisor(plan, args.log_format, args.log_level, args.arguments)  # this process becomes it
     loop = None

@@ -117,6 +117,8 @@ class Settings:
             )
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers must be 1-{MAX_WORKERS}, not {self.workers}")
+        if self.worker is not None and not 0 <= self.worker < self.workers:
+            raise ValueError(f"worker slot {self.worker} is not one of 0-{self.workers - 1}")
         if self.workers > 1 and self.port == 0:
             raise ValueError("workers > 1 need a fixed port: port 0 would give each worker its own")
         if not 0 <= self.port <= 65535:

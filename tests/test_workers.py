@@ -326,6 +326,7 @@ def serve_once(*args: str) -> subprocess.CompletedProcess[str]:
         (["--workers", "0"], f"workers must be 1-{MAX_WORKERS}, not 0"),
         (["--workers", str(MAX_WORKERS + 1)], f"workers must be 1-{MAX_WORKERS}, not {MAX_WORKERS + 1}"),
         (["--workers", "2", "--port", "0"], "workers > 1 need a fixed port"),
+        (["--workers", "2", "--worker-slot", "2"], "worker slot 2 is not one of 0-1"),
     ],
 )
 def test_a_worker_count_out_of_range_is_refused(
@@ -345,12 +346,13 @@ async def test_each_worker_keeps_its_own_spool(tmp_path: Path) -> None:
 
 def test_spools_of_slots_gone_are_adopted_by_slot_zero(tmp_path: Path) -> None:
     assert spool_dir_of(tmp_path, None) == spool_dir_of(tmp_path, 0) == tmp_path
-    for slot, line in ((1, b'{"a": 1}\n'), (2, b'{"b": 2}\n'), (3, b'{"c": 3}\n')):
+    for slot, line in ((1, b'{"a": 1}\n'), (2, b'{"b": 2}\n{"tor'), (3, b'{"c": 3}\n')):
         spool_dir_of(tmp_path, slot).mkdir()
         (spool_dir_of(tmp_path, slot) / SPOOL_FILE).write_bytes(line)
     (tmp_path / SPOOL_FILE).write_bytes(b'{"z": 0}\n')
     adopt_spools(tmp_path, 2)  # slot 1 still has a worker; slots 2 and 3 do not
-    assert (tmp_path / SPOOL_FILE).read_bytes() == b'{"z": 0}\n{"b": 2}\n{"c": 3}\n'
+    # Slot 2's torn last append stays a line of its own: slot 3's first record is kept whole.
+    assert (tmp_path / SPOOL_FILE).read_bytes() == b'{"z": 0}\n{"b": 2}\n{"tor\n{"c": 3}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == [SPOOL_FILE, "worker-1"]
 
 

@@ -93,11 +93,13 @@ def adopt_spools(base: Path, workers: int) -> None:
         slot = directory.name.removeprefix("worker-")
         if not slot.isdigit() or int(slot) < workers:
             continue
-        spool = directory / SPOOL_FILE
+        spool, target = directory / SPOOL_FILE, base / SPOOL_FILE
         if spool.exists():
-            with (base / SPOOL_FILE).open("ab") as target:
-                target.write(spool.read_bytes())
-            log.info("proxy.outbox_spool_adopted", source=str(spool), target=str(base / SPOOL_FILE))
+            with target.open("ab") as out:
+                if out.tell() and not target.read_bytes().endswith(b"\n"):
+                    out.write(b"\n")  # a torn last append stays its own (skipped) line
+                out.write(spool.read_bytes())
+            log.info("proxy.outbox_spool_adopted", source=str(spool), target=str(target))
         shutil.rmtree(directory)
 
 

@@ -114,7 +114,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     _route_and_watch(app, Breakers(store))
     limits = app[quota.QUOTA] = quota.Quota.build(
-        settings.redis_url, settings.replicas_hint, lambda down: metrics.limits_degraded.set(int(down))
+        settings.redis_url,
+        settings.replicas_hint * settings.workers,  # with Redis down each worker takes its share
+        lambda down: metrics.limits_degraded.set(int(down)),
     )
     feedback_store = app[FEEDBACK] = _feedback_store(settings)
     outbox: RedisOutbox | None = None
@@ -238,12 +240,14 @@ def build_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(_on_response_prepare)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
-    app[METRICS] = Metrics()
+    app[METRICS] = Metrics(multiprocess=settings.shares_port)
     app[METRICS].info.labels(__version__).set(1)
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
     app[MEDIA_CACHES] = MediaCaches()
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _admin_ctx])
+    if settings.shares_port:
+        app.cleanup_ctx.append(_share_metrics_ctx)
     app.router.add_post("/v1/chat/completions", chat.chat_completions)
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
@@ -270,6 +274,13 @@ def build_app(settings: Settings) -> web.Application:
     return app
 
 
+async def _share_metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+    """A worker of ``--workers``: its scrape-time gauges reach the files the others render."""
+    sharing = asyncio.create_task(app[METRICS].share_every())
+    yield
+    sharing.cancel()
+
+
 ADMIN_ROUTES: dict[str, Handler] = {
     "/healthz": meta.healthz,
     "/readyz": meta.readyz,
@@ -284,6 +295,7 @@ def build_admin_app(app: web.Application) -> web.Application:
     admin = web.Application(middlewares=[error_middleware], client_max_size=ADMIN_MAX_BODY_BYTES)
     admin[RUNTIME] = app[RUNTIME]
     admin[METRICS] = app[METRICS]
+    admin[SETTINGS] = app[SETTINGS]
     if OUTBOX in app:  # built in _state_ctx, which starts before _admin_ctx
         admin[OUTBOX] = app[OUTBOX]
     for path, handler in ADMIN_ROUTES.items():
@@ -301,7 +313,9 @@ async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
         build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None, **SERVER_OPTIONS
     )
     await runner.setup()
-    await web.TCPSite(runner, settings.admin_bind_host, settings.admin_port).start()
+    await web.TCPSite(
+        runner, settings.admin_bind_host, settings.admin_port, reuse_port=settings.shares_port
+    ).start()
     log.info("proxy.admin_listening", host=settings.admin_bind_host, port=settings.admin_port)
     yield
     await runner.cleanup()

@@ -58,12 +58,15 @@ from proxy.settings import (
     DEFAULT_STREAM_HEARTBEAT_S,
     DEFAULT_STREAM_SESSION_MAX_BYTES,
     DEFAULT_STREAM_SESSION_TTL_S,
+    MAX_WORKERS,
     Settings,
     host_names,
     origins,
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.outbox import adopt_spools, spool_dir_of
+from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.http import upstream_session
 from proxy.upstream.offline import offline_answer
@@ -440,6 +443,14 @@ SERVE_OPTIONS = (
         DEFAULT_STREAM_SESSION_MAX_BYTES,
         "memory the chunks kept for stream recovery may take (oldest finished sessions go first)",
     ),
+    ServeOption(
+        "--workers",
+        "WORKERS",
+        int,
+        1,
+        f"processes accepting on the port (SO_REUSEPORT), supervised by this one (1-{MAX_WORKERS}); "
+        "1: this process serves",
+    ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
     ServeOption(
@@ -533,7 +544,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         redis_url=args.redis_url or None,
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),
-        spool_dir=Path(args.spool_dir) if args.spool_dir else None,
+        spool_dir=spool_dir_of(Path(args.spool_dir), args.worker_slot) if args.spool_dir else None,
         reload_interval_s=args.reload_interval,
         allowed_hosts=host_names(args.allowed_hosts),
         allowed_origins=origins(args.allowed_origins),
@@ -541,6 +552,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         stream_recovery=not args.no_stream_recovery,
         stream_heartbeat_s=args.stream_heartbeat,
         stream_session_max_bytes=args.stream_session_max_bytes,
+        workers=args.workers,
+        worker=args.worker_slot,
         **_redact_names(args.context_redact_names),
     )
 
@@ -558,9 +571,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = _settings(args)
         configure_logging(args.log_format, args.log_level)
         load_policy(settings.policy_path)  # fail fast, with the path and the key, before binding
+        if args.spool_dir and settings.worker is None:
+            adopt_spools(Path(args.spool_dir), settings.workers)
     except (PolicyError, ValueError, OSError) as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if settings.workers > 1 and settings.worker is None:
+        taken = _taken_port(settings)
+        if taken is not None:
+            print(taken, file=sys.stderr)
+            return EXIT_USAGE
+        plan = Plan(
+            settings.workers, settings.host, settings.port, settings.drain_timeout_s, bool(settings.redis_url)
+        )
+        exec_supervisor(plan, args.log_format, args.log_level, args.arguments)  # this process becomes it
     loop = None
     try:
         import uvloop
@@ -579,6 +603,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _taken_port(settings: Settings) -> str | None:
+    """Under ``--workers``, before the workers bind with SO_REUSEPORT: the error a single process
+    would meet for a port that is taken (even by another group of workers), else None."""
+    addresses = [(settings.host, settings.port)]
+    if settings.admin_port is not None:
+        addresses.append((settings.admin_bind_host, settings.admin_port))
+    try:
+        asyncio.run(check_ports(addresses))
+    except OSError as exc:
+        return listen_error(exc, settings.host, settings.port)
+    return None
+
+
 _BIND_ADDRESS = re.compile(r"address \('?(?P<host>[^',]+)'?, (?P<port>\d+)")
 
 
@@ -593,12 +630,12 @@ def listen_error(exc: OSError, host: str, port: int) -> str:
 
 
 def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None:
-    run_server(
-        build_app(settings),
-        settings,
-        loop=loop,
-        on_started=lambda: print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True),
-    )
+    def started() -> None:
+        print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True)
+        if settings.worker is not None:
+            watch_parent(asyncio.get_running_loop())
+
+    run_server(build_app(settings), settings, loop=loop, on_started=started)
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -728,6 +765,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             default=None,
             help=f"{option.help} (COGPROXY_{option.env}; default: {default})",
         )
+    p.add_argument(WORKER_FLAG, type=int, default=None, help=argparse.SUPPRESS)  # set by the supervisor
     p.set_defaults(func=cmd_serve)
 
 
@@ -805,6 +843,7 @@ def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.arguments = list(sys.argv[1:] if argv is None else argv)  # what workers are started with
     if getattr(args, "modules", "unset") is None:
         args.modules = _env_list("MODULES") or ["modules"]
     code: int = args.func(args)

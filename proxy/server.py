@@ -332,7 +332,7 @@ async def _serve(app: web.Application, settings: Settings, on_started: Callable[
     if lines is not None and settings.log_flush_interval_s > 0:
         flusher = asyncio.create_task(lines.flush_every(settings.log_flush_interval_s))
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        await web.TCPSite(runner, settings.host, settings.port, reuse_port=settings.shares_port).start()
         settle_heap()
         on_started()
         while True:

@@ -29,6 +29,8 @@ DEFAULT_STREAM_HEARTBEAT_S = 15.0
 """Silence before an empty heartbeat chunk (spec v2.5 §3.2.3)."""
 DEFAULT_STREAM_SESSION_MAX_BYTES = 64 * MiB
 """Chunks kept for recovery in this process at most: a few thousand finished answers."""
+MAX_WORKERS = 64
+"""``--workers`` at most: beyond a few per core the processes only compete for the CPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,10 @@ class Settings:
     leaves a stream cancels its upstream call."""
     stream_heartbeat_s: float = DEFAULT_STREAM_HEARTBEAT_S
     stream_session_max_bytes: int = DEFAULT_STREAM_SESSION_MAX_BYTES
+    workers: int = 1
+    """Processes serving the port (``proxy.supervisor``); 1: this process serves alone."""
+    worker: int | None = None
+    """This process's slot (0..workers-1) when it is one of those workers; None otherwise."""
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes <= 0:
@@ -111,6 +117,12 @@ class Settings:
             raise ValueError(
                 f"stream_session_max_bytes must be positive, not {self.stream_session_max_bytes}"
             )
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be 1-{MAX_WORKERS}, not {self.workers}")
+        if self.worker is not None and not 0 <= self.worker < self.workers:
+            raise ValueError(f"worker slot {self.worker} is not one of 0-{self.workers - 1}")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers > 1 need a fixed port: port 0 would give each worker its own")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
         if self.admin_port is not None and not 0 < self.admin_port <= 65535:
@@ -123,6 +135,11 @@ class Settings:
     @property
     def admin_bind_host(self) -> str:
         return self.admin_host or self.host
+
+    @property
+    def shares_port(self) -> bool:
+        """Bound with SO_REUSEPORT: one of several worker processes accepting on the port."""
+        return self.workers > 1
 
 
 def read_key_file(path: Path) -> frozenset[str]:

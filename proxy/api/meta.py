@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from aiohttp import web
@@ -99,6 +100,9 @@ async def readyz(request: web.Request) -> web.Response:
         "modules": len(current.registry.modules),
         "module_problems": [str(p) for p in current.registry.problems],
     }
+    worker = request.app[SETTINGS].worker
+    if worker is not None:  # which of the --workers processes answered (each accepts on the port)
+        body["worker"] = {"slot": worker, "pid": os.getpid()}
     outbox = request.app.get(OUTBOX)
     if outbox is not None:  # Redis down still serves (local breaker state, records kept): ready
         body["redis"] = "up" if outbox.up else "down"
@@ -109,4 +113,4 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text, or OpenMetrics when the scraper's ``Accept`` asks for it."""
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return web.Response(body=encoder(request.app[METRICS].registry), headers={"Content-Type": content_type})
+    return web.Response(body=encoder(request.app[METRICS].exposed()), headers={"Content-Type": content_type})

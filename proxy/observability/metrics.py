@@ -6,18 +6,23 @@ routes from the router's path templates; anything else collapses to ``other``.
 ``cognitive_confidence`` carries ``attempt="final"`` (once per module answer) or
 ``attempt="intermediate"`` (answers on rungs that escalated, and re-asked answers).
 
-The server runs one process per sidecar (one event loop; scale with replicas, not workers), so
-the default in-process registry counts correctly; prometheus-client's multiprocess mode is not
-needed.
+Under ``serve --workers N`` every worker writes its values to prometheus-client's multiprocess
+files (``PROMETHEUS_MULTIPROC_DIR``, set by ``proxy.supervisor``) and ``/metrics`` on any worker
+renders the sum over all of them. Gauges read at scrape time (``set_function``, the collectors
+below) are copied into those files every ``SHARE_INTERVAL_S`` and before each scrape; each
+gauge's ``GAUGE_MODES`` entry says how the workers' values combine. One process alone keeps the
+in-process registry (no files, nothing copied).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -44,21 +49,19 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 class BreakerCollector(Collector):
     """``cognitive_circuit_open{target}``, read from the breakers at scrape time."""
 
+    NAME, DOC, LABELS = "cognitive_circuit_open", "1 while a target's circuit breaker is open.", ("target",)
+
     def __init__(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "cognitive_circuit_open", "1 while a target's circuit breaker is open.", labels=["target"]
-        )
+        family = GaugeMetricFamily(self.NAME, self.DOC, labels=self.LABELS)
         for target, is_open in self._snapshot():
             family.add_metric([target], 1.0 if is_open else 0.0)
         yield family
 
     def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "cognitive_circuit_open", "1 while a target's circuit breaker is open.", labels=["target"]
-        )
+        yield GaugeMetricFamily(self.NAME, self.DOC, labels=self.LABELS)
 
 
 def feedback_bucket(confidence: float) -> str:
@@ -69,15 +72,17 @@ def feedback_bucket(confidence: float) -> str:
 class ThresholdCollector(Collector):
     """``cognitive_tier_min_confidence{tier}``, read from the current policy at scrape time."""
 
+    NAME, DOC, LABELS = (
+        "cognitive_tier_min_confidence",
+        "Each tier's min_confidence in the current policy.",
+        ("tier",),
+    )
+
     def __init__(self, thresholds: Callable[[], Iterable[tuple[str, float]]]) -> None:
         self._thresholds = thresholds
 
     def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "cognitive_tier_min_confidence",
-            "Each tier's min_confidence in the current policy.",
-            labels=["tier"],
-        )
+        return GaugeMetricFamily(self.NAME, self.DOC, labels=self.LABELS)
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
@@ -359,6 +364,23 @@ GAUGES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         (),
     ),
 )
+REDIS_UP = "cognitive_redis_up"
+GaugeMode = Literal["livesum", "livemax", "livemin"]
+GAUGE_MODES: dict[str, GaugeMode] = {
+    "cognitive_inflight_body_bytes": "livesum",
+    "cognitive_open_connections": "livesum",
+    "cognitive_stream_sessions": "livesum",
+    "cognitive_proxy_info": "livemax",
+    "cognitive_limits_degraded": "livemax",
+    REDIS_UP: "livemin",
+    BreakerCollector.NAME: "livemax",
+    ThresholdCollector.NAME: "livemax",
+}
+"""How each gauge combines over the workers of ``serve --workers N``: counts add up, a flag is
+1 when any worker has it (Redis: 0 when any worker cannot reach it). ``live``: a worker that
+exited no longer counts (the supervisor marks it dead)."""
+SHARE_INTERVAL_S = 1.0
+"""How often a worker copies its scrape-time gauges into the shared files."""
 
 
 class Metrics:
@@ -411,14 +433,23 @@ class Metrics:
     info: Gauge
     limits_degraded: Gauge
 
-    def __init__(self) -> None:
+    def __init__(self, *, multiprocess: bool = False) -> None:
+        """``multiprocess``: this process is one of ``--workers`` (prometheus-client must have
+        been imported with ``PROMETHEUS_MULTIPROC_DIR`` set)."""
         r = self.registry = CollectorRegistry(auto_describe=True)
         for attr, name, doc, labels in COUNTERS:
             setattr(self, attr, Counter(name, doc, labels, registry=r))
         for attr, name, doc, labels, buckets in HISTOGRAMS:
             setattr(self, attr, Histogram(name, doc, labels, buckets=buckets, registry=r))
         for attr, name, doc, labels in GAUGES:
-            setattr(self, attr, Gauge(name, doc, labels, registry=r))
+            setattr(self, attr, Gauge(name, doc, labels, registry=r, multiprocess_mode=GAUGE_MODES[name]))
+        self._all_workers: CollectorRegistry | None = None
+        self._live: list[tuple[Collector, Gauge]] = []
+        """Scrape-time sources and the gauge their values are copied into (workers only)."""
+        if multiprocess:
+            self._all_workers = CollectorRegistry()
+            MultiProcessCollector(self._all_workers)  # type: ignore[no-untyped-call]
+            self._live = [(gauge, gauge) for gauge in (getattr(self, attr) for attr, *_ in GAUGES)]
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
         self._request_children: dict[tuple[str, str, int, str], Any] = {}
@@ -462,12 +493,50 @@ class Metrics:
     def watch_redis(self, up: Callable[[], bool]) -> None:
         """``cognitive_redis_up``: 1 while Redis answers (only with ``--redis-url``)."""
         gauge = Gauge(
-            "cognitive_redis_up", "1 while the Redis of --redis-url answers.", registry=self.registry
+            REDIS_UP,
+            "1 while the Redis of --redis-url answers.",
+            registry=self.registry,
+            multiprocess_mode=GAUGE_MODES[REDIS_UP],
         )
         gauge.set_function(lambda: 1.0 if up() else 0.0)
+        if self._all_workers is not None:
+            self._live.append((gauge, gauge))
 
     def watch_thresholds(self, thresholds: Callable[[], Iterable[tuple[str, float]]]) -> None:
-        self.registry.register(ThresholdCollector(thresholds))
+        self._watch(ThresholdCollector(thresholds))
 
     def watch_breakers(self, snapshot: Callable[[], Iterable[tuple[str, bool]]]) -> None:
-        self.registry.register(BreakerCollector(snapshot))
+        self._watch(BreakerCollector(snapshot))
+
+    def _watch(self, collector: BreakerCollector | ThresholdCollector) -> None:
+        self.registry.register(collector)
+        if self._all_workers is not None:  # a gauge outside the registry: it only writes the files
+            mirror = Gauge(
+                collector.NAME,
+                collector.DOC,
+                collector.LABELS,
+                registry=None,
+                multiprocess_mode=GAUGE_MODES[collector.NAME],
+            )
+            self._live.append((collector, mirror))
+
+    def exposed(self) -> CollectorRegistry:
+        """What ``/metrics`` renders: this process's registry, or, in a worker, every worker's
+        values (this one's scrape-time gauges copied first, so they are current)."""
+        if self._all_workers is None:
+            return self.registry
+        self.share_live_values()
+        return self._all_workers
+
+    def share_live_values(self) -> None:
+        """Copy the scrape-time gauges into the shared files (workers only)."""
+        for source, gauge in self._live:
+            for family in source.collect():
+                for sample in family.samples:
+                    (gauge.labels(**sample.labels) if sample.labels else gauge).set(sample.value)
+
+    async def share_every(self, seconds: float = SHARE_INTERVAL_S) -> None:
+        """``share_live_values`` every ``seconds``, so a scrape on another worker sees this one's."""
+        while True:
+            self.share_live_values()
+            await asyncio.sleep(seconds)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +78,29 @@ class KeyWrite:
 
 
 Write = StreamWrite | KeyWrite
+
+
+def spool_dir_of(base: Path, slot: int | None) -> Path:
+    """The ``--spool-dir`` of worker ``slot`` of ``serve --workers`` (slot 0 and a single process
+    use ``base`` itself): two processes appending to and truncating one file would lose records."""
+    return base if not slot else base / f"worker-{slot}"
+
+
+def adopt_spools(base: Path, workers: int) -> None:
+    """Append the spools of slots this run has no worker for (``--workers`` went down) to slot
+    0's, which replays them. Called before any process of this run opens a spool."""
+    for directory in sorted(base.glob("worker-*")):
+        slot = directory.name.removeprefix("worker-")
+        if not slot.isdigit() or int(slot) < workers:
+            continue
+        spool, target = directory / SPOOL_FILE, base / SPOOL_FILE
+        if spool.exists():
+            with target.open("ab") as out:
+                if out.tell() and not target.read_bytes().endswith(b"\n"):
+                    out.write(b"\n")  # a torn last append stays its own (skipped) line
+                out.write(spool.read_bytes())
+            log.info("proxy.outbox_spool_adopted", source=str(spool), target=str(target))
+        shutil.rmtree(directory)
 
 
 def _from_spool(raw: dict[str, Any]) -> Write:

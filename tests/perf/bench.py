@@ -839,6 +839,238 @@ def feedback_bench() -> None:
     print(f"{'added: feedback + calibration':<34}{extra:>10.2f}{extra / base:>12.2f}")
 
 
+WORKERS_BENCH_CONCURRENCY = 64
+METRICS_COST_CODE = r"""
+import json, statistics, sys, time
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from proxy.observability.metrics import Metrics
+
+mode, action = sys.argv[1], sys.argv[2]
+MODULES = [f"module-{i}" for i in range(11)]
+ROUTES = [f"/route/{i}" for i in range(10)]
+TARGETS = [(f"p{i}", f"m{i}") for i in range(4)]
+
+
+def populate(m):
+    # The series a proxy with 11 modules, 10 routes and 4 targets carries after some traffic.
+    for route in ROUTES:
+        for status in (200, 400, 429, 502):
+            m.count_request(route, "none", status)
+        m.observe_overhead(route, 0.0004)
+    for provider, model in TARGETS:
+        for outcome in ("ok", "timeout"):
+            m.observe_upstream(provider, model, outcome, 0.2)
+        for kind in ("prompt", "completion"):
+            m.tokens.labels(provider, model, kind).inc(10)
+    for module in MODULES:
+        for tier in ("exec", "decision", "exploration"):
+            for attempt in ("final", "intermediate"):
+                m.confidence.labels(module, tier, attempt).observe(0.8)
+            m.decisions.labels(module, tier, "accept").inc()
+        for provider, model in TARGETS:
+            m.cost.labels(module, provider, model, "other").inc(0.001)
+
+
+def per_op_us(fn, n=50_000):
+    runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(runs)
+
+
+def ms(fn, n=30):
+    runs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        runs.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(runs)
+
+
+def summed(texts):
+    # What a parent scraping per-worker ports would do: parse each, add up, render.
+    totals = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                totals[key] = totals.get(key, 0.0) + s.value
+    return "".join(
+        f"{name}{{{','.join(f'{k}={v!r}' for k, v in labels)}}} {value}\n"
+        for (name, labels), value in totals.items()
+    )
+
+
+m = Metrics(multiprocess=mode == "multiprocess")
+populate(m)
+if action == "populate":
+    raise SystemExit(0)
+c = m.requests.labels("/v1/chat/completions", "none", "200", "none")
+h = m.overhead.labels("/v1/chat/completions")
+out = {
+    "inc_us": per_op_us(c.inc),
+    "observe_us": per_op_us(lambda: h.observe(0.0004)),
+    "request_us": per_op_us(
+        lambda: (
+            m.count_request("/v1/chat/completions", "none", 200),
+            m.observe_overhead("/v1/chat/completions", 0.0004),
+            m.observe_upstream("up", "m", "ok", 0.01),
+        )
+    ),
+    "scrape_ms": ms(lambda: generate_latest(m.exposed())),
+}
+if mode == "ports":
+    others = [m]
+    for _ in range(int(sys.argv[3]) - 1):
+        other = Metrics()
+        populate(other)
+        others.append(other)
+    out["scrape_ms"] = ms(lambda: summed([generate_latest(o.registry).decode() for o in others]))
+print(json.dumps(out))
+"""
+
+
+def _metrics_cost(mode: str, workers: int) -> dict[str, float]:
+    """``METRICS_COST_CODE`` in a fresh interpreter (the multiprocess mode is chosen at import);
+    in that mode ``workers - 1`` other processes write their files first, so the scrape adds up
+    ``workers`` workers' files."""
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as shared:
+        if mode == "multiprocess":
+            env["PROMETHEUS_MULTIPROC_DIR"] = shared
+            for _ in range(workers - 1):
+                subprocess.run(
+                    [sys.executable, "-c", METRICS_COST_CODE, mode, "populate"], env=env, cwd=ROOT, check=True
+                )
+        out = subprocess.run(
+            [sys.executable, "-c", METRICS_COST_CODE, mode, "measure", str(workers)],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    result: dict[str, float] = json.loads(out)
+    return result
+
+
+def _proxy_pids(parent: int) -> list[int]:
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [parent, *map(int, children)]
+
+
+def _wait_workers(port: int, workers: int) -> None:
+    """Until ``workers`` distinct worker pids answered /readyz (a new connection each)."""
+    import urllib.request
+
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < workers and time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp,
+        ):
+            seen.add(json.loads(resp.read())["worker"]["pid"])
+    if len(seen) < workers:
+        raise RuntimeError(f"only {len(seen)} of {workers} workers answered")
+
+
+def _scrape_ms(port: int, count: int = 30) -> float:
+    import urllib.request
+
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            resp.read()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def _serve_workers(policy: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(port)]
+    command += ["--modules", str(ROOT / "modules"), "--workers", str(workers), "--log-level", "error"]
+    proxy = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    wait_port(port)
+    if workers > 1:
+        _wait_workers(port, workers)
+    return proxy
+
+
+def workers_bench(duration: int, rounds: int = 2) -> None:
+    """``serve --workers 1`` against ``--workers 2`` in front of the same no-delay upstream:
+    passthrough chat at c=64 (wrk), in alternating rounds (both proxies run throughout, so both
+    see the same machine load): requests/s, the CPU of all the proxy's processes per request
+    and a /metrics scrape after the load; then what summing metrics over workers costs:
+    prometheus-client's multiprocess files (what ``--workers`` uses) against per-worker
+    registries a parent would scrape and add up (``ports``; HTTP round trips not counted)."""
+    if shutil.which("wrk") is None:
+        print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
+        return
+    sys.path.insert(0, str(ROOT))
+    up_port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        policy = tmpdir / "policy.yaml"
+        policy.write_text(
+            "version: 1\n"
+            f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+            "ladder:\n  - {name: fast, targets: [up/m]}\n"
+            "aliases: {bench: fast}\n"
+        )
+        upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
+        proxies: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            wait_port(up_port)
+            for workers in (1, 2):
+                port = free_port()
+                proxies[workers] = (_serve_workers(policy, port, workers), port)
+                wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 2, tmpdir)  # warm-up
+            direct = wrk(f"http://127.0.0.1:{up_port}/v1/chat/completions", CHAT_BODY, 64, duration, tmpdir)
+            print(f"workers: direct upstream at c={WORKERS_BENCH_CONCURRENCY}: {direct.rps:.0f} rps")
+            print(f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}")
+            rps: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(rounds):
+                for workers, (proxy, port) in proxies.items():
+                    pids = _proxy_pids(proxy.pid)
+                    cpu0 = sum(cpu_seconds(pid) for pid in pids)
+                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                    res = wrk(url, CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmpdir)
+                    cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu0) * 1000 / max(res.requests, 1)
+                    rps[workers].append(res.rps)
+                    print(
+                        f"{workers:<9}{res.rps:>9.0f}{res.p50_ms:>9.2f}{res.p99_ms:>9.2f}{cpu_ms:>12.3f}"
+                        f"{_scrape_ms(port):>11.2f}"
+                    )
+            ratio = statistics.median(rps[2]) / statistics.median(rps[1])
+            print(
+                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds) on {os.cpu_count()} CPUs"
+            )
+        finally:
+            for proxy, _ in proxies.values():
+                proxy.terminate()
+                proxy.wait(timeout=60)
+            upstream.terminate()
+            upstream.wait(timeout=30)
+    print(
+        f"{'metrics across 2 workers':<28}{'inc us':>9}{'observe us':>12}{'3 calls us':>12}{'scrape ms':>11}"
+    )
+    for label, mode in (
+        ("one process (baseline)", "single"),
+        ("multiprocess files", "multiprocess"),
+        ("per-worker ports, summed", "ports"),
+    ):
+        cost = _metrics_cost(mode, 2)
+        print(
+            f"{label:<28}{cost['inc_us']:>9.3f}{cost['observe_us']:>12.3f}{cost['request_us']:>12.3f}"
+            f"{cost['scrape_ms']:>11.2f}"
+        )
+
+
 def _fail() -> NoReturn:
     raise AssertionError("no record")
 
@@ -862,9 +1094,13 @@ def main() -> int:
     parser.add_argument(
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
     )
+    parser.add_argument("--workers-bench", action="store_true", help="only serve --workers 1 against 2 (wrk)")
     args = parser.parse_args()
     if args.compose:
         composition_bench()
+        return 0
+    if args.workers_bench:
+        workers_bench(args.duration)
         return 0
     if args.upstream:
         upstream_main(args.upstream)
@@ -949,6 +1185,7 @@ def main() -> int:
             parse_bench()
             limits_bench()
             feedback_bench()
+            workers_bench(args.duration)
         finally:
             for proc in (proxy, upstream):
                 proc.terminate()

@@ -24,6 +24,7 @@ from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, error_answer
 from proxy.api.state import METRICS, SETTINGS
 from proxy.api.target import check_target_form
+from proxy.observability.logging import bind_request
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 from proxy.settings import Settings
 
@@ -79,8 +80,7 @@ def bind_trace(request: web.Request, route: str) -> None:
     """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it)."""
     trace_id = trace_id_of(request)
     request[TRACE_KEY] = trace_id
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(trace_id=trace_id, route=route)
+    bind_request(trace_id, route)
 
 
 def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -157,9 +157,7 @@ async def _observed(request: web.Request, handler: Handler, route: str) -> web.S
         total = time.perf_counter() - started
         route = record.route or route
         overhead = max(0.0, total - record.upstream_s)
-        metrics = request.app[METRICS]
-        metrics.count_request(route, record.module, status, record.outcome)
-        metrics.observe_overhead(route, overhead)
+        request.app[METRICS].observe_request(route, record.module, status, record.outcome, overhead)
         emit = log.debug if route in QUIET_ROUTES else log.info
         emit(
             "proxy.request",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import orjson
@@ -16,7 +17,7 @@ import structlog
 from proxy.observability.logbuffer import BufferedLines
 from proxy.redact import REDACTED, is_secret_key, scrub
 
-__all__ = ["REDACTED", "LogFormat", "configure_logging", "log_lines", "redact_secrets"]
+__all__ = ["REDACTED", "LogFormat", "bind_request", "configure_logging", "log_lines", "redact_secrets"]
 
 LogFormat = Literal["json", "console"]
 
@@ -27,6 +28,26 @@ def log_lines() -> BufferedLines | None:
     """The JSON log's line writer (None before ``configure_logging`` or in console format): the
     server runs its flusher (``BufferedLines.flush_every``)."""
     return _LINES
+
+
+_REQUEST: ContextVar[tuple[str, str] | None] = ContextVar("proxy_request", default=None)
+"""(trace id, route) of the request being served; tasks it starts inherit it."""
+
+
+def bind_request(trace_id: str, route: str) -> None:
+    """Every log line written while this request (and the tasks it starts) runs carries its
+    ``trace_id`` and ``route``. One context variable set per request: structlog's
+    ``bind_contextvars`` takes a variable per key and ``clear_contextvars`` walks the context."""
+    _REQUEST.set((trace_id, route))
+
+
+def add_request(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: the bound request's ``trace_id`` and ``route`` (``bind_request``)."""
+    bound = _REQUEST.get()
+    if bound is not None:
+        event.setdefault("trace_id", bound[0])
+        event.setdefault("route", bound[1])
+    return event
 
 
 def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -49,7 +70,7 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     processors: list[structlog.typing.Processor] = [
-        structlog.contextvars.merge_contextvars,
+        add_request,
         structlog.processors.format_exc_info,
         redact_secrets,
         # The proxy's own fields, after redaction: nothing in them to scrub.

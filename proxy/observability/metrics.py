@@ -452,8 +452,7 @@ class Metrics:
             self._live = [(gauge, gauge) for gauge in (getattr(self, attr) for attr, *_ in GAUGES)]
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
-        self._request_children: dict[tuple[str, str, int, str], Any] = {}
-        self._overhead_children: dict[str, Any] = {}
+        self._request_children: dict[tuple[str, str, int, str], tuple[Any, Any]] = {}
         self._upstream_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -466,18 +465,18 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def count_request(self, route: str, module: str, status: int, outcome: str = OUTCOME_NONE) -> None:
+    def observe_request(self, route: str, module: str, status: int, outcome: str, overhead_s: float) -> None:
+        """One finished request: ``cognitive_requests_total`` and its proxy overhead, through one
+        remembered pair of children."""
         key = (route, module, status, outcome)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(route, module, str(status), outcome)
-        child.inc()
-
-    def observe_overhead(self, route: str, seconds: float) -> None:
-        child = self._overhead_children.get(route)
-        if child is None:
-            child = self._overhead_children[route] = self.overhead.labels(route)
-        child.observe(seconds)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(route, module, str(status), outcome),
+                self.overhead.labels(route),
+            )
+        children[0].inc()
+        children[1].observe(overhead_s)
 
     def observe_upstream(self, provider: str, model: str, outcome: str, seconds: float) -> None:
         key = (provider, model, outcome)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.observability.logging import REDACTED, redact_secrets
+from proxy.observability.logging import REDACTED, add_request, bind_request, redact_secrets
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
@@ -111,3 +112,21 @@ def test_the_quick_look_before_redaction_misses_no_secret(text: str, secret: str
 def test_texts_without_a_secret_come_out_as_they_went_in() -> None:
     event = {"route": "/v1/chat/completions", "trace_id": "a" * 32, "note": "no-secret here"}
     assert redact_secrets(None, "info", dict(event)) == event
+
+
+async def test_lines_carry_the_trace_id_of_their_own_request_and_of_tasks_it_started() -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def request(trace_id: str) -> None:
+        bind_request(trace_id, "/v1/chat/completions")
+
+        async def started_by_it() -> None:
+            seen.append(dict(add_request(None, "info", {"event": "proxy.review"})))
+
+        await asyncio.create_task(started_by_it())
+        seen.append(dict(add_request(None, "info", {"event": "proxy.request", "trace_id": "kept"})))
+
+    await asyncio.gather(asyncio.create_task(request("a")), asyncio.create_task(request("b")))
+    assert sorted(e["trace_id"] for e in seen if e["event"] == "proxy.review") == ["a", "b"]
+    assert [e["trace_id"] for e in seen if e["event"] == "proxy.request"] == ["kept", "kept"]
+    assert add_request(None, "info", {"event": "x"}) == {"event": "x"}  # no request bound here

@@ -856,8 +856,7 @@ def populate(m):
     # The series a proxy with 11 modules, 10 routes and 4 targets carries after some traffic.
     for route in ROUTES:
         for status in (200, 400, 429, 502):
-            m.count_request(route, "none", status)
-        m.observe_overhead(route, 0.0004)
+            m.observe_request(route, "none", status, "none", 0.0004)
     for provider, model in TARGETS:
         for outcome in ("ok", "timeout"):
             m.observe_upstream(provider, model, outcome, 0.2)
@@ -916,8 +915,7 @@ out = {
     "observe_us": per_op_us(lambda: h.observe(0.0004)),
     "request_us": per_op_us(
         lambda: (
-            m.count_request("/v1/chat/completions", "none", 200),
-            m.observe_overhead("/v1/chat/completions", 0.0004),
+            m.observe_request("/v1/chat/completions", "none", 200, "none", 0.0004),
             m.observe_upstream("up", "m", "ok", 0.01),
         )
     ),

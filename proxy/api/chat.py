@@ -23,7 +23,7 @@ from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
-from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, deeper_than
+from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, encodable
 from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
@@ -245,10 +245,10 @@ async def _passthrough(
             code="model_not_found",
             param="model",
         )
-    if deeper_than(body, MAX_FORWARDED_DEPTH):
+    if not encodable(body):
         raise ApiError(
             400,
-            f"The request body nests more than {MAX_FORWARDED_DEPTH} levels and cannot be forwarded",
+            f"The request body nests more than about {MAX_FORWARDED_DEPTH} levels and cannot be forwarded",
             code="too_deeply_nested",
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.contract.parse import MAX_DECODED_CANDIDATES, ParseFailure, Span, parse_json_object, scan
-from proxy.jsonshape import MAX_JSON_DEPTH
+from proxy.jsonshape import MAX_FORWARDED_DEPTH, MAX_JSON_DEPTH, encodable
 
 
 def test_strict_object_is_taken_as_is() -> None:
@@ -326,3 +326,18 @@ def test_scan_reports_how_far_it_read_before_stopping() -> None:
     )
     deep = scan("[" * (MAX_JSON_DEPTH + 1) + " rest")
     assert (deep.too_deep, deep.visited) == (True, MAX_JSON_DEPTH + 1)
+
+
+def _nested(levels: int) -> dict[str, object]:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return {"messages": value}
+
+
+def test_a_body_as_deep_as_orjson_writes_is_encodable_and_one_level_more_is_not() -> None:
+    """``encodable`` is the passthrough's depth check: it must agree with what can be forwarded."""
+    deepest = max(n for n in range(240, 300) if encodable(_nested(n)))
+    assert deepest >= MAX_FORWARDED_DEPTH
+    assert not encodable(_nested(deepest + 1))
+    assert encodable({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

@@ -1,17 +1,23 @@
-"""Benchmark: the proxy's overhead against the upstream measured directly, in one run.
+"""Benchmark: the proxy against the practical floor of its own stack, measured in one run.
 
 Run by hand (not part of ``make test``)::
 
-    make bench            # or: .venv/bin/python tests/perf/bench.py [--duration 10]
+    make bench            # or: .venv/bin/python tests/perf/bench.py [--duration 8]
 
-It starts a no-delay fake upstream (its own process), then ``cogproxy serve`` in front of it,
-and drives both with ``wrk`` (Debian package ``wrk``) at concurrency 1, 16 and 64 for
-passthrough chat and a module call; streaming time-to-first-byte is measured with a small
-asyncio client. It prints p50/p99 latency, the overhead (proxy minus direct), the throughput
-ratio proxy/direct, the proxy's CPU milliseconds per request and its RSS after the load.
-Everything shares the machine's cores, so read ratios, not absolute numbers.
+It starts a no-delay fake upstream (its own process), the floor relay (``floor_relay.py``: bare
+aiohttp + uvloop + orjson, parse the body, rewrite ``model``, forward with a pooled session, return
+the upstream's bytes) and ``cogproxy serve`` with every default on (metrics, the per-request log
+line written to a file, tracing, the contract), all three in front of the same upstream. ``wrk``
+(Debian package ``wrk``) drives the upstream directly, the floor, passthrough chat and a module
+call at concurrency 1, 16 and 64, in ``ROUNDS`` interleaved rounds (the order reversed in every
+other round) so that machine drift hits the floor and the proxy alike; streamed time-to-first-byte
+is measured with a small asyncio client. It prints p50/p99 latency, the overhead (minus direct),
+requests/s, the ratio to direct, CPU milliseconds per request (process CPU time / requests) for
+the floor and the proxy, their RSS after the load, and issue #21's goals as ratios of this run
+(``--relay`` runs only this part). Everything shares the machine's cores: read ratios, not
+absolute numbers.
 
-First, the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) while
+Then the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) while
 ``LARGE_BODIES`` bodies of ``LARGE_BODY_BYTES`` are sent at once, for two shapes: many small
 keys (costly once parsed) and one long string. ``--memory-only`` runs just that section
 (no wrk needed).
@@ -38,6 +44,11 @@ answer for ``POST /v1/feedback`` and calibrating its confidence add to one modul
 LRU write into a full store, calibration map, calibrated histogram, header), p50 in
 microseconds, beside the per-answer metrics the proxy already recorded (the baseline).
 
+``--workers-bench`` runs only the workers section (last in the full run): ``serve --workers 1``
+against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
+proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
+against per-worker registries).
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -60,7 +71,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -161,6 +172,21 @@ def upstream_main(port: int) -> None:
     except ImportError:
         loop = None
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
+
+
+def bench_policy(up_port: int) -> str:
+    """The policy every proxy of the benchmark runs: one rung, one target, the no-delay upstream.
+
+    The feedback store remembers each module answer (about 0.6 KB, up to 100,000 by default): it
+    is kept small here so that "RSS after load" is the proxy's own footprint, not a store sized by
+    configuration (README: ``feedback.max_entries``)."""
+    return (
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n"
+        "aliases: {bench: fast}\n"
+        "feedback: {max_entries: 1000}\n"
+    )
 
 
 def free_port() -> int:
@@ -989,10 +1015,11 @@ def _scrape_ms(port: int, count: int = 30) -> float:
     return statistics.median(samples)
 
 
-def _serve_workers(policy: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+def _serve_workers(policy: Path, port: int, workers: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``serve --workers N`` with every default on: its log lines go to ``log``."""
     command = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(port)]
-    command += ["--modules", str(ROOT / "modules"), "--workers", str(workers), "--log-level", "error"]
-    proxy = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    command += ["--modules", str(ROOT / "modules"), "--workers", str(workers)]
+    proxy = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     wait_port(port)
     if workers > 1:
         _wait_workers(port, workers)
@@ -1011,22 +1038,18 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
         return
     sys.path.insert(0, str(ROOT))
     up_port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         tmpdir = Path(tmp)
         policy = tmpdir / "policy.yaml"
-        policy.write_text(
-            "version: 1\n"
-            f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
-            "ladder:\n  - {name: fast, targets: [up/m]}\n"
-            "aliases: {bench: fast}\n"
-        )
+        policy.write_text(bench_policy(up_port))
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
         proxies: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
         try:
             wait_port(up_port)
             for workers in (1, 2):
                 port = free_port()
-                proxies[workers] = (_serve_workers(policy, port, workers), port)
+                log = stack.enter_context((tmpdir / f"workers-{workers}.log").open("wb"))
+                proxies[workers] = (_serve_workers(policy, port, workers, log), port)
                 wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 2, tmpdir)  # warm-up
             direct = wrk(f"http://127.0.0.1:{up_port}/v1/chat/completions", CHAT_BODY, 64, duration, tmpdir)
             print(f"workers: direct upstream at c={WORKERS_BENCH_CONCURRENCY}: {direct.rps:.0f} rps")
@@ -1055,7 +1078,7 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
             upstream.terminate()
             upstream.wait(timeout=30)
     print(
-        f"{'metrics across 2 workers':<28}{'inc us':>9}{'observe us':>12}{'3 calls us':>12}{'scrape ms':>11}"
+        f"{'metrics across 2 workers':<28}{'inc us':>9}{'observe us':>12}{'request us':>12}{'scrape ms':>11}"
     )
     for label, mode in (
         ("one process (baseline)", "single"),
@@ -1120,12 +1143,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         policy = tmpdir / "policy.yaml"
-        policy.write_text(
-            "version: 1\n"
-            f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
-            "ladder:\n  - {name: fast, targets: [up/m]}\n"
-            "aliases: {bench: fast}\n"
-        )
+        policy.write_text(bench_policy(up_port))
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
         proxy_log = (tmpdir / "proxy.log").open("wb")
         proxy = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""Builds the aiohttp Application: routes, middlewares in a fixed order, lifecycle."""
+"""Builds the aiohttp Application: routes, the edge middleware, response headers, lifecycle."""
 
 from __future__ import annotations
 

@@ -44,6 +44,11 @@ answer for ``POST /v1/feedback`` and calibrating its confidence add to one modul
 LRU write into a full store, calibration map, calibrated histogram, header), p50 in
 microseconds, beside the per-answer metrics the proxy already recorded (the baseline).
 
+``--instructions`` runs only the instruction count (also in the full run, after the relay
+section; needs valgrind): user-space instructions per passthrough request of the floor relay and
+of the proxy under callgrind, counted only while wrk drives them at c=8 — the one figure here that
+machine load does not move.
+
 ``--workers-bench`` runs only the workers section (last in the full run): ``serve --workers 1``
 against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
 proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
@@ -1092,6 +1097,64 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
         )
 
 
+INSTRUCTIONS_SECONDS = 15
+"""How long wrk drives each server under callgrind (about 1,000 requests: it runs ~50x slower)."""
+
+
+def _instructions(command: list[str], port: int, url: str, tmp: Path, name: str) -> float:
+    """User-space instructions per request of ``command`` serving ``url``: counted by callgrind
+    only while wrk runs (c=8), so start-up is left out. Repeatable whatever else the machine does."""
+    out = tmp / f"callgrind.{name}"
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *command],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, timeout=300)
+        wrk(url, CHAT_BODY, 8, 3, tmp)  # warm-up, not counted
+        subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True, capture_output=True)
+        res = wrk(url, CHAT_BODY, 8, INSTRUCTIONS_SECONDS, tmp)
+        subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=120)
+    dump = next(tmp.glob(f"callgrind.{name}.*"))  # the dump made by -d (the exit dump has no name suffix)
+    totals = subprocess.run(["callgrind_annotate", str(dump)], check=True, capture_output=True, text=True)
+    found = re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals.stdout, re.M)
+    if found is None:
+        raise RuntimeError(f"no totals in {dump}")
+    return int(found[1].replace(",", "")) / max(res.requests, 1)
+
+
+def instructions_section(up_port: int, tmp: Path) -> None:
+    """Instructions per passthrough request, floor relay and proxy, under callgrind: the one
+    measure here that machine load does not move (both run the same Python and aiohttp)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("instructions: valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
+        return
+    policy = tmp / "instructions-policy.yaml"
+    policy.write_text(bench_policy(up_port))
+    floor_port, proxy_port = free_port(), free_port()
+    floor = [sys.executable, str(Path(__file__).with_name("floor_relay.py")), "--port", str(floor_port)]
+    floor += ["--upstream", f"http://127.0.0.1:{up_port}/v1"]
+    proxy = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(proxy_port)]
+    proxy += ["--modules", str(ROOT / "modules")]
+    per_request = {
+        "floor relay": _instructions(
+            floor, floor_port, f"http://127.0.0.1:{floor_port}/v1/chat/completions", tmp, "floor"
+        ),
+        "passthrough": _instructions(
+            proxy, proxy_port, f"http://127.0.0.1:{proxy_port}/v1/chat/completions", tmp, "proxy"
+        ),
+    }
+    print(f"{'instructions per request (callgrind)':<40}{'Ir':>12}  ratio")
+    for name, count in per_request.items():
+        print(f"{name:<40}{count:>12,.0f}  {count / per_request['floor relay']:.2f}")
+
+
 def _fail() -> NoReturn:
     raise AssertionError("no record")
 
@@ -1116,6 +1179,11 @@ def main() -> int:
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
     )
     parser.add_argument("--workers-bench", action="store_true", help="only serve --workers 1 against 2 (wrk)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="only instructions per request of the floor and the proxy (callgrind; about 3 minutes)",
+    )
     args = parser.parse_args()
     if args.compose:
         composition_bench()
@@ -1175,6 +1243,9 @@ def main() -> int:
             if args.memory_only:
                 memory_section(through, proxy.pid)
                 return 0
+            if args.instructions:
+                instructions_section(up_port, tmpdir)
+                return 0
             floor_port = free_port()
             floor = subprocess.Popen(
                 [
@@ -1194,6 +1265,7 @@ def main() -> int:
                 floor.wait(timeout=30)
             if args.relay:
                 return 0
+            instructions_section(up_port, tmpdir)
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
             stream_section(up_port, proxy_port)
             context_bench(tmpdir, up_port)

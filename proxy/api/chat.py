@@ -226,11 +226,8 @@ class _Route:
         """Tokens, cost, output speed, and the settlement of the request's limits."""
         request, policy = self.request, self.runtime.policy
         metrics = request.app[METRICS]
-        record_usage(metrics, policy, target, usage)
+        record_usage(metrics, policy, target, usage, output_s)
         usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
-        completion = usage.get("completion_tokens")
-        if isinstance(completion, int) and completion > 0 and output_s > 0:
-            metrics.child(metrics.output_tps, *target_labels(policy, target)).observe(completion / output_s)
         await settle(request, total_tokens(usage), usd)
 
 

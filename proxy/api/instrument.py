@@ -33,12 +33,25 @@ def target_labels(policy: Policy | None, target: Target) -> tuple[str, str]:
     return (target.provider if target.provider in policy.providers else OTHER), OTHER
 
 
-def record_usage(metrics: Metrics, policy: Policy | None, target: Target, usage: Mapping[str, Any]) -> None:
+def record_usage(
+    metrics: Metrics,
+    policy: Policy | None,
+    target: Target,
+    usage: Mapping[str, Any],
+    output_s: float | None = None,
+) -> None:
+    """``cognitive_tokens_total`` of one answer; with ``output_s`` (the time its completion took
+    to arrive) also its output speed, ``cognitive_output_tokens_per_second``."""
     provider, model = target_labels(policy, target)
-    for kind in ("prompt", "completion"):
-        count = usage.get(f"{kind}_tokens")
-        if isinstance(count, int) and count > 0:
+    for kind, name in _USAGE_KINDS:
+        count = usage.get(name)
+        if type(count) is int and count > 0:
             metrics.child(metrics.tokens, provider, model, kind).inc(count)
+            if output_s and kind == "completion":
+                metrics.child(metrics.output_tps, provider, model).observe(count / output_s)
+
+
+_USAGE_KINDS = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"))
 
 
 def total_tokens(usage: Mapping[str, Any]) -> int:

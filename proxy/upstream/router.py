@@ -131,11 +131,8 @@ class RouterObserver(Protocol):
     def failover(self, from_target: Target, to_target: Target, reason: str) -> None: ...
 
 
-async def _attempt(
-    operation: Operation[T], provider: Provider, target: Target, timeout: float, bounded: bool
-) -> T:
-    if not bounded:
-        return await operation(provider, target, timeout)
+async def _bounded(operation: Operation[T], provider: Provider, target: Target, timeout: float) -> T:
+    """One attempt within ``timeout``, its answer's body included."""
     try:
         async with asyncio.timeout(timeout):
             return await operation(provider, target, timeout)
@@ -230,7 +227,10 @@ class Router:
                 self.budget.retries += 1
             try:
                 timeout = min(run.failover.timeouts.per_try_s, remaining)
-                value = await _attempt(run.operation, provider, target, timeout, run.bound_attempts)
+                if run.bound_attempts:
+                    value = await _bounded(run.operation, provider, target, timeout)
+                else:  # the operation bounds itself (one coroutine less per attempt)
+                    value = await run.operation(provider, target, timeout)
             except ProviderError as exc:
                 elapsed = self._clock() - started
                 attempt = Try(target, elapsed * 1000, exc, retry=retrying, waited_s=waited)

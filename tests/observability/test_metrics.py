@@ -65,6 +65,7 @@ async def test_passthrough_counts_request_upstream_tokens_and_overhead(
     assert after.value("cognitive_upstream_latency_seconds_count", provider="up", model="cheap") == 1
     assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="prompt") > 0
     assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="completion") > 0
+    assert after.value("cognitive_output_tokens_per_second_count", provider="up", model="cheap") == 1
     assert after.value("cognitive_proxy_overhead_seconds_count", **route) == 1
 
 
@@ -79,6 +80,7 @@ async def test_streamed_passthrough_counts_tokens_from_the_usage_chunk(proxy: Ru
         pass
     after = await scrape(proxy)
     assert after.value("cognitive_tokens_total", provider="up", model="cheap", kind="completion") > 0
+    assert after.value("cognitive_output_tokens_per_second_count", provider="up", model="cheap") == 1
     assert after.value("cognitive_requests_total", route="/v1/chat/completions", status="200") == 1
 
 

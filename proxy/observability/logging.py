@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import MutableMapping
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -64,6 +65,27 @@ _PLAIN = frozenset({int, float, bool, type(None)})
 """Value types that cannot hold a secret: left as they are, without a call."""
 
 
+class IsoStamper:
+    """structlog processor: ``timestamp`` in UTC as ``2026-11-26T08:12:57.127723Z`` (structlog's
+    ISO stamp, always with microseconds), the date and time formatted once per second: half the
+    cost of a ``datetime`` per line."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
+        return event
+
+
 def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
     """Route structlog (and stdlib logging) to stderr as JSON lines or a console format."""
     numeric = logging.getLevelName(level.upper())
@@ -75,7 +97,7 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
         redact_secrets,
         # The proxy's own fields, after redaction: nothing in them to scrub.
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        IsoStamper(),
     ]
     global _LINES
     if fmt == "json":

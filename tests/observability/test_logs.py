@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 import yaml
 
-from proxy.observability.logging import REDACTED, add_request, bind_request, redact_secrets
+from proxy.observability.logging import REDACTED, IsoStamper, add_request, bind_request, redact_secrets
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
@@ -130,3 +133,12 @@ async def test_lines_carry_the_trace_id_of_their_own_request_and_of_tasks_it_sta
     assert sorted(e["trace_id"] for e in seen if e["event"] == "proxy.review") == ["a", "b"]
     assert [e["trace_id"] for e in seen if e["event"] == "proxy.request"] == ["kept", "kept"]
     assert add_request(None, "info", {"event": "x"}) == {"event": "x"}  # no request bound here
+
+
+def test_the_timestamp_is_utc_iso_with_microseconds_like_structlogs() -> None:
+    ours = IsoStamper()(None, "info", {})["timestamp"]
+    theirs = structlog.processors.TimeStamper(fmt="iso", utc=True)(None, "info", {})["timestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", ours)
+    stamped = datetime.fromisoformat(ours.replace("Z", "+00:00"))
+    reference = datetime.fromisoformat(theirs.replace("Z", "+00:00"))
+    assert stamped.tzinfo == UTC and abs((reference - stamped).total_seconds()) < 1

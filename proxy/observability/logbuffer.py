@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import select
 import threading
+from collections.abc import Iterator
 from contextlib import suppress
 from typing import BinaryIO, Final
 
 FLUSH_BYTES: Final = 64 * 1024
 """A buffer this full is written at once, without waiting for the interval."""
+PIPE_BUF: Final = select.PIPE_BUF
+"""The most a write to a pipe puts in at once, never interleaved with another writer's: the
+workers of ``serve --workers N`` share one stderr, so a batch is written in whole lines of at
+most this many bytes (a longer line alone, as each line was before batching)."""
 DEFAULT_FLUSH_INTERVAL_S: Final = 0.1
 MAX_FLUSH_INTERVAL_S: Final = 10.0
 """Lines older than this would make a crash lose too much and tailing the log useless."""
@@ -52,8 +58,9 @@ class BufferedLines:
         if self._buffer:
             data, self._buffer = self._buffer, bytearray()
             with suppress(ValueError, OSError):  # a closed or broken stderr loses lines, not requests
-                self._file.write(data)
-                self._file.flush()
+                for piece in _atomic_pieces(data):
+                    self._file.write(piece)
+                    self._file.flush()
 
     async def flush_every(self, interval_s: float) -> None:
         """Buffer lines and write them every ``interval_s`` until cancelled; then write the rest."""
@@ -65,3 +72,20 @@ class BufferedLines:
         finally:
             self.buffered = False
             self.flush()
+
+
+def _atomic_pieces(data: bytearray) -> Iterator[memoryview]:
+    """``data`` (whole lines) cut after a newline into pieces of at most ``PIPE_BUF`` bytes; a line
+    longer than that is a piece of its own."""
+    view = memoryview(data)
+    start, end = 0, len(data)
+    while start < end:
+        stop = start + PIPE_BUF
+        if stop >= end:
+            yield view[start:end]
+            return
+        cut = data.rfind(b"\n", start, stop) + 1
+        if cut <= start:  # one line longer than PIPE_BUF: alone, up to its newline
+            cut = data.find(b"\n", start) + 1 or end
+        yield view[start:cut]
+        start = cut

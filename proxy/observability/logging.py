@@ -70,19 +70,20 @@ class IsoStamper:
     ISO stamp, always with microseconds), the date and time formatted once per second: half the
     cost of a ``datetime`` per line."""
 
-    __slots__ = ("_prefix", "_second")
+    __slots__ = ("_formatted",)
 
     def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
+        self._formatted = (-1, "")
+        """(second, its date and time): one tuple, so a line logged from another thread never
+        pairs one second with another's text."""
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         now = time.time()
         second = int(now)
-        if second != self._second:
-            self._second = second
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
+        formatted = self._formatted
+        if formatted[0] != second:
+            formatted = self._formatted = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        event["timestamp"] = f"{formatted[1]}.{int((now - second) * 1_000_000):06d}Z"
         return event
 
 

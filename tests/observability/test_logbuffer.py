@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.observability.logbuffer import FLUSH_BYTES, BufferedLines
+from proxy.observability.logbuffer import FLUSH_BYTES, PIPE_BUF, BufferedLines
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, upstream_policy
@@ -105,3 +105,38 @@ def test_a_flush_interval_out_of_range_is_refused_at_start(value: str) -> None:
     )
     assert done.returncode != 0
     assert "--log-flush-interval must be 0..10 seconds" in done.stderr
+
+
+class RecordedWrites:
+    """A file that keeps each flushed write apart, as a pipe's reader would see the writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self._pending = b""
+
+    def write(self, data: bytes) -> int:
+        self._pending += data
+        return len(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.writes.append(self._pending)
+            self._pending = b""
+
+
+def test_each_write_holds_whole_lines_and_fits_an_atomic_pipe_write() -> None:
+    """Workers share one stderr pipe: a write of more than PIPE_BUF bytes may interleave with
+    another worker's mid-line, so a batch goes out in whole lines of at most PIPE_BUF bytes (a
+    longer line alone, as before batching)."""
+    sink = RecordedWrites()
+    lines = BufferedLines(sink)  # type: ignore[arg-type]
+    lines.buffered = True
+    sent = [b'{"n":%d,"pad":"%s"}' % (n, b"x" * (n % 300)) for n in range(2000)]
+    sent.append(b"y" * (PIPE_BUF + 100))  # one line longer than an atomic write
+    for line in sent:
+        lines.msg(line)
+    lines.flush()
+    assert b"".join(sink.writes).splitlines() == sent
+    for write in sink.writes:
+        assert write.endswith(b"\n")
+        assert len(write) <= PIPE_BUF or write.count(b"\n") == 1

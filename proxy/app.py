@@ -50,7 +50,7 @@ from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
-from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard
+from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard, settle_heap
 from proxy.settings import Settings
 from proxy.state.feedback import MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore
@@ -186,14 +186,20 @@ def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
     return outbox
 
 
-async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    outbox = app.get(OUTBOX)
-    current = load_runtime(settings, app[SESSION], app[METRICS], outbox)
+def _load_first(app: web.Application, outbox: RedisOutbox | None) -> None:
+    """The start-up runtime, logged and installed. A function of its own: a local of the
+    lifecycle generator below would keep this runtime alive for good after a reload retires it."""
+    current = load_runtime(app[SETTINGS], app[SESSION], app[METRICS], outbox)
     for problem in current.registry.problems:
         log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
     app[RUNTIME].current = current
     log.info("proxy.loaded", policy=current.policy.source, modules=current.registry.names())
+
+
+async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    outbox = app.get(OUTBOX)
+    _load_first(app, outbox)
     reloader = Reloader(
         settings,
         app[RUNTIME],
@@ -203,10 +209,14 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     retired: set[asyncio.Task[None]] = set()
 
     def retire(old: Runtime) -> None:
-        # In-flight requests may still use the old sink: close it after the drain timeout.
+        # In-flight requests may still use the old sink: close it after the drain timeout. Only
+        # the sink is kept, so the old runtime goes as soon as its last request does.
+        review = old.review
+
         async def later() -> None:
             await asyncio.sleep(settings.drain_timeout_s)
-            await old.review.aclose()
+            await review.aclose()
+            settle_heap()  # start-up froze the first runtime: let the collector see it again
 
         task = asyncio.create_task(later())
         retired.add(task)

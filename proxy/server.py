@@ -271,7 +271,9 @@ def settle_heap() -> None:
     """After start-up: move everything allocated so far (modules, schemas, compiled validators,
     the policy) out of the collector's sight with ``gc.freeze`` and collect less often, so that
     a full collection scans only what requests left behind; then hand the memory start-up only
-    borrowed back to the system."""
+    borrowed back to the system. Called again once a reload has retired a runtime: what an
+    earlier call froze is looked at again first (frozen garbage is never collected)."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

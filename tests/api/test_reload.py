@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,9 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from proxy.api.state import RUNTIME
 from proxy.app import build_app
+from proxy.server import settle_heap
 from proxy.settings import Settings
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
@@ -159,3 +163,36 @@ async def test_sighup_reloads_the_policy(fake_upstream: FakeUpstream, tmp_path: 
     events = [json.loads(line) for line in logged if line.startswith("{")]
     # One reload, and the signal made it: with --reload-interval 0 nothing polls the file.
     assert [e["reason"] for e in events if e["event"] == "proxy.reloaded"] == ["SIGHUP"]
+
+
+async def test_a_retired_runtime_is_collected_though_start_up_froze_it(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """``serve`` freezes the start-up heap (``settle_heap``), the first runtime included; the
+    collector never looks at frozen objects, so each reload would leak the old runtime's cycles
+    (compiled schemas, modules) unless retiring it settles the heap again."""
+    policy = upstream_policy(fake_upstream)
+    thresholds = gc.get_threshold()
+    try:
+        async with running_proxy(tmp_path, policy, reload_interval_s=0.05, drain_timeout_s=0.01) as px:
+            holder = px.app[RUNTIME]
+            assert holder.current is not None
+            module = holder.current.registry.get("code-reviewer")
+            assert module is not None
+            # A compiled schema validator: a function in a cycle with its own globals, as much
+            # of a runtime is, so only the cycle collector frees it.
+            first = weakref.ref(module.validators.data)
+            del module
+            settle_heap()  # as the server does once it listens
+            policy["aliases"]["brand-new"] = "strong"
+            (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+            await eventually(lambda: _contains(models(px.url), "brand-new"))
+
+            async def collected() -> bool:
+                gc.collect()  # cycles go at the next full collection; frozen ones never do
+                return first() is None
+
+            await eventually(collected)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)

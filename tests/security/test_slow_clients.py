@@ -188,12 +188,16 @@ async def test_a_large_upload_under_backpressure_is_not_cut_by_the_read_timeout(
     sends it), the client is not stalling: the deadline does not run."""
     upload = 16 * 1024 * 1024
     received: list[int] = []
+    read_timeout_s = 0.2
+    upstream_pause_s = 5 * read_timeout_s
+    """The stimulus, not a wait: the upstream stops reading this long, so the proxy stops reading
+    the client (backpressure) for longer than the client read timeout."""
 
     async def slow_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         chunked = b"chunked" in head.lower()
         first = await reader.readexactly(1024 * 1024)
-        await asyncio.sleep(1.0)  # the slow upstream's pace: 5x the client read timeout
+        await asyncio.sleep(upstream_pause_s)
         if chunked:
             rest = await reader.readuntil(b"\r\n0\r\n\r\n")
         else:
@@ -218,7 +222,11 @@ async def test_a_large_upload_under_backpressure_is_not_cut_by_the_read_timeout(
     try:
         async with (
             proxy_process(
-                "--policy", str(path), "--client-read-timeout", "0.2", env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+                "--policy",
+                str(path),
+                "--client-read-timeout",
+                str(read_timeout_s),
+                env={UPSTREAM_KEY_ENV: UPSTREAM_KEY},
             ) as served,
             aiohttp.ClientSession() as session,
         ):

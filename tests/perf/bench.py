@@ -179,6 +179,13 @@ def upstream_main(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
 
 
+def serve_command(policy: Path, port: int, *extra: str) -> list[str]:
+    """``cogproxy serve`` on ``port`` with ``policy`` and the bundled modules, as every proxy of
+    the benchmark is started (``extra``: more flags)."""
+    command = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(port)]
+    return [*command, "--modules", str(ROOT / "modules"), *extra]
+
+
 def bench_policy(up_port: int) -> str:
     """The policy every proxy of the benchmark runs: one rung, one target, the no-delay upstream.
 
@@ -623,23 +630,7 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
         "cache:\n  modules:\n    code-reviewer: {ttl_s: 600}\n"
     )
     proxy = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--policy",
-            str(policy),
-            "--modules",
-            str(ROOT / "modules"),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--redis-url",
-            REDIS_URL,
-        ],
-        cwd=ROOT,
+        serve_command(policy, port, "--log-level", "warning", "--redis-url", REDIS_URL), cwd=ROOT
     )
     try:
         wait_port(port)
@@ -1022,8 +1013,7 @@ def _scrape_ms(port: int, count: int = 30) -> float:
 
 def _serve_workers(policy: Path, port: int, workers: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
     """``serve --workers N`` with every default on: its log lines go to ``log``."""
-    command = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(port)]
-    command += ["--modules", str(ROOT / "modules"), "--workers", str(workers)]
+    command = serve_command(policy, port, "--workers", str(workers))
     proxy = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     wait_port(port)
     if workers > 1:
@@ -1140,8 +1130,7 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     floor_port, proxy_port = free_port(), free_port()
     floor = [sys.executable, str(Path(__file__).with_name("floor_relay.py")), "--port", str(floor_port)]
     floor += ["--upstream", f"http://127.0.0.1:{up_port}/v1"]
-    proxy = [sys.executable, "-m", "proxy", "serve", "--policy", str(policy), "--port", str(proxy_port)]
-    proxy += ["--modules", str(ROOT / "modules")]
+    proxy = serve_command(policy, proxy_port)
     per_request = {
         "floor relay": _instructions(
             floor, floor_port, f"http://127.0.0.1:{floor_port}/v1/chat/completions", tmp, "floor"
@@ -1215,18 +1204,7 @@ def main() -> int:
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
         proxy_log = (tmpdir / "proxy.log").open("wb")
         proxy = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "proxy",
-                "serve",
-                "--policy",
-                str(policy),
-                "--modules",
-                str(ROOT / "modules"),
-                "--port",
-                str(proxy_port),
-            ],
+            serve_command(policy, proxy_port),
             cwd=ROOT,
             stderr=proxy_log,  # the per-request log line stays on, written where a pod's would go
         )

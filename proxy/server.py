@@ -120,7 +120,9 @@ class EdgeHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._admitted = False
-        self._deadline: asyncio.TimerHandle | None = None
+        self._due: float | None = None
+        """When the read deadline runs out (``loop.time()``); None while nothing is awaited."""
+        self._timer: asyncio.TimerHandle | None = None
         self._payload: StreamReader | None = None
         """The body of the newest parsed request."""
 
@@ -136,6 +138,9 @@ class EdgeHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        if self._timer is not None:  # a closed connection is not held until its timer fires
+            self._timer.cancel()
+            self._timer = None
         if self._admitted:
             self._admitted = False
             self._guard.leave()
@@ -189,19 +194,30 @@ class EdgeHandler(RequestHandler):
         return response
 
     def _arm(self, *, restart: bool) -> None:
-        if self._deadline is not None:
-            if not restart:
-                return
-            self._deadline.cancel()
-        self._deadline = self._loop.call_later(self._guard.read_timeout_s, self._timed_out)
+        """Start the read deadline (``restart``: anew when one is running). Arming and disarming
+        only move ``_due``: the connection's one timer is re-aimed when it fires, so a request
+        costs no timer created and cancelled."""
+        if self._due is not None and not restart:
+            return
+        self._due = due = self._loop.time() + self._guard.read_timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(due, self._on_timer)
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._due = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if self._loop.time() < due:  # re-armed since this timer was set: wait for the rest
+            self._timer = self._loop.call_at(due, self._on_timer)
+            return
+        self._due = None
+        self._timed_out()
 
     def _timed_out(self) -> None:
-        self._deadline = None
         if self.transport is None:
             return
         if self._reading_paused:  # the proxy stopped reading, not the client

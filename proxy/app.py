@@ -58,7 +58,7 @@ from proxy.state.outbox import KeyWrite, RedisOutbox, Write
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
-from proxy.upstream.http import upstream_session
+from proxy.upstream.http import USER_AGENT, upstream_session
 from proxy.upstream.registry import build_providers
 from proxy.upstream.router import Router
 
@@ -97,8 +97,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     async with upstream_session(
         connector=connector,
         auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-        headers={"Accept-Encoding": "identity"},
+        headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
     ) as session:
         app[SESSION] = session
         yield

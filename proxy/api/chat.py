@@ -249,7 +249,7 @@ async def _passthrough(
             code="too_deeply_nested",
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
-    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY))
+    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
     route = _Route(request, runtime, targets, time.monotonic())
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)

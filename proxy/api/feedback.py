@@ -89,7 +89,7 @@ def _parse(body: dict[str, Any]) -> tuple[str, str, float, str | None, str | Non
 
 
 def _may_judge(request: web.Request, record: AnswerRecord) -> bool:
-    token = request.get(CLIENT_KEY)
+    token = request[CLIENT_KEY]
     if token is not None and any(
         hmac.compare_digest(token.encode(), k.encode()) for k in request.app[SETTINGS].admin_keys
     ):

@@ -32,7 +32,9 @@ log = structlog.get_logger("proxy")
 
 TRACE_KEY = web.RequestKey("trace_id", str)
 TRACE_HEADER = "X-Cognitive-Trace-Id"
-CLIENT_KEY = web.RequestKey("client_key", str)
+CLIENT_KEY = web.RequestKey[str | None]("client_key")
+"""The bearer token the client sent (None without one): set for every request a handler sees, so
+handlers read it with ``request[CLIENT_KEY]`` (``request.get`` of a missing key costs an exception)."""
 
 
 @dataclass
@@ -101,9 +103,7 @@ def authenticate(request: web.Request, settings: Settings) -> None:
     """When client keys are configured, demand one of them as a bearer token (constant-time); an
     admin key counts only on ``ADMIN_JUDGED_PATHS``."""
     keys = settings.api_keys
-    token = bearer_of(request)
-    if token is not None:
-        request[CLIENT_KEY] = token
+    token = request[CLIENT_KEY] = bearer_of(request)
     if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
         presented = (token or "").encode()
         admin_here = request.path in ADMIN_JUDGED_PATHS and any(

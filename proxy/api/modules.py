@@ -107,7 +107,7 @@ def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()
     ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
     ``IdentityError`` for an id that is not an opaque short name."""
     identity = Identity(
-        namespace_of(request.get(CLIENT_KEY)),
+        namespace_of(request[CLIENT_KEY]),
         check_id(request.headers.get(SESSION_HEADER, "").strip(), SESSION_HEADER),
         check_id(request.headers.get(USER_HEADER, "").strip(), USER_HEADER),
     )
@@ -177,7 +177,7 @@ async def _run(
             runtime.providers,
             request.app[ROUTER],
             trace_id,
-            request.get(CLIENT_KEY),
+            request[CLIENT_KEY],
             check,
             listener,
             context,
@@ -241,7 +241,7 @@ async def answer_module(
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)
     await settle(request, tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
-    remembered = answer_record(answer, module, runtime.policy, trace_id, request.get(CLIENT_KEY))
+    remembered = answer_record(answer, module, runtime.policy, trace_id, request[CLIENT_KEY])
     if remembered is not None:
         request.app[FEEDBACK].remember(remembered, runtime.policy.feedback.max_entries)
     if answer.decision == "review":

@@ -336,7 +336,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         request=request,
         outgoing=Outgoing(request.method, target, body if replay else None),
         session=request.app[SESSION],
-        ctx=CallContext(trace_id=request[TRACE_KEY], client_key=request.get(CLIENT_KEY)),
+        ctx=CallContext(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY]),
         idle_s=timeouts.idle_s,
     )
     started = time.perf_counter()

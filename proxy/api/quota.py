@@ -30,7 +30,7 @@ BYTES_PER_TOKEN = 4
 
 
 def caller(request: web.Request) -> Caller:
-    return caller_of(request.get(CLIENT_KEY), request.app[SETTINGS].client_identities)
+    return caller_of(request[CLIENT_KEY], request.app[SETTINGS].client_identities)
 
 
 def estimate_body_tokens(body: dict[str, Any]) -> int:

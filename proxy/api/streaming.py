@@ -333,7 +333,7 @@ def start_stream(
     """Create the session and start its producer (which outlives this request)."""
     hub = request.app[STREAMS]
     metrics: Metrics = request.app[METRICS]
-    session = hub.create(request.get(CLIENT_KEY), module.name)
+    session = hub.create(request[CLIENT_KEY], module.name)
     emitter = ChunkEmitter(
         session,
         streamable_fields(module),
@@ -523,7 +523,7 @@ async def resume(
     if found is None or found.module != module.name:
         metrics.stream_resumptions.labels("unknown").inc()
         return None
-    if not hub.same_client(found.client, request.get(CLIENT_KEY)):
+    if not hub.same_client(found.client, request[CLIENT_KEY]):
         metrics.stream_resumptions.labels("refused").inc()
         return recovery_refused(
             Code.PERMISSION_DENIED, "This stream session was started with another client key", trace_id

@@ -12,11 +12,15 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy import __version__
 from proxy.media.model import Media
 from proxy.media.parts import body as request_body
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
 
+USER_AGENT = f"cognitive-proxy/{__version__}"
+"""What every upstream request names as its software: never the client's, nor aiohttp's (set on the
+session, it also spares aiohttp building a skip list per request)."""
 _ERROR_BODY_LIMIT = 64 * 1024
 _FIRST_NON_SUCCESS = 300
 """Statuses from here on are failures: redirects are never followed (see ``post``)."""

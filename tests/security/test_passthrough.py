@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import yaml
 
+from proxy import __version__
 from proxy.api.passthrough import forwarded
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process
@@ -179,6 +180,20 @@ async def test_only_allow_listed_request_headers_go_upstream(
     assert sent.headers["traceparent"] == sent_headers["traceparent"]
     assert sent.headers["accept"] == "application/json"
     assert "client-" not in json.dumps(sent.headers)
+
+
+async def test_upstream_requests_carry_the_proxy_user_agent(
+    served: ServedProcess, fake_upstream: FakeUpstream
+) -> None:
+    """Neither the client's User-Agent (it names the client's software) nor the HTTP library's: the
+    proxy names itself and its version, on passthrough and on chat alike."""
+    client_agent = {"User-Agent": "OpenAI/Python 1.99.0 client-agent", "Content-Type": "application/json"}
+    chat = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]})
+    await send(served, request_bytes("GET", "/v1/files/file-1", headers=client_agent))
+    await send(served, request_bytes("POST", "/v1/chat/completions", headers=client_agent, body=chat))
+    assert [sent.headers.get("user-agent") for sent in fake_upstream.requests] == [
+        f"cognitive-proxy/{__version__}"
+    ] * 2
 
 
 def test_origin_and_forwarding_headers_are_not_on_the_allow_list() -> None:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 from aiohttp import web
 
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
@@ -24,11 +23,9 @@ from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, error_answer
 from proxy.api.state import METRICS, SETTINGS
 from proxy.api.target import check_target_form
-from proxy.observability.logging import bind_request
+from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 from proxy.settings import Settings
-
-log = structlog.get_logger("proxy")
 
 TRACE_KEY = web.RequestKey("trace_id", str)
 TRACE_HEADER = "X-Cognitive-Trace-Id"
@@ -158,15 +155,17 @@ async def _observed(request: web.Request, handler: Handler, route: str) -> web.S
         route = record.route or route
         overhead = max(0.0, total - record.upstream_s)
         request.app[METRICS].observe_request(route, record.module, status, record.outcome, overhead)
-        emit = log.debug if route in QUIET_ROUTES else log.info
-        emit(
+        request_line(
             "proxy.request",
-            method=request.method,
-            module=record.module,
-            status=status,
-            upstream_ms=round(record.upstream_s * 1000, 3),
-            overhead_ms=round(overhead * 1000, 3),
-            **record.fields,
+            {
+                "method": request.method,
+                "module": record.module,
+                "status": status,
+                "upstream_ms": round(record.upstream_s * 1000, 3),
+                "overhead_ms": round(overhead * 1000, 3),
+                **record.fields,
+            },
+            quiet=route in QUIET_ROUTES,
         )
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import MutableMapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import orjson
 import structlog
@@ -18,11 +18,20 @@ import structlog
 from proxy.observability.logbuffer import BufferedLines
 from proxy.redact import REDACTED, is_secret_key, scrub
 
-__all__ = ["REDACTED", "LogFormat", "bind_request", "configure_logging", "log_lines", "redact_secrets"]
+__all__ = [
+    "REDACTED",
+    "LogFormat",
+    "bind_request",
+    "configure_logging",
+    "log_lines",
+    "redact_secrets",
+    "request_line",
+]
 
 LogFormat = Literal["json", "console"]
 
 _LINES: BufferedLines | None = None
+_LEVEL = logging.INFO
 
 
 def log_lines() -> BufferedLines | None:
@@ -87,8 +96,41 @@ class IsoStamper:
         return event
 
 
-def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
-    """Route structlog (and stdlib logging) to stderr as JSON lines or a console format."""
+_STAMPER = IsoStamper()
+_log = structlog.get_logger("proxy")
+
+
+def request_line(event: str, fields: dict[str, Any], *, quiet: bool = False) -> None:
+    """Log ``event`` with ``fields`` at info (``quiet``: at debug): the canonical line of a request.
+
+    In the JSON format it is written straight to the line buffer, through the same processors as
+    every other line (request binding, redaction, level, timestamp; no exception to format) and
+    the same renderer, without structlog's bound-logger dispatch: a third of its calls, on the one
+    line every request writes. ``fields`` becomes the line."""
+    level = logging.DEBUG if quiet else logging.INFO
+    if level < _LEVEL:
+        return
+    lines = _LINES
+    if lines is None:  # the console format, or logging not configured
+        (_log.debug if quiet else _log.info)(event, **fields)
+        return
+    method = "debug" if quiet else "info"
+    fields["event"] = event
+    add_request(None, method, fields)
+    redact_secrets(None, method, fields)
+    fields["level"] = method
+    _STAMPER(None, method, fields)
+    lines.msg(orjson.dumps(fields, default=_fallback))
+
+
+def _fallback(value: Any) -> str:
+    """What structlog's JSON renderer writes for a value JSON has no type for."""
+    return repr(value)
+
+
+def configure_logging(fmt: LogFormat = "json", level: str = "info", stream: BinaryIO | None = None) -> None:
+    """Route structlog (and stdlib logging) to stderr (``stream`` for JSON lines, when given) as
+    JSON lines or a console format."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
@@ -98,11 +140,12 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
         redact_secrets,
         # The proxy's own fields, after redaction: nothing in them to scrub.
         structlog.processors.add_log_level,
-        IsoStamper(),
+        _STAMPER,
     ]
-    global _LINES
+    global _LINES, _LEVEL
+    _LEVEL = numeric
     if fmt == "json":
-        lines = _LINES = BufferedLines(sys.stderr.buffer)
+        lines = _LINES = BufferedLines(stream or sys.stderr.buffer)
         structlog.configure(
             processors=[*processors, structlog.processors.JSONRenderer(serializer=orjson.dumps)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,16 @@ import pytest
 import structlog
 import yaml
 
-from proxy.observability.logging import REDACTED, IsoStamper, add_request, bind_request, redact_secrets
+from proxy.observability import logging as proxy_logging
+from proxy.observability.logging import (
+    REDACTED,
+    IsoStamper,
+    add_request,
+    bind_request,
+    configure_logging,
+    redact_secrets,
+    request_line,
+)
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
@@ -142,3 +153,62 @@ def test_the_timestamp_is_utc_iso_with_microseconds_like_structlogs() -> None:
     stamped = datetime.fromisoformat(ours.replace("Z", "+00:00"))
     reference = datetime.fromisoformat(theirs.replace("Z", "+00:00"))
     assert stamped.tzinfo == UTC and abs((reference - stamped).total_seconds()) < 1
+
+
+@pytest.fixture
+def json_sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], io.BytesIO]]:
+    """``configure_logging("json", level)`` writing into a buffer; structlog's configuration, the
+    logging module's state and the bound request are restored afterwards."""
+    saved = structlog.get_config()
+    monkeypatch.setattr(proxy_logging, "_LINES", proxy_logging._LINES)
+    monkeypatch.setattr(proxy_logging, "_LEVEL", proxy_logging._LEVEL)
+
+    def configure(level: str) -> io.BytesIO:
+        sink = io.BytesIO()
+        configure_logging("json", level, stream=sink)
+        return sink
+
+    yield configure
+    structlog.configure(**saved)
+    proxy_logging._REQUEST.set(None)  # what a test bound stays out of later tests
+
+
+def lines_of(sink: io.BytesIO) -> list[dict[str, Any]]:
+    lines = proxy_logging.log_lines()
+    assert lines is not None
+    lines.flush()
+    return [json.loads(line) for line in sink.getvalue().splitlines()]
+
+
+def test_the_request_line_is_the_line_structlog_writes(json_sink: Callable[[str], io.BytesIO]) -> None:
+    """The request line skips structlog's dispatch, not its processors: same keys in the same
+    order, redaction included, for a bound request."""
+    sink = json_sink("info")
+    fields: dict[str, Any] = {"method": "POST", "status": 200, "target": "up/m", "note": "Bearer abcdefghijk"}
+    bind_request("trace-1", "/v1/chat/completions")
+    structlog.get_logger("proxy").info("proxy.request", **fields)
+    request_line("proxy.request", dict(fields))
+    theirs, ours = lines_of(sink)
+    assert list(ours) == list(theirs) == [*fields, "event", "trace_id", "route", "level", "timestamp"]
+    assert {**ours, "timestamp": None} == {**theirs, "timestamp": None}
+    assert ours["note"] == f"Bearer {REDACTED}" and ours["trace_id"] == "trace-1"
+
+
+def test_quiet_request_lines_are_debug_lines(json_sink: Callable[[str], io.BytesIO]) -> None:
+    sink = json_sink("info")
+    request_line("proxy.request", {"route_kind": "probe"}, quiet=True)
+    request_line("proxy.request", {"route_kind": "api"})
+    assert [line["route_kind"] for line in lines_of(sink)] == ["api"]
+    sink = json_sink("debug")
+    request_line("proxy.request", {"route_kind": "probe"}, quiet=True)
+    assert [(line["route_kind"], line["level"]) for line in lines_of(sink)] == [("probe", "debug")]
+    sink = json_sink("warning")
+    request_line("proxy.request", {"route_kind": "api"})
+    assert lines_of(sink) == []
+
+
+def test_a_value_json_cannot_hold_is_written_as_its_repr(json_sink: Callable[[str], io.BytesIO]) -> None:
+    sink = json_sink("info")
+    request_line("proxy.request", {"where": Path("/x")})
+    structlog.get_logger("proxy").info("proxy.request", where=Path("/x"))
+    assert [line["where"] for line in lines_of(sink)] == [repr(Path("/x"))] * 2

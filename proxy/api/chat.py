@@ -264,11 +264,11 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) ->
     except RungFailed as exc:
         return passthrough_failure(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
-    route.request[RECORD_KEY].fields["target"] = str(routed.target)
+    route.request[RECORD_KEY].fields["target"] = routed.target.name
     return web.Response(
         body=routed.value.body,
         headers={
-            "X-Cognitive-Model": str(routed.target),
+            "X-Cognitive-Model": routed.target.name,
             "Content-Type": "application/json",
         },
     )
@@ -284,14 +284,14 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallContext) -
     except RungFailed as exc:
         return passthrough_failure(exc)
     stream = opened.value
-    record.fields["target"] = str(opened.target)
+    record.fields["target"] = opened.target.name
     ttft = time.perf_counter() - asked
     metrics = request.app[METRICS]
     metrics.child(metrics.ttft, *target_labels(policy, opened.target)).observe(ttft)
     usage = UsageSniffer()
     response = web.StreamResponse(
         headers={
-            "X-Cognitive-Model": str(opened.target),
+            "X-Cognitive-Model": opened.target.name,
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
         }

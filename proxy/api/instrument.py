@@ -28,7 +28,7 @@ def target_labels(policy: Policy | None, target: Target) -> tuple[str, str]:
     """(provider, model) for a target the policy names; ``other`` for anything a request made up."""
     if policy is None:
         return OTHER, OTHER
-    if str(target) in policy.known_targets:
+    if target.name in policy.known_targets:
         return target.provider, target.model
     return (target.provider if target.provider in policy.providers else OTHER), OTHER
 
@@ -73,7 +73,7 @@ def record_cost(
     metrics: Metrics, policy: Policy, module: str, target: Target, usage: Mapping[str, Any], client: str
 ) -> float:
     """``cognitive_cost_usd_total`` of one answer; returns its USD (0 when the target is unpriced)."""
-    price = policy.price_of(str(target))
+    price = policy.price_of(target.name)
     if price is None:
         return 0.0
     usd = price.cost(usage)

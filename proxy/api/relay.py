@@ -52,7 +52,7 @@ async def serve(
         await response.write_eof()
         return end
     metrics.stream_incomplete.labels(provider, model, end.reason).inc()
-    log.info("proxy.stream_incomplete", target=str(target), reason=end.reason, message=end.message)
+    log.info("proxy.stream_incomplete", target=target.name, reason=end.reason, message=end.message)
     if check is None:
         if request.transport is not None:
             request.transport.close()

@@ -23,7 +23,9 @@ from proxy.quota.service import Admission, Quota, ratelimit_headers
 __all__ = ["QUOTA", "Quota"]
 
 QUOTA = web.AppKey("quota", Quota)
-ADMISSION = web.RequestKey("admission", Admission)
+ADMISSION = web.RequestKey[Admission | None]("admission")
+"""Set by ``admit`` on every request it sees (None without active limits), so ``settle`` reads it
+without ``request.get``'s exception for a missing key."""
 USAGE_PATH = "/v1/usage"
 BYTES_PER_TOKEN = 4
 """The passthrough's token estimate: JSON bytes / 4 (OpenAI's rule of thumb for English)."""
@@ -60,6 +62,7 @@ async def admit(
     capped at (over budget with ``on_budget: downgrade``)."""
     limits = policy.limits
     if not limits.active:
+        request[ADMISSION] = None
         return None
     who = caller(request)
     admission = await request.app[QUOTA].admit(limits, who, estimate())
@@ -134,7 +137,8 @@ async def count_request(request: web.Request) -> None:
 
 
 async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
-    admission = request.get(ADMISSION)
+    """Settle what the request spent against the limits ``admit`` counted it in."""
+    admission = request[ADMISSION]
     if admission is not None:
         await request.app[QUOTA].settle(admission, tokens, cost_usd)
 

@@ -41,10 +41,10 @@ once this many are remembered."""
 
 
 def is_secret_key(key: Any) -> bool:
-    if not isinstance(key, str):
-        return False
-    verdict = _KEY_VERDICTS.get(key)
+    verdict = _KEY_VERDICTS.get(key) if type(key) is str else None  # a str subclass may hash otherwise
     if verdict is None:
+        if not isinstance(key, str):
+            return False
         verdict = key not in _SAFE_KEYS and bool(_SECRET_KEY.search(key))
         if len(_KEY_VERDICTS) < _KEY_VERDICTS_MAX:
             _KEY_VERDICTS[key] = verdict

@@ -16,7 +16,7 @@ import orjson
 import structlog
 
 from proxy.observability.logbuffer import BufferedLines
-from proxy.redact import REDACTED, is_secret_key, scrub
+from proxy.redact import REDACTED, is_secret_key, redact_text, scrub
 
 __all__ = [
     "REDACTED",
@@ -65,6 +65,8 @@ def redact_secrets(logger: Any, method: str, event: MutableMapping[str, Any]) ->
     for key, value in event.items():  # values are replaced in place; no key is added or removed
         if is_secret_key(key):
             event[key] = REDACTED
+        elif type(value) is str:  # most values: straight to the text check, past scrub's dispatch
+            event[key] = redact_text(value)
         elif type(value) not in _PLAIN:
             event[key] = scrub(value)
     return event

@@ -86,10 +86,18 @@ async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
     reservation = request[RESERVATION]
     reserved = declared or 0
     await reservation.grow(copies * reserved)
+    content = request.content
+    if content.is_eof():  # the whole body came with the head (most do): take it without a read loop
+        whole = content.read_nowait()
+        if len(whole) > limit:
+            raise _too_large(limit)
+        if len(whole) > reserved:
+            await reservation.grow(copies * (len(whole) - reserved))
+        return whole
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.content.iter_any():
+        async for chunk in content.iter_any():
             size += len(chunk)
             if size > limit:  # a chunked body, or one that inflates (Content-Encoding)
                 raise _too_large(limit)

@@ -324,10 +324,12 @@ class _Opened:
     check: StreamCheck
 
 
-async def _relay(
+def _relay(
     provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
-) -> Relayed:
-    return await provider.relay(body, target.model, ctx, timeout)
+) -> Awaitable[Relayed]:
+    """The router's operation for a plain completion: the provider's own coroutine (no frame of
+    its own to wrap it)."""
+    return provider.relay(body, target.model, ctx, timeout)
 
 
 async def _open_stream(

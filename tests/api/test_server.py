@@ -28,6 +28,7 @@ from tests.proxy_server import (
     upstream_policy,
     wait_ready,
 )
+from tests.security.harness import raw_http
 
 
 async def test_auth_is_off_by_default(proxy: RunningProxy) -> None:
@@ -80,6 +81,26 @@ async def test_body_over_the_limit_is_413_in_openai_format(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "ok"}]
         )
     assert fake_upstream.count() == 1
+
+
+async def test_a_chunked_body_that_arrives_whole_is_held_to_the_limit(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A chunked body sent in one write is complete before the handler reads it (taken without a
+    read loop): still refused past ``--max-body-bytes``, and forwarded intact under it."""
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), max_body_bytes=2048) as px:
+        port = int(px.url.rsplit(":", 1)[1])
+        for content, status in (("x" * 5000, 413), ("ok", 200)):
+            body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]})
+            request = (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                f"{len(body):x}\r\n{body}\r\n0\r\n\r\n"
+            )
+            answer = await raw_http("127.0.0.1", port, request.encode())
+            assert answer.status == status, answer.body
+    (sent,) = fake_upstream.requests
+    assert sent.json["messages"] == [{"role": "user", "content": "ok"}]
 
 
 async def test_bad_json_body_is_400(proxy: RunningProxy) -> None:

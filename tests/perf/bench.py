@@ -49,6 +49,11 @@ section; needs valgrind): user-space instructions per passthrough request of the
 of the proxy under callgrind, counted only while wrk drives them at c=8 — the one figure here that
 machine load does not move.
 
+``--ablation`` runs only the ablation (needs valgrind; not in the full run): instructions per
+passthrough request of the proxy with one part of its per-request work switched off at a time
+(the log line, metrics, breakers, the edge checks, usage accounting, the retry loop;
+``ablated_proxy.py``), then all of them, against the whole proxy in the same run: what each costs.
+
 ``--workers-bench`` runs only the workers section (last in the full run): ``serve --workers 1``
 against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
 proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
@@ -1144,6 +1149,37 @@ def instructions_section(up_port: int, tmp: Path) -> None:
         print(f"{name:<40}{count:>12,.0f}  {count / per_request['floor relay']:.2f}")
 
 
+def ablation_section(up_port: int, tmp: Path) -> None:
+    """Instructions per passthrough request of the proxy with one part of its per-request work
+    switched off at a time (``ablated_proxy.ABLATIONS``), then all of them: what each part costs,
+    against the whole proxy measured in the same run (callgrind, as ``--instructions``)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf.ablated_proxy import ABLATIONS
+
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("ablation: valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
+        return
+    policy = tmp / "ablation-policy.yaml"
+    policy.write_text(bench_policy(up_port))
+    launcher = str(Path(__file__).with_name("ablated_proxy.py"))
+    runs = ["none", *ABLATIONS, ",".join(ABLATIONS)]
+    counts: dict[str, float] = {}
+    for parts in runs:
+        port = free_port()
+        command = [sys.executable, launcher, parts, *serve_command(policy, port)[3:]]
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        counts[parts] = _instructions(command, port, url, tmp, f"ablation-{len(counts)}")
+    whole = counts["none"]
+    print(f"{'switched off (callgrind, passthrough)':<40}{'Ir/request':>12}{'saves':>10}{'share':>8}")
+    for parts, count in counts.items():
+        name = (
+            "nothing (the whole proxy)"
+            if parts == "none"
+            else ("all of the above" if "," in parts else parts)
+        )
+        print(f"{name:<40}{count:>12,.0f}{whole - count:>10,.0f}{(whole - count) / whole:>8.1%}")
+
+
 def _fail() -> NoReturn:
     raise AssertionError("no record")
 
@@ -1168,6 +1204,11 @@ def main() -> int:
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
     )
     parser.add_argument("--workers-bench", action="store_true", help="only serve --workers 1 against 2 (wrk)")
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="only what each part of the proxy's per-request work costs in instructions (callgrind; ~5 min)",
+    )
     parser.add_argument(
         "--instructions",
         action="store_true",
@@ -1223,6 +1264,9 @@ def main() -> int:
                 return 0
             if args.instructions:
                 instructions_section(up_port, tmpdir)
+                return 0
+            if args.ablation:
+                ablation_section(up_port, tmpdir)
                 return 0
             floor_port = free_port()
             floor = subprocess.Popen(

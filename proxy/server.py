@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from http import HTTPStatus
 from types import MappingProxyType
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 import orjson
 from aiohttp import web
@@ -113,6 +113,56 @@ class ConnectionGuard:
         self.metrics.connections_refused.labels(reason).inc()
 
 
+class Scheduler(Protocol):
+    """What ``ReadDeadline`` needs of an event loop (a test passes a fake clock)."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> asyncio.TimerHandle: ...
+
+
+class ReadDeadline:
+    """A deadline moved on every request and reached rarely: one timer, re-aimed when it fires
+    before the current due time, so arming and disarming only move ``due`` (no timer created and
+    cancelled per request)."""
+
+    def __init__(self, loop: Scheduler, on_expiry: Callable[[], None]) -> None:
+        self._loop = loop
+        self._on_expiry = on_expiry
+        self.due: float | None = None
+        """When it runs out (``loop.time()``); None while disarmed."""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, seconds: float, *, restart: bool) -> None:
+        """Run out ``seconds`` from now; ``restart=False`` keeps a running deadline as it is."""
+        if self.due is not None and not restart:
+            return
+        self.due = due = self._loop.time() + seconds
+        if self._timer is None:
+            self._timer = self._loop.call_at(due, self._fire)
+
+    def disarm(self) -> None:
+        self.due = None
+
+    def close(self) -> None:
+        """Disarm and drop the timer (a closed connection is not held until it fires)."""
+        self.due = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        due = self.due
+        if due is None:
+            return
+        if self._loop.time() < due:  # armed again since the timer was set: wait for the rest
+            self._timer = self._loop.call_at(due, self._fire)
+            return
+        self.due = None
+        self._on_expiry()
+
+
 class EdgeHandler(RequestHandler):
     """aiohttp's connection protocol with the guard's cap and read deadline."""
 
@@ -120,9 +170,7 @@ class EdgeHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._admitted = False
-        self._due: float | None = None
-        """When the read deadline runs out (``loop.time()``); None while nothing is awaited."""
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = ReadDeadline(self._loop, self._timed_out)
         self._payload: StreamReader | None = None
         """The body of the newest parsed request."""
 
@@ -137,10 +185,7 @@ class EdgeHandler(RequestHandler):
         self._arm(restart=True)  # the first request head is due within the timeout
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._disarm()
-        if self._timer is not None:  # a closed connection is not held until its timer fires
-            self._timer.cancel()
-            self._timer = None
+        self._deadline.close()
         if self._admitted:
             self._admitted = False
             self._guard.leave()
@@ -194,28 +239,10 @@ class EdgeHandler(RequestHandler):
         return response
 
     def _arm(self, *, restart: bool) -> None:
-        """Start the read deadline (``restart``: anew when one is running). Arming and disarming
-        only move ``_due``: the connection's one timer is re-aimed when it fires, so a request
-        costs no timer created and cancelled."""
-        if self._due is not None and not restart:
-            return
-        self._due = due = self._loop.time() + self._guard.read_timeout_s
-        if self._timer is None:
-            self._timer = self._loop.call_at(due, self._on_timer)
+        self._deadline.arm(self._guard.read_timeout_s, restart=restart)
 
     def _disarm(self) -> None:
-        self._due = None
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        due = self._due
-        if due is None:
-            return
-        if self._loop.time() < due:  # re-armed since this timer was set: wait for the rest
-            self._timer = self._loop.call_at(due, self._on_timer)
-            return
-        self._due = None
-        self._timed_out()
+        self._deadline.disarm()
 
     def _timed_out(self) -> None:
         if self.transport is None:

@@ -1,0 +1,48 @@
+"""``copy``: the rest of a started stream, bounded between reads from the upstream, never by the
+client's pace of reading."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from proxy.upstream.relay import copy
+from proxy.upstream.sse import StreamCheck
+
+IDLE_S = 0.02
+FRAMES = [b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'] * 3 + [b"data: [DONE]\n\n"]
+
+
+async def frames(*, stall: bool = False) -> AsyncIterator[bytes]:
+    for frame in FRAMES[:-1]:
+        yield frame
+    if stall:
+        await asyncio.Event().wait()  # an upstream that never sends again
+    yield FRAMES[-1]
+
+
+async def test_a_client_slower_than_the_idle_bound_is_not_an_upstream_stall() -> None:
+    """Each write takes five idle bounds (a client reading slowly: backpressure): the bound runs
+    only while waiting on the upstream, so the stream ends complete."""
+    written: list[bytes] = []
+
+    async def slow_client(data: bytes) -> None:
+        done = asyncio.Event()
+        asyncio.get_running_loop().call_later(IDLE_S * 5, done.set)
+        await done.wait()
+        written.append(data)
+
+    end = await copy(b"", frames(), slow_client, StreamCheck("chat"), idle_s=IDLE_S, until=None)
+    assert end.reason is None
+    assert written == [b"", *FRAMES]
+
+
+async def test_an_upstream_silent_past_the_idle_bound_ends_the_stream_as_stalled() -> None:
+    written: list[bytes] = []
+
+    async def client(data: bytes) -> None:
+        written.append(data)
+
+    end = await copy(b"", frames(stall=True), client, StreamCheck("chat"), idle_s=IDLE_S, until=None)
+    assert end.reason == "stalled"
+    assert written == [b"", *FRAMES[:-1]]  # what came before the stall was forwarded

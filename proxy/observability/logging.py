@@ -98,17 +98,27 @@ class IsoStamper:
         return event
 
 
-_STAMPER = IsoStamper()
 _log = structlog.get_logger("proxy")
+
+PROCESSORS: tuple[structlog.typing.Processor, ...] = (
+    add_request,
+    structlog.processors.format_exc_info,
+    redact_secrets,
+    # The proxy's own fields, after redaction: nothing in them to scrub.
+    structlog.processors.add_log_level,
+    IsoStamper(),
+)
+"""Every line's processors, in order, before its renderer: structlog's chain and ``request_line``."""
+_REQUEST_LINE_PROCESSORS = tuple(p for p in PROCESSORS if p is not structlog.processors.format_exc_info)
+"""``PROCESSORS`` for a request line, which never carries an exception to format."""
 
 
 def request_line(event: str, fields: dict[str, Any], *, quiet: bool = False) -> None:
     """Log ``event`` with ``fields`` at info (``quiet``: at debug): the canonical line of a request.
 
-    In the JSON format it is written straight to the line buffer, through the same processors as
-    every other line (request binding, redaction, level, timestamp; no exception to format) and
-    the same renderer, without structlog's bound-logger dispatch: a third of its calls, on the one
-    line every request writes. ``fields`` becomes the line."""
+    In the JSON format it is written straight to the line buffer, through ``PROCESSORS`` and the
+    renderer every other line goes through, without structlog's bound-logger dispatch: a third of
+    its calls, on the one line every request writes. ``fields`` becomes the line."""
     level = logging.DEBUG if quiet else logging.INFO
     if level < _LEVEL:
         return
@@ -118,11 +128,10 @@ def request_line(event: str, fields: dict[str, Any], *, quiet: bool = False) -> 
         return
     method = "debug" if quiet else "info"
     fields["event"] = event
-    add_request(None, method, fields)
-    redact_secrets(None, method, fields)
-    fields["level"] = method
-    _STAMPER(None, method, fields)
-    lines.msg(orjson.dumps(fields, default=_fallback))
+    line: Any = fields  # every processor here returns the mapping it was given
+    for processor in _REQUEST_LINE_PROCESSORS:
+        line = processor(None, method, line)
+    lines.msg(orjson.dumps(line, default=_fallback))
 
 
 def _fallback(value: Any) -> str:
@@ -136,20 +145,12 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info", stream: Bina
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
-    processors: list[structlog.typing.Processor] = [
-        add_request,
-        structlog.processors.format_exc_info,
-        redact_secrets,
-        # The proxy's own fields, after redaction: nothing in them to scrub.
-        structlog.processors.add_log_level,
-        _STAMPER,
-    ]
     global _LINES, _LEVEL
     _LEVEL = numeric
     if fmt == "json":
         lines = _LINES = BufferedLines(stream or sys.stderr.buffer)
         structlog.configure(
-            processors=[*processors, structlog.processors.JSONRenderer(serializer=orjson.dumps)],
+            processors=[*PROCESSORS, structlog.processors.JSONRenderer(serializer=orjson.dumps)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
             logger_factory=lambda *_: lines,
             cache_logger_on_first_use=True,
@@ -157,7 +158,7 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info", stream: Bina
     else:
         _LINES = None
         structlog.configure(
-            processors=[*processors, structlog.dev.ConsoleRenderer(colors=False)],
+            processors=[*PROCESSORS, structlog.dev.ConsoleRenderer(colors=False)],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
             logger_factory=structlog.PrintLoggerFactory(sys.stderr),
             cache_logger_on_first_use=True,

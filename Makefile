@@ -3,11 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-REDIS_HOST ?= 127.0.0.1
-REDIS_PORT ?= 6379
 PORT   ?= 8080
 
-.PHONY: run test lint install redis conformance bench mutation clean
+.PHONY: run test lint install redis-server conformance bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,21 +19,14 @@ install: $(STAMP)
 run: install
 	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host 127.0.0.1 --port $(PORT) --log-format console
 
-## redis: make sure a Redis answers on $(REDIS_HOST):$(REDIS_PORT) (started here when installed and down)
-redis:
-	@if $(BIN)/python -c "import redis,sys; redis.Redis(host='$(REDIS_HOST)', port=$(REDIS_PORT), socket_timeout=1).ping()" 2>/dev/null; then \
-		echo "redis: up on $(REDIS_HOST):$(REDIS_PORT)"; \
-	elif command -v redis-server >/dev/null 2>&1; then \
-		redis-server --daemonize yes --bind $(REDIS_HOST) --port $(REDIS_PORT) --save "" --appendonly no --dir /tmp; \
-		for i in 1 2 3 4 5 6 7 8 9 10; do \
-			$(BIN)/python -c "import redis; redis.Redis(host='$(REDIS_HOST)', port=$(REDIS_PORT), socket_timeout=1).ping()" 2>/dev/null && break; sleep 0.5; \
-		done; echo "redis: started on $(REDIS_HOST):$(REDIS_PORT)"; \
-	else \
-		echo "redis: not running and redis-server is not installed (apt-get install redis-server)"; \
-	fi
+## redis-server: the suite and the benchmark start their own on a free port; installed here when missing
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }); } || \
+		{ echo "redis-server is missing: apt-get install -y redis-server"; exit 1; }
 
 ## test: set everything up and run the whole suite
-test: install redis
+test: install redis-server
 	$(BIN)/python -m pytest
 
 ## lint: ruff, mypy (strict) on the package and the tests, and the import layers ([tool.importlinter])
@@ -46,14 +37,14 @@ lint: install
 
 ## mutation: mutmut on the core modules with their own tests ([tool.mutmut] in pyproject.toml), serial,
 ## from scratch, hypothesis derandomized; fails when a module scores under 90 %. Slow: not part of `test`.
-## The breaker tests write to COGPROXY_TEST_REDIS_URL (default db 15) and flush that database.
-mutation: install redis
+## The breaker tests use the suite's own redis-server (tests/support/redis_server.py).
+mutation: install redis-server
 	rm -rf mutants
 	$(BIN)/mutmut run --max-children 1
 	$(BIN)/python tests/mutation_score.py
 
 ## bench: the proxy's overhead against the upstream (needs wrk: apt-get install -y wrk)
-bench: install
+bench: install redis-server
 	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get install -y -qq wrk; }
 	$(BIN)/python tests/perf/bench.py
 

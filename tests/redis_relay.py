@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal
 
+from tests.support.redis_server import redis_port
+
 Mode = Literal["pass", "cut", "freeze"]
 
 
@@ -73,8 +75,8 @@ class RedisRelay:
 
     @classmethod
     @asynccontextmanager
-    async def start(cls, host: str = "127.0.0.1", port: int = 6379) -> AsyncIterator[RedisRelay]:
-        relay = cls(host, port)
+    async def start(cls, host: str = "127.0.0.1", port: int | None = None) -> AsyncIterator[RedisRelay]:
+        relay = cls(host, redis_port() if port is None else port)
         server = await asyncio.start_server(relay._spawn, "127.0.0.1", 0)
         relay.port = server.sockets[0].getsockname()[1]
         try:

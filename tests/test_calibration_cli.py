@@ -3,7 +3,6 @@ tests/test_grafana_calibration.py), and its errors."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
@@ -19,8 +18,9 @@ from proxy.policy.loader import parse_policy
 from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
 from tests.policy.test_loader import MINIMAL
 from tests.prometheus_e2e import free_port
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 
 
 def cogproxy(*args: str) -> subprocess.CompletedProcess[str]:

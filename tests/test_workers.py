@@ -37,8 +37,9 @@ from tests.proxy_server import (
     proxy_process,
     upstream_policy,
 )
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 WORKERS = ("--workers", "2")
 ENV = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}

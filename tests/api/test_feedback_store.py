@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -19,8 +18,9 @@ from proxy.state.feedback import (
     RedisFeedbackStore,
     scan_records,
 )
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 
 
 def record(trace_id: str, at: float = 1000.0, window: float = 60.0) -> AnswerRecord:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -28,8 +27,9 @@ from tests.proxy_server import (
     proxy_process,
     running_proxy,
 )
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = redis_url(14)
 CHEAP = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 STRONG = {"input_per_mtok": 10.0, "output_per_mtok": 30.0}
 KEYS = "sk-alice name=alice team=search\nsk-bob name=bob team=search\n# a comment\nsk-old\n"

@@ -6,7 +6,6 @@ the stream once Redis is back, in order; the spool survives a restart of ``cogpr
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,9 @@ from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 from tests.redis_relay import RedisRelay
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 DB = int(REDIS_URL.rsplit("/", 1)[1])
 STREAM = "test:outbox"
 PER_PHASE = 50

@@ -1,10 +1,9 @@
-"""Review sinks and shared breaker state with a real Redis on 127.0.0.1:6379."""
+"""Review sinks and shared breaker state with a real Redis (the suite's own, tests.support.redis_server)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,9 @@ from aiohttp import web
 from tests.api.test_routing import REVIEW_INPUT, answer, attempts_of, routing_policy
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import free_port, proxy_process, running_proxy
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 
 
 @pytest.fixture

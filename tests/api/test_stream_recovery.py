@@ -4,7 +4,6 @@ checkpoint mismatch, unknown session, another client key, recovery disabled; hea
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,9 @@ from tests.api.test_streaming import RATIONALE, answer
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
 from tests.stream.client import read_sse, rendered, seq, sequenced
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+REDIS_URL = redis_url(11)
 SSE = {"Accept": "text/event-stream"}
 LONG = " ".join(f"word{i}" for i in range(60))
 

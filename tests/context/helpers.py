@@ -4,7 +4,6 @@ module input the proxy sent upstream out of the fake's request log."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,8 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.fake_upstream import FakeUpstream
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 REVIEWER = "interactive-reviewer"
 LOGIN = {"code": "def login(u, p): ...", "file": "login.py"}
 FIX = {"code": "# Fix the SQL injection", "file": "login.py"}

@@ -28,13 +28,13 @@ holding a ``data.rationale`` token, fetched directly, at concurrency 1 (``--stre
 that section, no wrk needed). Goal: overhead <= 2 ms p50.
 
 ``--context`` runs only the context-protocol section (also part of the full run): the result
-cache's hit latency p50 at concurrency 1 through a proxy on Redis (``COGPROXY_BENCH_REDIS_URL``,
-default ``redis://127.0.0.1:6379/15``; its database is flushed), against a cache-bypassed call
+cache's hit latency p50 at concurrency 1 through a proxy on the benchmark's own
+``redis-server`` (started on a free port; never a Redis it did not start), against a cache-bypassed call
 of the same module in the same run; and, in process, what the context steps add to a module
 call that carries no context, against the input check and prompt rendering of the same call.
 
-``--limits`` runs only the limit-check micro-benchmark (no wrk; Redis of
-``COGPROXY_BENCH_REDIS_URL``, default db 14 on loopback): p50 of one request's limit check
+``--limits`` runs only the limit-check micro-benchmark (no wrk; the benchmark's own
+``redis-server`` on a free loopback port): p50 of one request's limit check
 (client + team + global windows, requests and tokens, day and month budgets) in memory and in
 Redis (one EVALSHA round trip), and of its settlement after the answer; baselines in the same
 run: a check with no limits configured, and one Redis PING round trip.
@@ -557,7 +557,7 @@ def parse_bench() -> None:
         )
 
 
-REDIS_URL = os.environ.get("COGPROXY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_DB = 15  # of the benchmark's own redis-server (tests.support.redis_server), flushed
 
 
 async def _sequential(url: str, body: dict[str, object], count: int, headers: dict[str, str]) -> list[float]:
@@ -625,7 +625,10 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
         f"(input check + prompt render of the same call: {base_s * 1e3:.4f} ms; ratio {ctx_s / base_s:.2f})"
     )
     print(f"context steps, §8.1 module in a session (memory store): {session_s * 1e3:.4f} ms per call")
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    from tests.support.redis_server import redis_url
+
+    bench_redis = redis_url(REDIS_DB)
+    redis.Redis.from_url(bench_redis).flushdb()
     port = free_port()
     policy = tmpdir / "cache-policy.yaml"
     policy.write_text(
@@ -635,7 +638,7 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
         "cache:\n  modules:\n    code-reviewer: {ttl_s: 600}\n"
     )
     proxy = subprocess.Popen(
-        serve_command(policy, port, "--log-level", "warning", "--redis-url", REDIS_URL), cwd=ROOT
+        serve_command(policy, port, "--log-level", "warning", "--redis-url", bench_redis), cwd=ROOT
     )
     try:
         wait_port(port)
@@ -651,7 +654,10 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        from tests.support.redis_server import redis_url
+
+    bench_redis = redis_url(REDIS_DB)
+    redis.Redis.from_url(bench_redis).flushdb()
 
 
 LIMIT_ROUNDS = 3000
@@ -684,7 +690,9 @@ async def _limits_bench() -> None:
     from proxy.quota.service import Quota
     from proxy.quota.windows import MemoryCounters, RedisCounters
 
-    url = os.environ.get("COGPROXY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+    from tests.support.redis_server import redis_url
+
+    url = redis_url(14)
     big = LimitSpec(rpm=10**9, tpm=10**12, usd_per_day=10**6, usd_per_month=10**7)
     policy = LimitsPolicy(clients={"default": big}, teams={"default": big}, global_=big)
     caller = Caller("bench", ClientIdentity("bench", "team"))

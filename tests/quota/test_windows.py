@@ -1,17 +1,17 @@
 """The sliding-window counters: exact in memory with an injected clock, and the same answers
-from the Redis script (real Redis, db of COGPROXY_TEST_REDIS_URL)."""
+from the Redis script (real Redis: the suite's own, tests.support.redis_server)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = redis_url(14)
 
 
 class Clock:

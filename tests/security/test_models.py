@@ -3,7 +3,6 @@ per-target state stays bounded by the policy whatever names clients send."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, free_port, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import RawResponse, raw_http, request_bytes
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 DISTINCT_NAMES = 40
 
 

@@ -4,7 +4,6 @@ only the half-open trial moves an open breaker."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,8 +19,9 @@ from proxy.upstream.base import ProviderError
 from proxy.upstream.breaker import Breakers, Ticket
 from proxy.upstream.router import Router, RungFailed
 from tests.policy.test_router import Clock, ScriptedProvider, run
+from tests.support.redis_server import redis_url
 
-REDIS_URL = os.environ.get("COGPROXY_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = redis_url(15)
 DEFAULT = BreakerPolicy()
 T = "p/m"
 

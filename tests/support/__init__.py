@@ -1,0 +1,1 @@
+"""Helpers shared by the test suite and the benchmark: servers the tests start themselves."""

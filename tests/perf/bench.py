@@ -689,7 +689,6 @@ async def _limits_bench() -> None:
     from proxy.policy.quota import LimitSpec, LimitsPolicy
     from proxy.quota.service import Quota
     from proxy.quota.windows import MemoryCounters, RedisCounters
-
     from tests.support.redis_server import redis_url
 
     url = redis_url(14)

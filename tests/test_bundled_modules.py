@@ -13,6 +13,7 @@ from proxy.module.loader import load_module
 from proxy.module.model import ModuleFormat
 from proxy.module.registry import ModuleRegistry
 from tests.conftest import MODULES
+from tests.paths import BUNDLED_MODULES, SHIPPED_MODULES
 
 BUNDLED = sorted(p for p in MODULES.iterdir() if p.is_dir())
 REQUIRED = {
@@ -46,3 +47,12 @@ def test_bundled_module_golden_tests_pass(path: Path) -> None:
     outcomes = run_golden(module, offline_envelope)
     assert len(outcomes) >= 3
     assert [(o.name, o.problems) for o in outcomes if not o.passed] == []
+
+
+def test_the_suite_runs_on_its_own_copy_of_the_shipped_modules() -> None:
+    """A module a user adds to modules/ is not in the copy, so it changes no test outcome."""
+    assert MODULES != SHIPPED_MODULES and not MODULES.is_relative_to(SHIPPED_MODULES)
+    assert sorted(p.name for p in MODULES.iterdir()) == sorted(BUNDLED_MODULES)
+    for name in BUNDLED_MODULES:
+        shipped = sorted(p.relative_to(SHIPPED_MODULES / name) for p in (SHIPPED_MODULES / name).rglob("*"))
+        assert sorted(p.relative_to(MODULES / name) for p in (MODULES / name).rglob("*")) == shipped

@@ -17,6 +17,7 @@ import yaml
 
 from tests.conftest import MODULES, ROOT
 from tests.fake_upstream import FakeUpstream, Fault
+from tests.paths import BUNDLED_MODULES
 from tests.proxy_server import (
     UPSTREAM_KEY,
     UPSTREAM_KEY_ENV,
@@ -154,7 +155,7 @@ async def test_metrics_and_health_routes(proxy: RunningProxy) -> None:
         ready = await (await session.get(proxy.url + "/readyz")).json()
         metrics = await session.get(proxy.url + "/metrics")
     bundled = sum(1 for path in MODULES.iterdir() if path.is_dir())
-    assert ready["status"] == "ready" and ready["modules"] == bundled == 11
+    assert ready["status"] == "ready" and ready["modules"] == bundled == len(BUNDLED_MODULES)
     assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
 
 

@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-PORT   ?= 8080
+# `make run PORT=8081` or `COGPROXY_PORT=8081 make run` (likewise HOST / COGPROXY_HOST)
+PORT   ?= $(or $(COGPROXY_PORT),8080)
+HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
 .PHONY: run test lint install redis-server conformance bench mutation clean
 
@@ -15,9 +17,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## run: the proxy on :$(PORT) with the embedded default (offline demo provider: no API key, no Redis)
+## run: the proxy on $(HOST):$(PORT) with the embedded default (offline demo provider: no API key, no Redis)
 run: install
-	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host 127.0.0.1 --port $(PORT) --log-format console
+	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host $(HOST) --port $(PORT) --log-format console
 
 ## redis-server: the suite and the benchmark start their own on a free port; installed here when missing
 redis-server:

@@ -860,5 +860,6 @@ async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcom
         router = Router(Breakers(MemoryBreakerStore()))
         for case in cases:
             answer = await composer.run(Call(module, case.input, policy, providers, router))
-            outcomes.append(CaseOutcome(case.name, tuple(evaluate(case, answer.envelope)), answer.envelope))
+            problems = evaluate(case, answer.envelope, answer.decision)
+            outcomes.append(CaseOutcome(case.name, tuple(problems), answer.envelope))
     return outcomes

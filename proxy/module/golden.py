@@ -2,7 +2,9 @@
 
 An expected file is either a plain expected envelope, or the reference runtime's form
 ``{"$validate": {<envelope key>: <JSON Schema>, ...}, "$example": <a model answer>}``. The
-examples double as the offline provider's deterministic answers.
+examples double as the offline provider's deterministic answers. Either form may name the routing
+decision the case expects, ``"$decision": "accept" | "escalated" | "review" | "reject"``: checked
+when a policy routes the call (``cogproxy test --policy``), where there is a decision to check.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _RUNTIME_META = ("trace_id", "model", "latency_ms")
 _MAX_DIFFS = 10  # enough to see the pattern of a wrong answer without flooding the terminal
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 _MISSING = object()
+DECISIONS = ("accept", "escalated", "review", "reject")
+"""The decisions a module answer reports (``X-Cognitive-Decision``), which ``$decision`` may name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +40,19 @@ class GoldenCase:
     expected: dict[str, Any]
 
     @property
+    def decision(self) -> str | None:
+        """The routing decision the case expects (``$decision``), if it names one."""
+        value = self.expected.get("$decision")
+        return value if isinstance(value, str) else None
+
+    @property
     def example(self) -> Any:
         """The model answer this case carries: ``$example``, or the plain expected envelope."""
         if "$example" in self.expected:
             return self.expected["$example"]
-        return None if "$validate" in self.expected else self.expected
+        if "$validate" in self.expected:
+            return None
+        return {k: v for k, v in self.expected.items() if k != "$decision"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +174,16 @@ def _failure_cause(envelope: dict[str, Any]) -> list[str]:
     return [f"the answer is an error ({code}): {error.get('message')}"]
 
 
-def evaluate(case: GoldenCase, envelope: dict[str, Any]) -> list[str]:
-    """The ways ``envelope`` misses what ``case`` expects (empty: the case passes). When a
-    success was expected and the answer is an error, the error's cause comes first."""
+def evaluate(case: GoldenCase, envelope: dict[str, Any], decision: str | None = None) -> list[str]:
+    """The ways ``envelope`` (decided ``decision``, when a policy routed it) misses what ``case``
+    expects (empty: the case passes). When a success was expected and the answer is an error, the
+    error's cause comes first."""
     if "$validate" in case.expected:
         problems = _check_rules(case.expected["$validate"], envelope)
     else:
         problems = _compare(case.expected, envelope)
+    if decision is not None and case.decision is not None and case.decision != decision:
+        problems.append(f"decision: expected {case.decision}, got {decision}")
     if problems and _expects_success(case.expected) and envelope.get("ok") is False:
         problems = _failure_cause(envelope) + problems
     return problems

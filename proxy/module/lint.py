@@ -10,8 +10,9 @@ from typing import Any
 
 from proxy.contract.engine import check_answer
 from proxy.contract.errors import EXPLAIN_MAX
+from proxy.contract.risk import rule_risk
 from proxy.jsonshape import as_dict, as_list
-from proxy.module.golden import GoldenCase, load_cases
+from proxy.module.golden import DECISIONS, GoldenCase, load_cases
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import Module, ModuleFormat
 from proxy.module.registry import ModuleRegistry
@@ -82,7 +83,29 @@ def _case_problems(module: Module, case: GoldenCase, input_path: Path, expected_
         return [*out, f"{expected_path}: {where or 'the expected answer '}must be a JSON object"]
     result = check_answer(example, module)
     out += [f"{expected_path}: {where}{v}" for v in result.violations]
-    return out
+    out += [f"{expected_path}: {p}" for p in _decision_problems(case)]
+    return out + [f"{expected_path}: {where}{p}" for p in _risk_rule_problems(module, example)]
+
+
+def _decision_problems(case: GoldenCase) -> list[str]:
+    value = case.expected.get("$decision", None)
+    if value is None or value in DECISIONS:
+        return []
+    return [f"$decision must be one of {', '.join(DECISIONS)} (has {value!r})"]
+
+
+def _risk_rule_problems(module: Module, example: dict[str, Any]) -> list[str]:
+    """An example whose ``meta.risk`` disagrees with the module's ``risk_rule`` over its own data:
+    the router decides on the higher of the two by default, so the example would not route the way
+    it reads (a newcomer's "why did this go to review?")."""
+    declared = as_dict(example.get("meta")).get("risk")
+    computed = rule_risk(example.get("data"), module.risk_rule)
+    if computed is None or not isinstance(declared, str) or declared == computed:
+        return []
+    return [
+        f"meta.risk is {declared!r} but the module's risk_rule {module.risk_rule} over data gives "
+        f"{computed!r} (policy risk_source decides which one routes: default the higher)"
+    ]
 
 
 def _test_problems(module: Module) -> tuple[list[str], list[str]]:

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proxy.cli import offline_envelope
 from proxy.module.golden import example_for, run_golden
 from proxy.module.loader import load_module
@@ -100,3 +102,69 @@ def test_example_for_matches_the_input_exactly_or_nothing(tmp_path: Path) -> Non
     assert example_for(module, {"code": "fail"}) == failure
     assert example_for(module, {"code": "ok"})["data"]["result"] == "ok"
     assert example_for(module, {"code": "never seen"}) is None  # the offline demo answer takes over
+
+
+def _copy_with_decisions(tmp_path: Path, decisions: dict[str, str]) -> Path:
+    """The bundled code-reviewer, its cases naming the decision each expects (``$decision``)."""
+    import shutil
+
+    from tests.conftest import MODULES
+
+    path = tmp_path / "code-reviewer"
+    shutil.copytree(MODULES / "code-reviewer", path)
+    for case, decision in decisions.items():
+        expected = path / "tests" / f"{case}.expected.json"
+        expected.write_text(json.dumps({**json.loads(expected.read_text()), "$decision": decision}))
+    return path
+
+
+def test_a_case_names_the_decision_it_expects_and_a_policy_run_checks_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+    from tests.conftest import ROOT
+
+    path = _copy_with_decisions(tmp_path, {"case_minor_issues": "escalated", "case_sql_injection": "accept"})
+    assert main(["test", str(path), "--policy", str(ROOT / "policies" / "demo.yaml")]) == 1
+    out = capsys.readouterr().out
+    assert "PASS code-reviewer/case_minor_issues" in out
+    assert "FAIL code-reviewer/case_sql_injection\n    decision: expected accept, got review" in out
+    assert out.strip().splitlines()[-1] == "3 passed, 1 failed"
+    assert main(["validate", str(path)]) == 0  # the plain form's $decision is not part of the example
+
+
+def test_a_decision_outside_the_four_is_a_validate_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+
+    path = _copy_with_decisions(tmp_path, {"case_minor_issues": "escalate"})
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "$decision must be one of accept, escalated, review, reject (has 'escalate')" in out
+
+
+def test_evaluate_ignores_the_decision_when_nothing_decided() -> None:
+    from proxy.module.golden import GoldenCase, evaluate
+
+    case = GoldenCase("c", {}, {**success(), "$decision": "review"})
+    assert evaluate(case, success()) == []
+    assert evaluate(case, success(), "review") == []
+    assert evaluate(case, success(), "accept") == ["decision: expected review, got accept"]
+
+
+def test_validate_flags_an_example_whose_risk_disagrees_with_the_risk_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.cli import main
+
+    path = _copy_with_decisions(tmp_path, {})
+    expected = path / "tests" / "case_minor_issues.expected.json"
+    case = json.loads(expected.read_text())
+    answer = case.get("$example", case)
+    answer["meta"]["risk"] = "none"
+    answer["data"]["issues"][0]["risk"] = "high"
+    expected.write_text(json.dumps(case))
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "meta.risk is 'none' but the module's risk_rule max_issues_risk over data gives 'high'" in out

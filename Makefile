@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
-.PHONY: run test lint install redis-server conformance bench mutation clean
+.PHONY: run test test-fast lint install redis-server conformance bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ redis-server:
 ## test: set everything up and run the whole suite
 test: install redis-server
 	$(BIN)/python -m pytest
+
+## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core
+test-fast: install redis-server
+	$(BIN)/python -m pytest -m "not slow" -n auto -q
 
 ## lint: ruff, mypy (strict) on the package and the tests, and the import layers ([tool.importlinter])
 lint: install

@@ -25,6 +25,71 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, run
 
 VECTORS = OFFICIAL_VECTORS
 
+SLOW_FILES = frozenset({
+    "api/test_admin_listener.py",
+    "api/test_dropin.py",
+    "api/test_failover_load.py",
+    "api/test_feedback.py",
+    "api/test_honest_outcomes.py",
+    "api/test_limits.py",
+    "api/test_modules.py",
+    "api/test_passthrough.py",
+    "api/test_redis_outbox.py",
+    "api/test_reload.py",
+    "api/test_routing.py",
+    "api/test_server.py",
+    "api/test_shared_state.py",
+    "api/test_stream_recovery.py",
+    "api/test_stream_relay.py",
+    "api/test_streaming.py",
+    "context/test_protocol.py",
+    "context/test_redis.py",
+    "deploy/test_dockerfile.py",
+    "fuzz/test_openapi.py",
+    "media/test_module_media.py",
+    "observability/test_logbuffer.py",
+    "observability/test_logs.py",
+    "observability/test_metrics.py",
+    "security/test_admin_port.py",
+    "security/test_body_budget.py",
+    "security/test_browser_guard.py",
+    "security/test_context.py",
+    "security/test_contract.py",
+    "security/test_contract_honesty.py",
+    "security/test_feedback.py",
+    "security/test_harness.py",
+    "security/test_hostile_upstream.py",
+    "security/test_http_framing.py",
+    "security/test_keys.py",
+    "security/test_media_fetch.py",
+    "security/test_media_inputs.py",
+    "security/test_models.py",
+    "security/test_passthrough.py",
+    "security/test_redaction.py",
+    "security/test_slow_clients.py",
+    "security/test_stream_sessions.py",
+    "security/test_usage_admin.py",
+    "test_calibration_cli.py",
+    "test_cli.py",
+    "test_cli_usage.py",
+    "test_fake_upstream.py",
+    "test_grafana.py",
+    "test_grafana_calibration.py",
+    "test_make_run.py",
+    "test_proxy_server.py",
+    "test_workers.py",
+})
+"""Files whose tests spend seconds each on servers and subprocesses (measured with ``--durations=0``:
+5 s or more per file, or a `cogproxy serve` subprocess per test). They carry the ``slow`` marker:
+``make test-fast`` leaves them out for the edit-run loop, ``make test`` runs everything."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests_dir).as_posix() in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 # `make mutation` runs with --hypothesis-profile=mutation: the same examples every run (a survivor
 # must not depend on which examples hypothesis happened to draw) and no example database.
 settings.register_profile("mutation", derandomize=True, database=None, deadline=None)

@@ -97,7 +97,7 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
         for _, address in addresses:
             why = refusal(parse(address))
             if why is not None:
-                raise _failed(text, f"{host!r} resolves to {address}, a {why} address", address=address)
+                raise _failed(text, f"{host!r} resolves to {address}, refused: {why}", address=address)
     if not addresses:
         raise _failed(text, f"{host!r} has no address")
     return host, addresses

@@ -2,8 +2,8 @@
 
 Per hop: the scheme is https (http only with ``media.allow_http``); the host passes
 ``media.allowed_hosts`` when set; ``getaddrinfo`` is asked once and every address it answers must
-be global unicast (``addresses.refusal``) unless the exact host name is in
-``media.trusted_hosts``; the connection then goes to the vetted address only — the session's
+be an ordinary global address (``addresses.refusal``) unless ``media.trusted_hosts`` names the
+exact host and port (``host:port``; a bare host stands for ports 80 and 443 only); the connection then goes to the vetted address only — the session's
 resolver answers from the vetted list and never looks up again (DNS rebinding), while TLS still
 verifies the original host name. Redirects are followed by hand, each one vetted the same way,
 at most ``media.max_redirects``. The body is read in chunks and refused (E1011) as soon as it
@@ -71,6 +71,25 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
     return False
 
 
+DEFAULT_PORTS = (80, 443)
+"""The ports a bare ``trusted_hosts`` entry (no ``:port``) stands for."""
+
+
+def trusted_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """``host:port`` -> (host, (port,)); a bare host -> (host, DEFAULT_PORTS). IPv6 in brackets."""
+    entry = entry.strip().lower()
+    host, sep, port = entry.rpartition(":")
+    if not sep or (entry.startswith("[") and not host.endswith("]")) or not port.isdigit():
+        return entry.strip("[]").rstrip("."), DEFAULT_PORTS
+    return host.strip("[]").rstrip("."), (int(port),)
+
+
+def is_trusted(host: str, port: int, entries: tuple[str, ...]) -> bool:
+    """Whether ``media.trusted_hosts`` names this exact host on this port."""
+    host = host.lower().strip("[]").rstrip(".")
+    return any(h == host and port in ports for h, ports in map(trusted_entry, entries))
+
+
 async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str]]]:
     """The host of ``url`` and the addresses a connection to it may use; E1012 otherwise."""
     text = str(url)
@@ -92,8 +111,7 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
     except (OSError, UnicodeError) as exc:
         raise _failed(text, f"cannot resolve {host!r}: {exc}") from None
     addresses = [(int(family), str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
-    trusted = host.lower() in (h.lower() for h in settings.trusted_hosts)
-    if not trusted:
+    if not is_trusted(host, port, settings.trusted_hosts):
         for _, address in addresses:
             why = refusal(parse(address))
             if why is not None:

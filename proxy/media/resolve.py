@@ -238,7 +238,9 @@ def _check_bytes(
             {
                 "declared_type": media_type,
                 "detected_type": found[0] if found else None,
-                "magic_bytes": head[:8].hex(),
+                # Only bytes the client sent itself: fetched bytes would make E1014 a reader of
+                # whatever answered, a module's own files a reader of the module directory.
+                **({"magic_bytes": head[:8].hex()} if item.get("type") == "base64" else {}),
             },
         )
     checksum.verify(data, checksum.expected(item.get("checksum"), where), where)

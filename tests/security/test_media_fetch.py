@@ -230,19 +230,22 @@ async def origin() -> AsyncIterator[Origin]:
         await server.stop()
 
 
-TRUSTED = {"allow_http": True, "trusted_hosts": ["localhost"], "fetch_timeout_s": 2}
+def trusted(origin: Origin) -> dict[str, Any]:
+    """The media policy that trusts the origin: its host name and its port only."""
+    return {"allow_http": True, "trusted_hosts": [f"localhost:{origin.port}"], "fetch_timeout_s": 2}
 
 
 async def test_a_trusted_host_serves_the_image_once_then_from_the_cache(
     fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin
 ) -> None:
     fake_upstream.set_default_reply("cheap", ANSWER)
-    async with serve(fake_upstream, tmp_path, TRUSTED) as proc:
+    async with serve(fake_upstream, tmp_path, trusted(origin)) as proc:
         for _ in range(2):
             status, env = await describe(proc, origin.url("/image.png"))
             assert status == 200 and env["ok"] is True, env
         status, env = await describe(proc, origin.url("/mislabelled"))
         assert env["error"]["code"] == "E1014" and env["error"]["details"]["detected_type"] == "image/jpeg"
+        assert "magic_bytes" not in env["error"]["details"]  # fetched bytes are never echoed
     assert origin.hits == ["/image.png", "/mislabelled"]
     sent = fake_upstream.requests[0].json["messages"][1]["content"][1]
     assert sent["image_url"]["url"] == "data:image/png;base64," + samples.b64(samples.PNG)
@@ -252,7 +255,7 @@ async def test_a_trusted_host_serves_the_image_once_then_from_the_cache(
 async def test_a_redirect_to_the_canary_is_refused_in_every_notation(
     fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin, canary: Canary
 ) -> None:
-    async with serve(fake_upstream, tmp_path, TRUSTED) as proc:
+    async with serve(fake_upstream, tmp_path, trusted(origin)) as proc:
         targets = [
             *hostile_urls(canary.port)[:-3],
             f"https://127.1:{canary.port}/",
@@ -267,7 +270,7 @@ async def test_a_redirect_to_the_canary_is_refused_in_every_notation(
 
 
 async def test_redirects_are_capped(fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin) -> None:
-    async with serve(fake_upstream, tmp_path, {**TRUSTED, "max_redirects": 2}) as proc:
+    async with serve(fake_upstream, tmp_path, {**trusted(origin), "max_redirects": 2}) as proc:
         status, env = await describe(proc, origin.url("/loop"))
     assert (status, env["error"]["code"]) == (422, "E1012")
     assert "more than 2 redirects" in env["error"]["details"]["reason"]
@@ -277,7 +280,7 @@ async def test_redirects_are_capped(fake_upstream: FakeUpstream, tmp_path: Path,
 async def test_size_cap_while_streaming_and_from_content_length(
     fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin
 ) -> None:
-    async with serve(fake_upstream, tmp_path, TRUSTED) as proc:
+    async with serve(fake_upstream, tmp_path, trusted(origin)) as proc:
         status, env = await describe(proc, origin.url("/big"))
         assert (status, env["error"]["code"]) == (413, "E1011"), env
         assert env["error"]["details"]["max_bytes"] == 20 * 1024 * 1024
@@ -288,8 +291,28 @@ async def test_size_cap_while_streaming_and_from_content_length(
 
 
 async def test_a_stalled_fetch_times_out(fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin) -> None:
-    async with serve(fake_upstream, tmp_path, {**TRUSTED, "fetch_timeout_s": 0.5}) as proc:
+    async with serve(fake_upstream, tmp_path, {**trusted(origin), "fetch_timeout_s": 0.5}) as proc:
         status, env = await describe(proc, origin.url("/stall"))
     assert (status, env["error"]["code"]) == (422, "E1012")
     assert "no complete answer within 0.5s" in env["error"]["details"]["reason"]
     assert fake_upstream.requests == []
+
+
+async def test_a_trusted_host_is_trusted_on_its_port_only(
+    fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin, canary: Canary
+) -> None:
+    """Finding 6: ``localhost:<origin>`` trusts that port; another port of localhost, asked for
+    directly or by a redirect from the trusted origin, is vetted like any host (loopback: refused)
+    and the canary listening there sees no connection. A bare ``localhost`` trusts 80/443 only."""
+    other = f"http://localhost:{canary.port}/image.png"
+    async with serve(fake_upstream, tmp_path, trusted(origin)) as proc:
+        for url in (other, origin.url(f"/redirect?to={other}")):
+            status, env = await describe(proc, url)
+            assert (status, env["error"]["code"]) == (422, "E1012"), (url, env)
+            assert "Loopback" in env["error"]["details"]["reason"], env
+    async with serve(fake_upstream, tmp_path, {**trusted(origin), "trusted_hosts": ["localhost"]}) as proc:
+        status, env = await describe(proc, origin.url("/image.png"))
+        assert (status, env["error"]["code"]) == (422, "E1012"), env
+    assert origin.hits == ["/redirect"]
+    assert fake_upstream.requests == []
+    canary.assert_untouched()

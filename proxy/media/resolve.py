@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -140,17 +141,9 @@ async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tup
     raw = item.get("path")
     if not isinstance(raw, str) or not raw or "\x00" in raw:
         raise MediaError("E1012", f"{where}.path must be a non-empty path", {"reason": "bad path"})
-    root = req.module_dir.resolve()
-    try:
-        path = (root / raw).resolve(strict=True)  # an absolute `raw` replaces root; checked below
-    except (OSError, RuntimeError):
-        raise MediaError("E1012", f"{where}: file {raw!r} does not exist", {"reason": "not found"}) from None
-    if not path.is_relative_to(root) or not path.is_file():
-        raise MediaError(
-            "E1012",
-            f"{where}: file {raw!r} is outside the module directory",
-            {"reason": "outside the module directory"},
-        )
+    path = module_file(req.module_dir, raw)
+    if path is None:
+        raise MediaError("E1012", f"{where}: {raw!r} is not a file of the module directory", {"reason": NOT_A_MODULE_FILE})
     media_type = _declared(item, where) or BY_EXTENSION.get(path.suffix.lower(), "")
     category = _category(media_type or f"(unknown extension {path.suffix!r})", where, req.accepted)
     cap = LIMITS[category].max_bytes
@@ -162,6 +155,25 @@ async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tup
     await req.budget.grow(size)
     data = await asyncio.to_thread(_read_capped, path, cap, where)
     return data, media_type, path.name
+
+
+NOT_A_MODULE_FILE = "not a file of the module directory"
+"""The one answer for every path that is not a regular file inside the module directory: outside
+it (``..``, absolute, through a symlink), missing, a directory, a symlink loop. Distinct answers
+would tell a client which files exist outside the module (issue #26 finding 7)."""
+
+
+def module_file(module_dir: Path, raw: str) -> Path | None:
+    """The regular file ``raw`` names inside ``module_dir`` (symlinks followed), else None.
+    A path that leaves the directory lexically is refused before the filesystem is asked."""
+    root = module_dir.resolve()
+    if not os.path.normpath(root / raw).startswith(os.path.join(str(root), "")):
+        return None
+    try:
+        path = (root / raw).resolve(strict=True)
+        return path if path.is_relative_to(root) and path.is_file() else None
+    except (OSError, RuntimeError):
+        return None
 
 
 def _read_capped(path: Path, cap: int, where: str) -> bytearray:

@@ -324,3 +324,27 @@ def test_magic_bytes_are_echoed_for_inline_bytes_only(tmp_path: Path) -> None:
     error = refused({"i": {"type": "file", "path": "secret.png"}}, module_dir=tmp_path)
     assert error.code == "E1014" and "magic_bytes" not in error.details
     assert refused(inline("image/png", b"SECRET-KEY-MATERIAL")).details["magic_bytes"] == b"SECRET-K".hex()
+
+
+def test_every_path_that_is_not_a_module_file_gets_one_answer(tmp_path: Path) -> None:
+    """Finding 7: no existence oracle. Outside the module directory, existing or not, through
+    ``..``, an absolute path or a symlink (to a file that exists or not), a directory, a symlink
+    loop: the same code, details and message (but for the client's own path)."""
+    module = tmp_path / "mod"
+    (module / "media").mkdir(parents=True)
+    (tmp_path / "secret.png").write_bytes(samples.PNG)
+    (module / "media" / "to-secret.png").symlink_to(tmp_path / "secret.png")
+    (module / "media" / "to-nothing.png").symlink_to(tmp_path / "nothing.png")
+    (module / "media" / "to-outside-dir").symlink_to(tmp_path)
+    (module / "media" / "loop.png").symlink_to(module / "media" / "loop.png")
+    paths = [
+        "../secret.png", "../nothing.png", str(tmp_path / "secret.png"), str(tmp_path / "nothing.png"),
+        "/etc/passwd", "/etc/no-such-file", "media/to-secret.png", "media/to-nothing.png",
+        "media/to-outside-dir/secret.png", "media/to-outside-dir/nothing.png", "media/../../secret.png",
+        "media/../../nothing.png", "media/loop.png", "media", "media/none.png", "/", "..",
+    ]  # fmt: skip
+    answers = set()
+    for path in paths:
+        error = refused({"i": {"type": "file", "path": path}}, module_dir=module)
+        answers.add((error.code, error.message.replace(repr(path), "<path>"), tuple(error.details.items())))
+    assert len(answers) == 1, answers

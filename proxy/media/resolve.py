@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from proxy.media import checksum
-from proxy.media.cache import MediaCache
+from proxy.media.cache import ClientCache
 from proxy.media.decode import decode_strict, decoded_size
 from proxy.media.facts import Buffer, Facts, open_image, read_facts
 from proxy.media.fetch import fetch
@@ -134,7 +134,7 @@ class MediaRequest:
     settings: MediaPolicy
     deadline: float
     budget: MemoryBudget
-    cache: MediaCache | None = None
+    cache: ClientCache | None = None
 
 
 async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tuple[Buffer, str, str]:
@@ -143,7 +143,9 @@ async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tup
         raise MediaError("E1012", f"{where}.path must be a non-empty path", {"reason": "bad path"})
     path = module_file(req.module_dir, raw)
     if path is None:
-        raise MediaError("E1012", f"{where}: {raw!r} is not a file of the module directory", {"reason": NOT_A_MODULE_FILE})
+        raise MediaError(
+            "E1012", f"{where}: {raw!r} is not a file of the module directory", {"reason": NOT_A_MODULE_FILE}
+        )
     media_type = _declared(item, where) or BY_EXTENSION.get(path.suffix.lower(), "")
     category = _category(media_type or f"(unknown extension {path.suffix!r})", where, req.accepted)
     cap = LIMITS[category].max_bytes
@@ -167,7 +169,7 @@ def module_file(module_dir: Path, raw: str) -> Path | None:
     """The regular file ``raw`` names inside ``module_dir`` (symlinks followed), else None.
     A path that leaves the directory lexically is refused before the filesystem is asked."""
     root = module_dir.resolve()
-    if not os.path.normpath(root / raw).startswith(os.path.join(str(root), "")):
+    if not Path(os.path.normpath(root / raw)).is_relative_to(root):
         return None
     try:
         path = (root / raw).resolve(strict=True)

@@ -12,7 +12,20 @@ from hypothesis import strategies as st
 from proxy.media.pdf import MAX_COUNT_DIGITS, page_count
 from tests.media import samples
 
-TOKENS = [b"/Type", b"/Pages", b"/Count", b" ", b"\n", b"7", b"12", b">", b">>", b"<<", b"/PagesX", b"/Kids [1 0 R]"]
+TOKENS = [
+    b"/Type",
+    b"/Pages",
+    b"/Count",
+    b" ",
+    b"\n",
+    b"7",
+    b"12",
+    b">",
+    b">>",
+    b"<<",
+    b"/PagesX",
+    b"/Kids [1 0 R]",
+]
 MAX_STEPS_PER_BYTE = 5
 """Each byte is handed to at most five searches or one-by-one steps (see ``proxy.media.pdf.Scan``)."""
 

@@ -306,7 +306,9 @@ def test_truncated_or_corrupted_headers_never_escape_as_exceptions(
         ("localhost", 8081, (), False),
     ],
 )
-def test_trusted_hosts_name_a_host_and_a_port(host: str, port: int, entries: tuple[str, ...], trusted: bool) -> None:
+def test_trusted_hosts_name_a_host_and_a_port(
+    host: str, port: int, entries: tuple[str, ...], trusted: bool
+) -> None:
     assert is_trusted(host, port, entries) is trusted
 
 

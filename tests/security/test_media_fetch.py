@@ -5,6 +5,7 @@ and the canary sees no connection; redirects are vetted hop by hop; size and tim
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -316,3 +317,59 @@ async def test_a_trusted_host_is_trusted_on_its_port_only(
     assert origin.hits == ["/redirect"]
     assert fake_upstream.requests == []
     canary.assert_untouched()
+
+
+ALICE, BOB = "sk-alice-media-0001", "sk-bob-media-0002"
+
+
+async def describe_as(proc: ServedProcess, key: str, url: str) -> tuple[int, dict[str, Any]]:
+    body = {"input": {"images": [{"type": "url", "url": url}]}}
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{proc.url}/v1/modules/image-describer/execute", json=body, headers=headers) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def aliases(proc: ServedProcess) -> list[str]:
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{proc.url}/v1/models", headers=headers) as resp,
+    ):
+        return [m["id"] for m in (await resp.json())["data"]]
+
+
+async def test_the_media_cache_is_per_client_and_vetted_on_every_use(
+    fake_upstream: FakeUpstream, tmp_path: Path, origin: Origin
+) -> None:
+    """Finding 4: Bob does not get the bytes Alice's call fetched (the origin is asked again), and
+    after a reload from ``trusted_hosts: [localhost:<port>]`` to ``[]`` the cached URL is refused
+    (E1012) without a fetch, for the client that cached it too."""
+    fake_upstream.set_default_reply("cheap", ANSWER)
+    policy = security_policy(fake_upstream, media=trusted(origin))
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    keys = tmp_path / "keys"
+    keys.write_text(f"{ALICE} name=alice\n{BOB} name=bob\n")
+    args = ("--policy", str(path), "--api-keys-file", str(keys), "--reload-interval", "0")
+    url = origin.url("/image.png")
+    async with proxy_process(*args, env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as proc:
+        for key in (ALICE, ALICE, BOB):
+            status, env = await describe_as(proc, key, url)
+            assert status == 200 and env["ok"] is True, env
+        assert origin.hits == ["/image.png", "/image.png"]  # Alice's retry from the cache; Bob fetched
+        policy["media"] = {**policy["media"], "trusted_hosts": []}
+        policy["aliases"]["after-reload"] = "fast"
+        path.write_text(yaml.safe_dump(policy))
+        proc.proc.send_signal(signal.SIGHUP)
+        deadline = asyncio.get_running_loop().time() + 10
+        while "after-reload" not in await aliases(proc):
+            assert asyncio.get_running_loop().time() < deadline, "the policy was never reloaded"
+            await asyncio.sleep(0.05)
+        for key in (ALICE, BOB):
+            status, env = await describe_as(proc, key, url)
+            assert (status, env["error"]["code"]) == (422, "E1012"), env
+            assert "Loopback" in env["error"]["details"]["reason"]
+    assert origin.hits == ["/image.png", "/image.png"]

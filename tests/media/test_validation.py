@@ -350,3 +350,11 @@ def test_every_path_that_is_not_a_module_file_gets_one_answer(tmp_path: Path) ->
         error = refused({"i": {"type": "file", "path": path}}, module_dir=module)
         answers.add((error.code, error.message.replace(repr(path), "<path>"), tuple(error.details.items())))
     assert len(answers) == 1, answers
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "ICO", "PPM", "TGA"])
+def test_pillow_reads_only_the_allowlisted_formats(fmt: str) -> None:
+    """Images off the allowlist never reach another Pillow plugin's parser, whatever is declared."""
+    with pytest.raises(MediaError) as caught:
+        read_facts(samples.image(fmt), "image/png", "image", "x")
+    assert caught.value.code == "E1013"

@@ -1,5 +1,6 @@
-"""What a module request lends its media step: its body-budget reservation and the app's cache
-of fetched media (one cache per policy cache setting: a reload that changes it starts anew)."""
+"""What a module request lends its media step: its body-budget reservation and its client's view
+of the app's cache of fetched media (one cache per media policy: a reload that changes any media
+setting — trusted hosts, allowlists, limits — starts anew)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,26 @@ from aiohttp import web
 
 from proxy.api.budget import RESERVATION, Reservation
 from proxy.api.errors import ApiError
-from proxy.media.cache import MediaCache
+from proxy.api.quota import caller
+from proxy.media.cache import ClientCache, MediaCache
 from proxy.media.step import MediaEnv
 from proxy.media.types import MediaError
 from proxy.policy.model import MediaPolicy
 
 
 class MediaCaches:
-    """The app's one media cache, rebuilt when the policy's cache settings change."""
+    """The app's one media cache, rebuilt (emptied) whenever the policy's media section changes."""
 
     def __init__(self) -> None:
         self._cache: MediaCache | None = None
-        self._key: tuple[int, float] | None = None
+        self._policy: MediaPolicy | None = None
 
     def for_policy(self, media: MediaPolicy) -> MediaCache | None:
         if media.cache_max_bytes <= 0:
+            self._cache = self._policy = None
             return None
-        key = (media.cache_max_bytes, media.cache_ttl_s)
-        if self._cache is None or self._key != key:
-            self._cache, self._key = MediaCache(*key), key
+        if self._cache is None or self._policy != media:
+            self._cache, self._policy = MediaCache(media.cache_max_bytes, media.cache_ttl_s), media
         return self._cache
 
 
@@ -54,4 +56,6 @@ class ReservationBudget:
 
 
 def media_env(request: web.Request, media: MediaPolicy) -> MediaEnv:
-    return MediaEnv(ReservationBudget(request[RESERVATION]), request.app[MEDIA_CACHES].for_policy(media))
+    cache = request.app[MEDIA_CACHES].for_policy(media)
+    client = ClientCache(cache, caller(request).id) if cache is not None else None
+    return MediaEnv(ReservationBudget(request[RESERVATION]), client)

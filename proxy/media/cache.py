@@ -1,8 +1,11 @@
 """A bounded cache of fetched media (spec v2.5 §4.3.1: "SHOULD cache fetched media for retry").
 
-Keyed by URL; an entry lives ``ttl_s`` and the whole cache holds at most ``max_bytes`` (least
-recently used evicted first). Within one call media are fetched once anyway (before the ladder,
-so retries and escalations reuse them); the cache spares the fetch for the client's own retry.
+Keyed by client and URL: a client gets back only bytes it fetched itself (and cannot learn that
+another client fetched a URL). An entry lives ``ttl_s`` and the whole cache holds at most
+``max_bytes`` (least recently used evicted first). A hit is no pass: the fetcher vets every URL of
+the entry's redirect chain again before using it, and the app starts a new cache whenever the
+media policy changes. Within one call media are fetched once anyway (before the ladder, so retries
+and escalations reuse them); the cache spares the fetch for the client's own retry.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+Key = tuple[str, str]
+"""(client id, URL as the client wrote it)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
@@ -20,6 +26,8 @@ class Fetched:
     data: bytes | bytearray
     content_type: str | None
     etag: str | None = None
+    chain: tuple[str, ...] = ()
+    """Every URL asked on the way, the first and ``url`` included: each is vetted again on a hit."""
 
 
 class MediaCache:
@@ -28,33 +36,50 @@ class MediaCache:
         self.ttl_s = ttl_s
         self.size = 0
         self._clock = clock
-        self._entries: OrderedDict[str, tuple[float, Fetched]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[float, Fetched]] = OrderedDict()
 
-    def get(self, url: str) -> Fetched | None:
-        entry = self._entries.get(url)
+    def get(self, key: Key) -> Fetched | None:
+        entry = self._entries.get(key)
         if entry is None:
             return None
         stored, fetched = entry
         if self._clock() - stored > self.ttl_s:
-            self._drop(url)
+            self.drop(key)
             return None
-        self._entries.move_to_end(url)
+        self._entries.move_to_end(key)
         return fetched
 
-    def put(self, url: str, fetched: Fetched) -> None:
+    def put(self, key: Key, fetched: Fetched) -> None:
         size = len(fetched.data)
         if size > self.max_bytes:
             return
-        self._drop(url)
+        self.drop(key)
         while self._entries and self.size + size > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-        self._entries[url] = (self._clock(), fetched)
+            self.drop(next(iter(self._entries)))
+        self._entries[key] = (self._clock(), fetched)
         self.size += size
 
-    def _drop(self, url: str) -> None:
-        entry = self._entries.pop(url, None)
+    def drop(self, key: Key) -> None:
+        entry = self._entries.pop(key, None)
         if entry is not None:
             self.size -= len(entry[1].data)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCache:
+    """One client's view of the cache: what a request hands its fetches."""
+
+    cache: MediaCache
+    client: str
+
+    def get(self, url: str) -> Fetched | None:
+        return self.cache.get((self.client, url))
+
+    def put(self, url: str, fetched: Fetched) -> None:
+        self.cache.put((self.client, url), fetched)
+
+    def drop(self, url: str) -> None:
+        self.cache.drop((self.client, url))

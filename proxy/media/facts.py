@@ -4,28 +4,28 @@ Images: Pillow's ``Image.open`` is lazy — it parses the header (size, mode, fo
 pixels until asked; a GIF's first frame is the one described. Audio/video: duration where the
 container states it in a fixed header (WAV ``fmt``/``data`` chunks, MP4/MOV ``mvhd``); other
 containers report none. PDF: the largest ``/Count`` of a ``/Type /Pages`` node in the file's
-uncompressed text — a PDF that keeps its page tree in a compressed object stream reports no
-page count (checked no further: a full PDF parser is a dependency this does not earn).
+uncompressed text, in one linear pass (``proxy.media.pdf``) — a PDF that keeps its page tree in
+a compressed object stream reports no page count (checked no further: a full PDF parser is a
+dependency this does not earn).
 """
 
 from __future__ import annotations
 
 import io
-import re
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
+from proxy.media.pdf import page_count
 from proxy.media.types import LIMITS, MAX_IMAGE_PIXELS, MIN_IMAGE_SIDE, MediaCategory, MediaError
 
 Buffer = bytes | bytearray
 
-_PDF_PAGES = re.compile(rb"/Type\s*/Pages\b[^>]*?/Count\s+(\d+)|/Count\s+(\d+)[^>]*?/Type\s*/Pages\b")
 PDF_SCAN_BYTES = 4 * 1024 * 1024
 """How much of a PDF's start and end is scanned for its page tree (the root is usually near one
-end); bounds the regex work on a 50 MB document."""
+end); bounds the scan of a 50 MB document."""
 MP4_SCAN_BOXES = 64
 """Top-level boxes walked looking for ``moov``; a real file has a handful."""
 
@@ -86,9 +86,14 @@ class ViewReader(io.RawIOBase):
         super().close()
 
 
+PILLOW_FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
+"""The plugins Pillow may use: those of the allowlist's image types. Without the list it would try
+every plugin it has (some accept any bytes) on bytes the magic-byte check already typed."""
+
+
 def open_image(data: Buffer) -> Image.Image:
     """The lazily opened image (header parsed, no pixel decoded)."""
-    return Image.open(io.BufferedReader(ViewReader(data)))
+    return Image.open(io.BufferedReader(ViewReader(data)), formats=PILLOW_FORMATS)
 
 
 def _image(data: Buffer, where: str) -> Facts:
@@ -169,7 +174,7 @@ def _pdf_pages(data: Buffer) -> int | None:
     regions = [bytes(view[:PDF_SCAN_BYTES])]
     if len(view) > PDF_SCAN_BYTES:
         regions.append(bytes(view[-PDF_SCAN_BYTES:]))
-    counts = [int(a or b) for region in regions for a, b in _PDF_PAGES.findall(region)]
+    counts = [c for c in (page_count(region).pages for region in regions) if c is not None]
     return max(counts) if counts else None
 
 

@@ -2,13 +2,15 @@
 
 Per hop: the scheme is https (http only with ``media.allow_http``); the host passes
 ``media.allowed_hosts`` when set; ``getaddrinfo`` is asked once and every address it answers must
-be global unicast (``addresses.refusal``) unless the exact host name is in
-``media.trusted_hosts``; the connection then goes to the vetted address only — the session's
-resolver answers from the vetted list and never looks up again (DNS rebinding), while TLS still
-verifies the original host name. Redirects are followed by hand, each one vetted the same way,
-at most ``media.max_redirects``. The body is read in chunks and refused (E1011) as soon as it
-passes the cap; the whole fetch runs under ``min(media.fetch_timeout_s, the call's deadline)``.
-Every refusal or failure is E1012 with the reason, before any byte is sent to the refused host.
+be an ordinary global address (``addresses.refusal``) unless ``media.trusted_hosts`` names the
+exact host and port (``host:port``; a bare host stands for ports 80 and 443 only); the
+connection then goes to the vetted address only — the session's resolver answers from the
+vetted list and never looks up again (DNS rebinding), while TLS still verifies the original host
+name. A cached answer is vetted the same way, every URL of its redirect chain, before it is used.
+Redirects are followed by hand, each one vetted the same way, at most ``media.max_redirects``.
+The body is read in chunks and refused (E1011) as soon as it passes the cap; the whole fetch
+runs under ``min(media.fetch_timeout_s, the call's deadline)``. Every refusal or failure is E1012
+with the reason, before any byte is sent to the refused host.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from proxy.media.addresses import parse, refusal
-from proxy.media.cache import Fetched, MediaCache
+from proxy.media.cache import ClientCache, Fetched
 from proxy.media.types import MediaError
 from proxy.policy.model import MediaPolicy
 
@@ -71,6 +73,25 @@ def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
     return False
 
 
+DEFAULT_PORTS = (80, 443)
+"""The ports a bare ``trusted_hosts`` entry (no ``:port``) stands for."""
+
+
+def trusted_entry(entry: str) -> tuple[str, tuple[int, ...]]:
+    """``host:port`` -> (host, (port,)); a bare host -> (host, DEFAULT_PORTS). IPv6 in brackets."""
+    entry = entry.strip().lower()
+    host, sep, port = entry.rpartition(":")
+    if not sep or (entry.startswith("[") and not host.endswith("]")) or not port.isdigit():
+        return entry.strip("[]").rstrip("."), DEFAULT_PORTS
+    return host.strip("[]").rstrip("."), (int(port),)
+
+
+def is_trusted(host: str, port: int, entries: tuple[str, ...]) -> bool:
+    """Whether ``media.trusted_hosts`` names this exact host on this port."""
+    host = host.lower().strip("[]").rstrip(".")
+    return any(h == host and port in ports for h, ports in map(trusted_entry, entries))
+
+
 async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str]]]:
     """The host of ``url`` and the addresses a connection to it may use; E1012 otherwise."""
     text = str(url)
@@ -92,12 +113,11 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
     except (OSError, UnicodeError) as exc:
         raise _failed(text, f"cannot resolve {host!r}: {exc}") from None
     addresses = [(int(family), str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
-    trusted = host.lower() in (h.lower() for h in settings.trusted_hosts)
-    if not trusted:
+    if not is_trusted(host, port, settings.trusted_hosts):
         for _, address in addresses:
             why = refusal(parse(address))
             if why is not None:
-                raise _failed(text, f"{host!r} resolves to {address}, a {why} address", address=address)
+                raise _failed(text, f"{host!r} resolves to {address}, refused: {why}", address=address)
     if not addresses:
         raise _failed(text, f"{host!r} has no address")
     return host, addresses
@@ -109,7 +129,7 @@ async def fetch(
     deadline: float,
     cap_for: Callable[[str | None], int],
     on_bytes: Callable[[int], Awaitable[None]],
-    cache: MediaCache | None = None,
+    cache: ClientCache | None = None,
 ) -> Fetched:
     """The bytes at ``url_text``, or ``MediaError`` (E1012 refused/failed, E1011 over the cap).
 
@@ -118,15 +138,19 @@ async def fetch(
     """
     if len(url_text) > MAX_URL_CHARS:
         raise _failed(url_text, f"URL longer than {MAX_URL_CHARS} characters")
-    if cache is not None:
-        hit = cache.get(url_text)
-        if hit is not None:
-            await on_bytes(len(hit.data))
-            return hit
     try:
         url = URL(url_text)
     except (ValueError, TypeError) as exc:
         raise _failed(url_text, f"not a URL: {exc}") from None
+    if cache is not None and (hit := cache.get(url_text)) is not None:
+        try:
+            for hop in hit.chain:  # a hit passes today's vet, as a fetch would (policy, DNS)
+                await vet(URL(hop), settings)
+        except MediaError:
+            cache.drop(url_text)
+            raise
+        await on_bytes(len(hit.data))
+        return hit
     budget = min(settings.fetch_timeout_s, deadline - time.monotonic())
     if budget <= 0:
         raise _failed(url_text, "the call's deadline is spent")
@@ -157,7 +181,9 @@ async def _follow(
     cap_for: Callable[[str | None], int],
     on_bytes: Callable[[int], Awaitable[None]],
 ) -> Fetched:
+    chain: list[str] = []
     for _ in range(settings.max_redirects + 1):
+        chain.append(str(url))
         host, addresses = await vet(url, settings)
         resolver.vetted[host] = addresses
         async with session.get(
@@ -181,7 +207,7 @@ async def _follow(
                 raise _failed(str(url), "answered with a Content-Encoding; media must be sent as is")
             cap = cap_for(content_type)
             data = await _read_capped(resp, cap, str(url), on_bytes)
-            return Fetched(str(url), data, content_type, resp.headers.get("ETag"))
+            return Fetched(str(url), data, content_type, resp.headers.get("ETag"), tuple(chain))
     raise _failed(str(url), f"more than {settings.max_redirects} redirects")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from proxy.media import checksum
-from proxy.media.cache import MediaCache
+from proxy.media.cache import ClientCache
 from proxy.media.decode import decode_strict, decoded_size
 from proxy.media.facts import Buffer, Facts, open_image, read_facts
 from proxy.media.fetch import fetch
@@ -133,23 +134,17 @@ class MediaRequest:
     settings: MediaPolicy
     deadline: float
     budget: MemoryBudget
-    cache: MediaCache | None = None
+    cache: ClientCache | None = None
 
 
 async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tuple[Buffer, str, str]:
     raw = item.get("path")
     if not isinstance(raw, str) or not raw or "\x00" in raw:
         raise MediaError("E1012", f"{where}.path must be a non-empty path", {"reason": "bad path"})
-    root = req.module_dir.resolve()
-    try:
-        path = (root / raw).resolve(strict=True)  # an absolute `raw` replaces root; checked below
-    except (OSError, RuntimeError):
-        raise MediaError("E1012", f"{where}: file {raw!r} does not exist", {"reason": "not found"}) from None
-    if not path.is_relative_to(root) or not path.is_file():
+    path = module_file(req.module_dir, raw)
+    if path is None:
         raise MediaError(
-            "E1012",
-            f"{where}: file {raw!r} is outside the module directory",
-            {"reason": "outside the module directory"},
+            "E1012", f"{where}: {raw!r} is not a file of the module directory", {"reason": NOT_A_MODULE_FILE}
         )
     media_type = _declared(item, where) or BY_EXTENSION.get(path.suffix.lower(), "")
     category = _category(media_type or f"(unknown extension {path.suffix!r})", where, req.accepted)
@@ -162,6 +157,25 @@ async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tup
     await req.budget.grow(size)
     data = await asyncio.to_thread(_read_capped, path, cap, where)
     return data, media_type, path.name
+
+
+NOT_A_MODULE_FILE = "not a file of the module directory"
+"""The one answer for every path that is not a regular file inside the module directory: outside
+it (``..``, absolute, through a symlink), missing, a directory, a symlink loop. Distinct answers
+would tell a client which files exist outside the module (issue #26 finding 7)."""
+
+
+def module_file(module_dir: Path, raw: str) -> Path | None:
+    """The regular file ``raw`` names inside ``module_dir`` (symlinks followed), else None.
+    A path that leaves the directory lexically is refused before the filesystem is asked."""
+    root = module_dir.resolve()
+    if not Path(os.path.normpath(root / raw)).is_relative_to(root):
+        return None
+    try:
+        path = (root / raw).resolve(strict=True)
+        return path if path.is_relative_to(root) and path.is_file() else None
+    except (OSError, RuntimeError):
+        return None
 
 
 def _read_capped(path: Path, cap: int, where: str) -> bytearray:
@@ -238,7 +252,9 @@ def _check_bytes(
             {
                 "declared_type": media_type,
                 "detected_type": found[0] if found else None,
-                "magic_bytes": head[:8].hex(),
+                # Only bytes the client sent itself: fetched bytes would make E1014 a reader of
+                # whatever answered, a module's own files a reader of the module directory.
+                **({"magic_bytes": head[:8].hex()} if item.get("type") == "base64" else {}),
             },
         )
     checksum.verify(data, checksum.expected(item.get("checksum"), where), where)

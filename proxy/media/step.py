@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from proxy.contract.errors import error_envelope
-from proxy.media.cache import MediaCache
+from proxy.media.cache import ClientCache
 from proxy.media.model import Media
 from proxy.media.resolve import MediaRequest, MemoryBudget, NoBudget, prepare
 from proxy.media.types import LIMITS, MB, MediaError
@@ -30,7 +30,7 @@ class MediaEnv:
     """What a request lends its media step: its memory budget and the fetched-media cache."""
 
     budget: MemoryBudget = field(default_factory=NoBudget)
-    cache: MediaCache | None = None
+    cache: ClientCache | None = None
 
 
 async def prepare_media(

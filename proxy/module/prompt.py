@@ -11,6 +11,7 @@ import orjson
 
 from proxy.contract.errors import EXPLAIN_MAX
 from proxy.module.model import Module, ModuleFormat
+from proxy.module.references import scan
 
 if TYPE_CHECKING:
     from proxy.media.model import Media
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
 MEDIA_PLACEHOLDER = "$MEDIA_INPUTS"
 
 _PLACEHOLDER = re.compile(r"\$ARGUMENTS\[(\d+)\]|\$ARGUMENTS|\$(\d+)")
-_INJECTION = re.compile(
-    r"\{\{\s*(?P<name>[a-z0-9][a-z0-9._-]*?)\.(?P<path>(?:ok|meta|data|error|partial_data)(?:\.[A-Za-z0-9_-]+)*)\s*\}\}"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +72,12 @@ def inject_results(text: str, results: Mapping[str, Any]) -> str:
     if not results:
         return text
 
-    def replace(match: re.Match[str]) -> str:
-        name = match["name"]
-        if name not in results:
-            return match.group(0)
-        return _injected_value(results[name], match["path"])
-
-    return _INJECTION.sub(replace, text)
+    pieces, at = [], 0
+    for ref in scan(text).references:  # one linear pass: the text holds the client's arguments
+        if ref.name in results:
+            pieces += [text[at : ref.start], _injected_value(results[ref.name], ref.path)]
+            at = ref.end
+    return "".join([*pieces, text[at:]])
 
 
 def _envelope_instructions(module: Module) -> str:

@@ -223,8 +223,9 @@ class MediaPolicy:
     allowed_hosts: tuple[str, ...] = ()
     """When set, only these hosts (``*.example.com`` for subdomains) are fetched from."""
     trusted_hosts: tuple[str, ...] = ()
-    """Exact host names that may resolve to private addresses (an internal asset server).
-    IP literals and other names are still held to public addresses."""
+    """``host:port`` entries that may resolve to private addresses (an internal asset server);
+    a bare host stands for ports 80 and 443 only. Other hosts and ports, redirects included,
+    are still held to ordinary global addresses."""
     max_redirects: int = 3
     fetch_timeout_s: float = 10.0
     """Bounds one fetch, redirects included; never beyond the call's own deadline."""

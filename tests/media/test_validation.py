@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from yarl import URL
 
 from proxy.media.addresses import refusal
 from proxy.media.decode import decode_strict
 from proxy.media.facts import read_facts
-from proxy.media.fetch import PinnedResolver
+from proxy.media.fetch import PinnedResolver, is_trusted, vet
 from proxy.media.resolve import MediaRequest, NoBudget, prepare
 from proxy.media.sniff import candidates, matches
 from proxy.media.types import LIMITS, MediaError
@@ -287,3 +288,73 @@ def test_truncated_or_corrupted_headers_never_escape_as_exceptions(
             read_facts(corrupted, media_type, category, "x")  # type: ignore[arg-type]
         except MediaError as exc:
             assert exc.code in {"E1013", "E1015", "E1016", "E1017", "E1011"}
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "entries", "trusted"),
+    [
+        ("localhost", 8081, ("localhost:8081",), True),
+        ("LOCALHOST.", 8081, ("localhost:8081",), True),
+        ("localhost", 8082, ("localhost:8081",), False),  # another port of a trusted host
+        ("localhost", 80, ("localhost",), True),  # a bare host: the default ports only
+        ("localhost", 443, ("localhost",), True),
+        ("localhost", 8081, ("localhost",), False),
+        ("::1", 8081, ("[::1]:8081",), True),
+        ("::1", 443, ("[::1]",), True),
+        ("::1", 22, ("[::1]",), False),
+        ("assets.internal", 8081, ("localhost:8081",), False),
+        ("localhost", 8081, (), False),
+    ],
+)
+def test_trusted_hosts_name_a_host_and_a_port(
+    host: str, port: int, entries: tuple[str, ...], trusted: bool
+) -> None:
+    assert is_trusted(host, port, entries) is trusted
+
+
+def test_a_trusted_host_on_another_port_is_vetted_like_any_host() -> None:
+    settings = MediaPolicy(allow_http=True, trusted_hosts=("localhost:8081",))
+    asyncio.run(vet(URL("http://localhost:8081/a.png"), settings))  # trusted: loopback allowed
+    with pytest.raises(MediaError) as caught:
+        asyncio.run(vet(URL("http://localhost:8082/a.png"), settings))
+    assert caught.value.code == "E1012" and "Loopback" in caught.value.details["reason"]
+
+
+def test_magic_bytes_are_echoed_for_inline_bytes_only(tmp_path: Path) -> None:
+    """E1014 says what the client's own bytes start with, never a module file's (or a fetch's)."""
+    (tmp_path / "secret.png").write_bytes(b"SECRET-KEY-MATERIAL")
+    error = refused({"i": {"type": "file", "path": "secret.png"}}, module_dir=tmp_path)
+    assert error.code == "E1014" and "magic_bytes" not in error.details
+    assert refused(inline("image/png", b"SECRET-KEY-MATERIAL")).details["magic_bytes"] == b"SECRET-K".hex()
+
+
+def test_every_path_that_is_not_a_module_file_gets_one_answer(tmp_path: Path) -> None:
+    """Finding 7: no existence oracle. Outside the module directory, existing or not, through
+    ``..``, an absolute path or a symlink (to a file that exists or not), a directory, a symlink
+    loop: the same code, details and message (but for the client's own path)."""
+    module = tmp_path / "mod"
+    (module / "media").mkdir(parents=True)
+    (tmp_path / "secret.png").write_bytes(samples.PNG)
+    (module / "media" / "to-secret.png").symlink_to(tmp_path / "secret.png")
+    (module / "media" / "to-nothing.png").symlink_to(tmp_path / "nothing.png")
+    (module / "media" / "to-outside-dir").symlink_to(tmp_path)
+    (module / "media" / "loop.png").symlink_to(module / "media" / "loop.png")
+    paths = [
+        "../secret.png", "../nothing.png", str(tmp_path / "secret.png"), str(tmp_path / "nothing.png"),
+        "/etc/passwd", "/etc/no-such-file", "media/to-secret.png", "media/to-nothing.png",
+        "media/to-outside-dir/secret.png", "media/to-outside-dir/nothing.png", "media/../../secret.png",
+        "media/../../nothing.png", "media/loop.png", "media", "media/none.png", "/", "..",
+    ]  # fmt: skip
+    answers = set()
+    for path in paths:
+        error = refused({"i": {"type": "file", "path": path}}, module_dir=module)
+        answers.add((error.code, error.message.replace(repr(path), "<path>"), tuple(error.details.items())))
+    assert len(answers) == 1, answers
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "ICO", "PPM", "TGA"])
+def test_pillow_reads_only_the_allowlisted_formats(fmt: str) -> None:
+    """Images off the allowlist never reach another Pillow plugin's parser, whatever is declared."""
+    with pytest.raises(MediaError) as caught:
+        read_facts(samples.image(fmt), "image/png", "image", "x")
+    assert caught.value.code == "E1013"

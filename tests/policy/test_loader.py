@@ -242,3 +242,14 @@ def test_bad_prices_and_limits_are_refused_with_their_path(extra: dict[str, Any]
     with pytest.raises(PolicyError) as caught:
         parse_policy({**doc, **extra})
     assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize("entry", ["localhost:8081", "assets.internal", "[::1]:8081", "[::1]", "10.0.0.5:90"])
+def test_trusted_hosts_take_host_and_port_entries(entry: str) -> None:
+    assert parse_policy({**MINIMAL, "media": {"trusted_hosts": [entry]}}).media.trusted_hosts == (entry,)
+
+
+@pytest.mark.parametrize("entry", ["http://x", "::1", "x:port", "x/path", "a b", "x:123456"])
+def test_a_trusted_host_that_is_not_host_or_host_port_is_refused(entry: str) -> None:
+    with pytest.raises(PolicyError, match=r"media.trusted_hosts"):
+        parse_policy({**MINIMAL, "media": {"trusted_hosts": [entry]}})

@@ -138,7 +138,7 @@ async def test_a_20_mb_image_passes_with_peak_memory_growth_under_twice_its_size
         if form == "file"
         else {"type": "url", "url": f"http://localhost:{runner.addresses[0][1]}/big.png"}
     )
-    media = {"allow_http": True, "trusted_hosts": ["localhost"]}
+    media = {"allow_http": True, "trusted_hosts": [f"localhost:{runner.addresses[0][1]}"]}
     try:
         async with serve(fake_upstream, tmp_path, modules=modules, media=media) as proc:
             pid = proc.proc.pid

@@ -61,6 +61,11 @@ def completion_chunks(completion_obj: dict[str, Any], *, include_usage: bool) ->
     return chunks
 
 
+def envelope_text(envelope: Mapping[str, Any]) -> str:
+    """A module envelope as the content of an OpenAI-wire answer (sync, streamed, tool call)."""
+    return orjson.dumps(envelope).decode()
+
+
 def sse_frame(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``obj``."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"

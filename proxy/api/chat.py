@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.frames import fingerprint
 from proxy.api.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
@@ -32,7 +33,7 @@ from proxy.upstream.base import CallContext, Provider, Relayed
 from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.upstream.sse import StreamCheck
-from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
+from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, envelope_text, sse_frame
 
 log = structlog.get_logger("proxy.api")
 
@@ -138,7 +139,7 @@ async def _module_chat(
     )
     if answer.status != 200:
         return module_error_response(answer)
-    reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())
+    reply = completion(f"{MODULE_PREFIX}{name}", envelope_text(answer.envelope))
     if answer.usage:
         reply["usage"] = dict(answer.usage)
     reply["cognitive"] = answer.cognitive()
@@ -152,14 +153,8 @@ async def _module_chat(
 
 
 def decision_fingerprint(answer: ModuleAnswer) -> str:
-    """The decision in ``system_fingerprint``: the one field of a completion (and of a stream's
-    last chunk) that LangChain, LlamaIndex and other wrappers keep when they drop the rest.
-    ``cogproxy:decision=escalated;tier=decision;confidence=0.92;risk=low``"""
-    meta = answer.meta
-    return (
-        f"cogproxy:decision={answer.decision};tier={answer.module.tier};"
-        f"confidence={meta.get('confidence')};risk={meta.get('risk')}"
-    )
+    """The decision in ``system_fingerprint`` (``frames.fingerprint``)."""
+    return fingerprint(answer.decision, answer.module.tier, answer.meta)
 
 
 async def _stream_module(

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8080
 
-.PHONY: run test lint install redis-server conformance bench mutation clean
+.PHONY: run test lint install redis-server node-clients conformance bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,15 @@ redis-server:
 		{ echo "redis-server is missing: apt-get install -y redis-server"; exit 1; }
 
 ## test: set everything up and run the whole suite
-test: install redis-server
+test: install redis-server node-clients
 	$(BIN)/python -m pytest
+
+## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm
+node-clients: tests/node/node_modules/.package-lock.json
+
+tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
+	@if command -v npm >/dev/null; then cd tests/node && npm ci --no-audit --no-fund --silent; \
+	else echo "npm not found: the Node client tests will be skipped"; fi
 
 ## lint: ruff, mypy (strict) on the package and the tests, and the import layers ([tool.importlinter])
 lint: install

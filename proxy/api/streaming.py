@@ -24,6 +24,7 @@ from proxy.api.errors import json_response
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
+from proxy.api.output_mode import OutputMode
 from proxy.api.quota import admit_module
 from proxy.api.state import METRICS, SETTINGS, Runtime
 from proxy.context.identity import without_context
@@ -77,11 +78,19 @@ async def _produce(
     check: bool,
     emitter: ChunkEmitter,
     history: Sequence[Mapping[str, Any]],
+    tools: tuple[Mapping[str, Any], ...],
 ) -> ModuleAnswer | None:
     metrics = request.app[METRICS]
     try:
         answer = await answer_module(
-            request, runtime, module, value, check_input=check, listener=emitter, history=history
+            request,
+            runtime,
+            module,
+            value,
+            check_input=check,
+            listener=emitter,
+            history=history,
+            tools=tools,
         )
     except asyncio.CancelledError:
         emitter.fail(
@@ -114,6 +123,7 @@ def start_stream(
     value: Any,
     check: bool,
     history: Sequence[Mapping[str, Any]] = (),
+    tools: tuple[Mapping[str, Any], ...] = (),
 ) -> Started:
     """Create the session and start its producer (which outlives this request)."""
     hub = request.app[STREAMS]
@@ -124,7 +134,9 @@ def start_stream(
         streamable_fields(module),
         on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
     )
-    return Started(session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history)))
+    return Started(
+        session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history, tools))
+    )
 
 
 def primary_field(module: Module) -> str:
@@ -370,13 +382,14 @@ async def _start_and_follow(
     check: bool,
     framer: Framer,
     history: Sequence[Mapping[str, Any]] = (),
+    tools: tuple[Mapping[str, Any], ...] = (),
 ) -> web.StreamResponse:
     refused = input_refused(request, module, value, check)
     if refused is not None:
         return refused
     await admit_module(request, runtime.policy, value)  # a 429 before the stream starts
     trace_id = request[TRACE_KEY]
-    started = start_stream(request, runtime, module, value, check, history)
+    started = start_stream(request, runtime, module, value, check, history, tools)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     return await respond(
@@ -398,12 +411,13 @@ async def stream_module_chat(
     value: Any,
     check: bool,
     body: dict[str, Any],
-    history: Sequence[Mapping[str, Any]] = (),
+    history: Sequence[Mapping[str, Any]],
+    mode: OutputMode,
 ) -> web.StreamResponse:
     """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
     include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
-    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
-    return await _start_and_follow(request, runtime, module, value, check, framer, history)
+    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage, mode.tool)
+    return await _start_and_follow(request, runtime, module, value, check, framer, history, mode.tools)
 
 
 async def stream_module_response(

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
-.PHONY: run test test-fast lint install redis-server conformance bench mutation clean
+.PHONY: run test test-fast lint install redis-server node-clients conformance bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +28,20 @@ redis-server:
 		{ echo "redis-server is missing: apt-get install -y redis-server"; exit 1; }
 
 ## test: set everything up and run the whole suite
-test: install redis-server
+test: install redis-server node-clients
 	$(BIN)/python -m pytest
 
 ## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core
-test-fast: install redis-server
+test-fast: install redis-server node-clients
 	$(BIN)/python -m pytest -m "not slow" -n auto -q
+
+## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm
+node-clients: tests/node/node_modules/.package-lock.json
+
+tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
+	@if command -v npm >/dev/null; then cd tests/node && { npm ci --no-audit --no-fund --silent || \
+		echo "npm ci failed: the Node client tests will be skipped"; }; \
+	else echo "npm not found: the Node client tests will be skipped"; fi
 
 ## lint: ruff, mypy (strict) on the package and the tests, and the import layers ([tool.importlinter])
 lint: install

@@ -233,6 +233,14 @@ class ModuleAnswer:
             "cost": {**self.cost.as_dict(), "downgraded": self.downgraded},
         }
 
+    @property
+    def answered_by(self) -> str:
+        """The ``provider/model`` that produced the decided answer: its own; for a composite, the
+        last step's that has one (every step's is in ``cognitive.attempts``); "" when none did."""
+        if self.model:
+            return self.model
+        return next((s.answer.answered_by for s in reversed(self.steps) if s.answer.answered_by), "")
+
     def total_usd(self) -> float:
         """The cost of this answer and of every nested step."""
         return self.cost.usd + sum(s.answer.total_usd() for s in self.steps)
@@ -249,11 +257,12 @@ class ModuleAnswer:
             "X-Cognitive-Confidence": f"{meta.get('confidence', 0)}",
             "X-Cognitive-Risk": str(meta.get("risk", "high")),
             "X-Cognitive-Tier": self.module.tier,
-            "X-Cognitive-Model": self.model or "",
             "X-Cognitive-Attempts": str(self.all_attempts()),
             "X-Cognitive-Cost-Usd": f"{self.total_usd():.9f}",
             "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
         }
+        if self.answered_by:  # absent when no model answered (a provider failure, a refused input)
+            headers["X-Cognitive-Model"] = self.answered_by
         final = self.final
         if final is not None and final.calibrated is not None:
             headers["X-Cognitive-Confidence-Calibrated"] = f"{final.calibrated:.6g}"

@@ -31,6 +31,14 @@ def completion(model: str, content: str, prompt_tokens: int = 0) -> dict[str, An
     }
 
 
+def _whole_delta(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message's content, or its tool calls, as one delta."""
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        return {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+    return {"content": message.get("content") or ""}
+
+
 def completion_chunks(completion_obj: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` frames that stream ``completion_obj``."""
     base = {
@@ -48,17 +56,17 @@ def completion_chunks(completion_obj: dict[str, Any], *, include_usage: bool) ->
             **base,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
         },
-        {
-            **base,
-            "choices": [
-                {"index": 0, "delta": {"content": message.get("content") or ""}, "finish_reason": None}
-            ],
-        },
+        {**base, "choices": [{"index": 0, "delta": _whole_delta(message), "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
     ]
     if include_usage and "usage" in completion_obj:
         chunks.append({**base, "choices": [], "usage": completion_obj["usage"]})
     return chunks
+
+
+def envelope_text(envelope: Mapping[str, Any]) -> str:
+    """A module envelope as the content of an OpenAI-wire answer (sync, streamed, tool call)."""
+    return orjson.dumps(envelope).decode()
 
 
 def sse_frame(obj: dict[str, Any]) -> bytes:

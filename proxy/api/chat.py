@@ -14,9 +14,11 @@ from aiohttp import web
 
 from proxy.api.body import passthrough_failure, read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.frames import fingerprint, tool_call_id
 from proxy.api.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.output_mode import output_mode
 from proxy.api.quota import admit, caller, estimate_body_tokens, settle
 from proxy.api.relay import serve
 from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
@@ -32,7 +34,7 @@ from proxy.upstream.base import CallContext, Provider, Relayed
 from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.upstream.sse import StreamCheck
-from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, sse_frame
+from proxy.wire import DONE, UsageSniffer, completion, completion_chunks, envelope_text, sse_frame
 
 log = structlog.get_logger("proxy.api")
 
@@ -112,6 +114,7 @@ async def _module_chat(
     if module is None:
         return module_not_found(name, runtime, request)
     value, check = module_input(body)
+    mode = output_mode(body)
     wants_stream = body.get("stream") is True
     try:
         negotiated = negotiate(
@@ -127,18 +130,17 @@ async def _module_chat(
             code=Code.STREAMING_NOT_SUPPORTED,
         )
     if wants_stream and negotiated.mode == "streaming":
-        return await stream_module_chat(request, runtime, module, value, check, body, module_history(body))
-    tools = (
-        tuple(t for t in body.get("tools") or () if isinstance(t, dict))
-        if isinstance(body.get("tools"), list)
-        else ()
-    )
+        return await stream_module_chat(
+            request, runtime, module, value, check, body, module_history(body), mode
+        )
     answer = await answer_module(
-        request, runtime, module, value, check_input=check, history=module_history(body), tools=tools
+        request, runtime, module, value, check_input=check, history=module_history(body), tools=mode.tools
     )
     if answer.status != 200:
         return module_error_response(answer)
-    reply = completion(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode())
+    reply = completion(f"{MODULE_PREFIX}{name}", envelope_text(answer.envelope))
+    if mode.tool is not None:
+        as_tool_call(reply, mode.tool)
     if answer.usage:
         reply["usage"] = dict(answer.usage)
     reply["cognitive"] = answer.cognitive()
@@ -151,15 +153,22 @@ async def _module_chat(
     return json_response(reply, headers=headers)
 
 
+def as_tool_call(reply: dict[str, Any], tool: str) -> None:
+    """``reply``'s content (the envelope) moved to the arguments of a call of the forced ``tool``."""
+    choice = reply["choices"][0]
+    message = choice["message"]
+    call = {
+        "id": tool_call_id(),
+        "type": "function",
+        "function": {"name": tool, "arguments": message["content"]},
+    }
+    message.update(content=None, tool_calls=[call])
+    choice["finish_reason"] = "tool_calls"
+
+
 def decision_fingerprint(answer: ModuleAnswer) -> str:
-    """The decision in ``system_fingerprint``: the one field of a completion (and of a stream's
-    last chunk) that LangChain, LlamaIndex and other wrappers keep when they drop the rest.
-    ``cogproxy:decision=escalated;tier=decision;confidence=0.92;risk=low``"""
-    meta = answer.meta
-    return (
-        f"cogproxy:decision={answer.decision};tier={answer.module.tier};"
-        f"confidence={meta.get('confidence')};risk={meta.get('risk')}"
-    )
+    """The decision in ``system_fingerprint`` (``frames.fingerprint``)."""
+    return fingerprint(answer.decision, answer.module.tier, answer.meta)
 
 
 async def _stream_module(

@@ -13,12 +13,12 @@ from aiohttp import web
 
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.frames import framer_for
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module, caller_error, module_not_found
 from proxy.api.state import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
-    framer_for,
     recovery_of,
     recovery_refused,
     resume,

@@ -75,7 +75,7 @@ async def capabilities(request: web.Request) -> web.Response:
             "v2_5_features": ["streaming", "multimodal"] if media else ["streaming"],
             "conformance_level": 2,
             "response_modes": ["sync", "streaming"],
-            "chat_completions": {"stream": True, "module_stream": "deltas"},
+            "chat_completions": {"stream": True, "module_stream": "envelope"},
             "modalities": {"input": ["text", *media], "output": ["text"]},
             "max_body_bytes": request.app[SETTINGS].max_body_bytes,
             "modules": len(runtime.registry.modules),

@@ -236,7 +236,7 @@ async def answer_module(
         confidence=answer.meta.get("confidence"),
         risk=answer.meta.get("risk"),
         attempts=len(answer.attempts),
-        target=answer.model,
+        target=answer.answered_by or None,
     )
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)

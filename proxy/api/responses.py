@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from proxy.api.body import read_json
@@ -16,7 +15,7 @@ from proxy.api.quota import count_request
 from proxy.api.state import runtime_of
 from proxy.api.streaming import stream_module_response
 from proxy.jsonshape import as_dict, as_list
-from proxy.wire import response_events, response_object, sse_event
+from proxy.wire import envelope_text, response_events, response_object, sse_event
 
 
 def chat_messages(body: dict[str, Any]) -> dict[str, Any]:
@@ -27,6 +26,8 @@ def chat_messages(body: dict[str, Any]) -> dict[str, Any]:
     messages = []
     for item in as_list(value):
         entry = as_dict(item)
+        if entry.get("type") == "reasoning":
+            continue  # a streamed answer's live view, handed back with the output: not a message
         content = entry.get("content")
         if isinstance(content, list):
             content = [
@@ -61,7 +62,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     answer = await answer_module(request, runtime, module, value, check_input=check, history=history)
     if answer.status != 200:
         return module_error_response(answer)
-    final = response_object(f"{MODULE_PREFIX}{name}", orjson.dumps(answer.envelope).decode(), answer.usage)
+    final = response_object(f"{MODULE_PREFIX}{name}", envelope_text(answer.envelope), answer.usage)
     final["cognitive"] = answer.cognitive()
     headers = answer.headers()
     if body.get("stream") is not True:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +21,10 @@ import structlog
 from aiohttp import web
 
 from proxy.api.errors import json_response
+from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
+from proxy.api.output_mode import OutputMode
 from proxy.api.quota import admit_module
 from proxy.api.state import METRICS, SETTINGS, Runtime
 from proxy.context.identity import without_context
@@ -33,18 +34,10 @@ from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
 from proxy.pipeline import ModuleAnswer
-from proxy.stream.chunks import (
-    HEARTBEAT,
-    Kind,
-    error_chunk,
-    meta_chunk,
-    recovery_info,
-)
+from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
 from proxy.stream.emitter import ChunkEmitter
 from proxy.stream.fields import RATIONALE, streamable_fields
-from proxy.stream.negotiate import Transport
 from proxy.stream.sessions import Session, SessionHub, Source
-from proxy.wire import response_object, sse_event
 
 log = structlog.get_logger("proxy.api")
 
@@ -70,213 +63,6 @@ async def streams_ctx(app: web.Application) -> Any:
     await hub.aclose()
 
 
-# -- framing ---------------------------------------------------------------------------------------
-
-
-class Framer:
-    """Chunks -> bytes for one transport."""
-
-    content_type = "text/event-stream"
-
-    def meta(self, chunk: dict[str, Any]) -> bytes:
-        return b"event: meta\ndata: " + orjson.dumps(chunk) + b"\n\n"
-
-    def event(self, kind: Kind, payload: bytes) -> bytes:
-        return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
-
-    def heartbeat(self) -> bytes:
-        return b"event: chunk\ndata: {}\n\n"
-
-    def end(self) -> bytes:
-        return b""
-
-
-class NdjsonFramer(Framer):
-    content_type = "application/x-ndjson"
-
-    def meta(self, chunk: dict[str, Any]) -> bytes:
-        return orjson.dumps(chunk) + b"\n"
-
-    def event(self, kind: Kind, payload: bytes) -> bytes:
-        return payload + b"\n"
-
-    def heartbeat(self) -> bytes:
-        return orjson.dumps(HEARTBEAT) + b"\n"
-
-
-def framer_for(transport: Transport) -> Framer:
-    return NdjsonFramer() if transport == "ndjson" else Framer()
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-class ChatFramer(Framer):
-    """``chat.completion.chunk`` frames: the primary field's deltas are the content; every frame
-    carries its stream chunk as ``cognitive_chunk``; the last one carries ``envelope`` (the
-    decided envelope) and ``cognitive``; a failed answer ends with an ``error`` frame."""
-
-    def __init__(self, model: str, primary: str, include_usage: bool) -> None:
-        self._base = {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-        }
-        self._primary = primary
-        self._include_usage = include_usage
-
-    def _frame(
-        self, delta: dict[str, Any], chunk: dict[str, Any], finish: str | None = None
-    ) -> dict[str, Any]:
-        return {
-            **self._base,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            "cognitive_chunk": chunk,
-        }
-
-    def meta(self, chunk: dict[str, Any]) -> bytes:
-        return _sse(self._frame({"role": "assistant", "content": ""}, chunk))
-
-    def event(self, kind: Kind, payload: bytes) -> bytes:
-        chunk = orjson.loads(payload)
-        if kind == "chunk":
-            inner = as_dict(chunk.get("chunk"))
-            text = inner.get("delta") if inner.get("field") == self._primary else None
-            return _sse(self._frame({"content": text} if isinstance(text, str) else {}, chunk))
-        if kind == "progress":
-            return _sse(self._frame({}, chunk))
-        envelope = {k: chunk[k] for k in ("ok", "meta", "data", "error", "partial_data") if k in chunk}
-        cognitive = chunk.pop("cognitive", None)
-        if kind == "error":
-            error = as_dict(chunk.get("error"))
-            return _sse(
-                {
-                    **self._base,
-                    "error": {
-                        "message": str(error.get("message", "")),
-                        "type": "cognitive_module_error",
-                        "code": error.get("code"),
-                    },
-                    "envelope": envelope,
-                    "cognitive": cognitive,
-                    "cognitive_chunk": chunk,
-                }
-            )
-        decision = as_dict(cognitive)
-        meta = as_dict(chunk.get("meta"))
-        frame = self._frame({}, chunk, "stop")
-        frame["envelope"] = envelope
-        frame["cognitive"] = cognitive
-        frame["system_fingerprint"] = (
-            f"cogproxy:decision={decision.get('decision')};tier={decision.get('tier')};"
-            f"confidence={meta.get('confidence')};risk={meta.get('risk')}"
-        )
-        out = _sse(frame)
-        if self._include_usage:
-            usage = as_dict(chunk.get("usage"))
-            given, made = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
-            out += _sse(
-                {
-                    **self._base,
-                    "choices": [],
-                    "usage": {
-                        "prompt_tokens": given,
-                        "completion_tokens": made,
-                        "total_tokens": given + made,
-                    },
-                }
-            )
-        return out
-
-    def heartbeat(self) -> bytes:
-        return b": keep-alive\n\n"
-
-    def end(self) -> bytes:
-        return b"data: [DONE]\n\n"
-
-
-class ResponsesFramer(Framer):
-    """Responses API events: the primary field's deltas are ``response.output_text.delta``;
-    progress and snapshot chunks ride on ``response.in_progress`` events (as ``cognitive_chunk``);
-    ``response.completed`` carries the decided envelope as the output text, like a sync answer,
-    and ``cognitive``; a failed answer ends with ``response.failed``."""
-
-    def __init__(self, model: str, primary: str) -> None:
-        self._model = model
-        self._primary = primary
-        self._number = 0
-        self._shell = response_object(model, "")
-        self._item = self._shell["output"][0]
-        self._ids = {"item_id": self._item["id"], "output_index": 0, "content_index": 0}
-
-    def _event(self, event: dict[str, Any]) -> bytes:
-        event["sequence_number"] = self._number
-        self._number += 1
-        return sse_event(event)
-
-    def _pending(self) -> dict[str, Any]:
-        return {**self._shell, "status": "in_progress", "output": [], "usage": None}
-
-    def meta(self, chunk: dict[str, Any]) -> bytes:
-        empty = {"type": "output_text", "text": "", "annotations": []}
-        started = {**self._item, "status": "in_progress", "content": []}
-        return (
-            self._event({"type": "response.created", "response": self._pending(), "cognitive_chunk": chunk})
-            + self._event({"type": "response.in_progress", "response": self._pending()})
-            + self._event({"type": "response.output_item.added", "output_index": 0, "item": started})
-            + self._event({"type": "response.content_part.added", **self._ids, "part": empty})
-        )
-
-    def event(self, kind: Kind, payload: bytes) -> bytes:
-        chunk = orjson.loads(payload)
-        inner = as_dict(chunk.get("chunk"))
-        if kind == "chunk" and inner.get("type") == "delta" and inner.get("field") == self._primary:
-            delta = {
-                "type": "response.output_text.delta",
-                **self._ids,
-                "delta": inner["delta"],
-                "logprobs": [],
-            }
-            return self._event({**delta, "cognitive_chunk": chunk})
-        if kind in ("chunk", "progress"):
-            pending = {"type": "response.in_progress", "response": self._pending(), "cognitive_chunk": chunk}
-            return self._event(pending)
-        cognitive = chunk.pop("cognitive", None)
-        envelope = {k: chunk[k] for k in ("ok", "meta", "data", "error", "partial_data") if k in chunk}
-        if kind == "error":
-            error = as_dict(chunk.get("error"))
-            failed = {
-                **self._pending(),
-                "status": "failed",
-                "error": {"code": str(error.get("code")), "message": str(error.get("message", ""))},
-                "cognitive": cognitive,
-                "envelope": envelope,
-            }
-            return self._event({"type": "response.failed", "response": failed, "cognitive_chunk": chunk})
-        usage = as_dict(chunk.get("usage"))
-        text = orjson.dumps(envelope).decode()
-        counts = {
-            "prompt_tokens": usage.get("input_tokens", 0),
-            "completion_tokens": usage.get("output_tokens", 0),
-        }
-        final = response_object(self._model, text, counts)
-        item = {**final["output"][0], "id": self._item["id"]}
-        final.update(
-            id=self._shell["id"], created_at=self._shell["created_at"], cognitive=cognitive, output=[item]
-        )
-        return (
-            self._event({"type": "response.output_text.done", **self._ids, "text": text, "logprobs": []})
-            + self._event({"type": "response.content_part.done", **self._ids, "part": item["content"][0]})
-            + self._event({"type": "response.output_item.done", "output_index": 0, "item": item})
-            + self._event({"type": "response.completed", "response": final, "cognitive_chunk": chunk})
-        )
-
-    def heartbeat(self) -> bytes:
-        return b": keep-alive\n\n"
-
-
 # -- producing -------------------------------------------------------------------------------------
 
 
@@ -292,11 +78,19 @@ async def _produce(
     check: bool,
     emitter: ChunkEmitter,
     history: Sequence[Mapping[str, Any]],
+    tools: tuple[Mapping[str, Any], ...],
 ) -> ModuleAnswer | None:
     metrics = request.app[METRICS]
     try:
         answer = await answer_module(
-            request, runtime, module, value, check_input=check, listener=emitter, history=history
+            request,
+            runtime,
+            module,
+            value,
+            check_input=check,
+            listener=emitter,
+            history=history,
+            tools=tools,
         )
     except asyncio.CancelledError:
         emitter.fail(
@@ -329,6 +123,7 @@ def start_stream(
     value: Any,
     check: bool,
     history: Sequence[Mapping[str, Any]] = (),
+    tools: tuple[Mapping[str, Any], ...] = (),
 ) -> Started:
     """Create the session and start its producer (which outlives this request)."""
     hub = request.app[STREAMS]
@@ -339,7 +134,9 @@ def start_stream(
         streamable_fields(module),
         on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
     )
-    return Started(session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history)))
+    return Started(
+        session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history, tools))
+    )
 
 
 def primary_field(module: Module) -> str:
@@ -585,13 +382,14 @@ async def _start_and_follow(
     check: bool,
     framer: Framer,
     history: Sequence[Mapping[str, Any]] = (),
+    tools: tuple[Mapping[str, Any], ...] = (),
 ) -> web.StreamResponse:
     refused = input_refused(request, module, value, check)
     if refused is not None:
         return refused
     await admit_module(request, runtime.policy, value)  # a 429 before the stream starts
     trace_id = request[TRACE_KEY]
-    started = start_stream(request, runtime, module, value, check, history)
+    started = start_stream(request, runtime, module, value, check, history, tools)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     return await respond(
@@ -613,12 +411,13 @@ async def stream_module_chat(
     value: Any,
     check: bool,
     body: dict[str, Any],
-    history: Sequence[Mapping[str, Any]] = (),
+    history: Sequence[Mapping[str, Any]],
+    mode: OutputMode,
 ) -> web.StreamResponse:
     """A module answer streamed as ``chat.completion.chunk`` frames (``ChatFramer``)."""
     include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
-    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage)
-    return await _start_and_follow(request, runtime, module, value, check, framer, history)
+    framer = ChatFramer(f"module:{module.name}", primary_field(module), include_usage, mode.tool)
+    return await _start_and_follow(request, runtime, module, value, check, framer, history, mode.tools)
 
 
 async def stream_module_response(

@@ -94,14 +94,15 @@ def duration(seconds: float) -> str:
 
 
 def ratelimit_headers(admission: Admission) -> dict[str, str]:
-    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` as OpenAI sends them."""
+    """``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` as OpenAI sends them: reset is the
+    time until the window is full again (``Retry-After`` is the time until one more unit fits)."""
     headers = {}
     for kind in ("requests", "tokens"):
         window = admission.tightest(kind)
         if window is not None:
             headers[f"x-ratelimit-limit-{kind}"] = str(window.window.limit)
             headers[f"x-ratelimit-remaining-{kind}"] = str(window.state.remaining)
-            headers[f"x-ratelimit-reset-{kind}"] = duration(window.state.reset_s)
+            headers[f"x-ratelimit-reset-{kind}"] = duration(window.state.full_s)
     return headers
 
 

@@ -50,7 +50,20 @@ class WindowState:
     """The request fitted in this window (all windows are taken together or not at all)."""
     remaining: int
     reset_s: float
-    """Seconds until at least one more unit frees up."""
+    """Seconds until at least one more unit frees up (``Retry-After`` of a refused request)."""
+    full_s: float = 0.0
+    """Seconds until the window is back to its initial state, every unit free (OpenAI's
+    ``x-ratelimit-reset-*``)."""
+
+
+def full_after(expiry: float, previous: int, current: int, into: float) -> float:
+    """Seconds until less than one unit weighs: the previous window fades out over ``into``; the
+    current one, once it is the previous, fades out over the next ``expiry``."""
+    if previous * into / expiry + current < 1:
+        return 0.0
+    if current == 0:
+        return into - expiry / previous
+    return into + expiry - expiry / current
 
 
 def window_state(
@@ -60,12 +73,14 @@ def window_state(
     (``into``: seconds left in the current fixed window); reset is when one more unit fits."""
     weighted = previous * into / expiry + current
     remaining = limit - math.floor(weighted)
+    full = full_after(expiry, previous, current, into)
     if weighted < limit:
-        return WindowState(allowed, remaining, 0.0)
+        return WindowState(allowed, remaining, 0.0, full)
     if current < limit and previous:  # the previous window's weight fades out first
-        return WindowState(allowed, max(0, remaining), into - (limit - current) * expiry / previous)
+        reset = into - (limit - current) * expiry / previous
+        return WindowState(allowed, max(0, remaining), reset, full)
     # then the current window, once it is the previous one, fades out likewise
-    return WindowState(allowed, max(0, remaining), into + expiry * (1 - limit / current))
+    return WindowState(allowed, max(0, remaining), into + expiry * (1 - limit / current), full)
 
 
 class Counters(Protocol):

@@ -28,6 +28,10 @@ RETRY_AFTER_MS = 1000
 """What an interrupted stream's error chunk asks the client to wait before resuming."""
 MAX_RETRIES = 3
 """Resumptions a client is told to attempt (spec §3.2.6.5)."""
+ANSWER_KEY = "_answer"
+"""The proxy's own key on a stored final or error chunk: ``{"status", "envelope"}``, the decided
+answer as the sync call answers it (HTTP status and envelope). The OpenAI-wire framers build their
+content from it; every transport strips it from the chunk it sends (``without_answer``)."""
 
 
 def checkpoint(text: str) -> dict[str, Any]:
@@ -162,6 +166,18 @@ def error_chunk(
     if cognitive is not None:
         chunk["cognitive"] = cognitive
     return chunk
+
+
+def with_answer(chunk: dict[str, Any], status: int, envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """``chunk`` (final or error) carrying the decided answer under ``ANSWER_KEY``."""
+    chunk[ANSWER_KEY] = {"status": status, "envelope": envelope}
+    return chunk
+
+
+def without_answer(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """Remove ``ANSWER_KEY`` from ``chunk``; return it (``{"status", "envelope"}``) or None."""
+    answer = chunk.pop(ANSWER_KEY, None)
+    return answer if isinstance(answer, dict) else None
 
 
 def recovery_info(last_seq: int, last_checkpoint: dict[str, Any] | None) -> dict[str, Any]:

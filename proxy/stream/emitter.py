@@ -3,7 +3,8 @@
 The pipeline calls the ``Listener`` hooks: model text (parsed into field deltas), a provider
 attempt starting (a failed try's deltas are void), an answer set aside (escalation or re-ask:
 a progress chunk, then a snapshot that resets the streamed fields). ``finish`` appends the
-decided answer: a final chunk for a success envelope, else an error chunk.
+decided answer: a final chunk for a success envelope, else an error chunk, either carrying the
+answer as the sync call gives it (``chunks.ANSWER_KEY``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.pipeline import ModuleAnswer
-from proxy.stream.chunks import delta_chunk, error_chunk, final_chunk, progress_chunk, snapshot_chunk
+from proxy.stream.chunks import (
+    delta_chunk,
+    error_chunk,
+    final_chunk,
+    progress_chunk,
+    snapshot_chunk,
+    with_answer,
+)
 from proxy.stream.fields import FieldDiffer
 from proxy.stream.sessions import Session
 
@@ -60,7 +68,7 @@ class ChunkEmitter:
             chunk = final_chunk(self._next_seq(), envelope, answer.usage, answer.cognitive())
         else:
             chunk = error_chunk(self._next_seq(), self.session.id, envelope, cognitive=answer.cognitive())
-        self.session.append(chunk)
+        self.session.append(with_answer(chunk, answer.status, envelope))
         self.session.finish()
         return chunk
 

@@ -126,14 +126,17 @@ async def test_responses_api_runs_a_module(proxy: RunningProxy, fake_upstream: F
     stream = await proxy.client().responses.create(
         model="module:code-reviewer", input=json.dumps({"code": "y"}), stream=True
     )
-    text, completed = "", None
+    text, summary, completed = "", "", None
     async for event in stream:
         if event.type == "response.output_text.delta":
             text += event.delta
+        if event.type == "response.reasoning_summary_text.delta":
+            summary += event.delta
         if event.type == "response.completed":
             completed = event.response
-    assert text == "r"  # the rationale, streamed as it was written (spec v2.5 §3.2)
+    assert summary == "r"  # the rationale as it was written: the live view (spec v2.5 §3.2)
     assert completed is not None and completed.status == "completed"
+    assert text == completed.output_text  # the output text is the envelope, streamed or not
     assert json.loads(completed.output_text)["meta"]["confidence"] == 0.93
     assert cognitive_of(completed)["decision"] == "accept"
 

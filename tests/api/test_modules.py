@@ -167,7 +167,9 @@ async def test_module_over_chat_streams_the_envelope(
     )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "Because."  # the content is the rationale, streamed (spec v2.5 §3.2)
+    assert json.loads(text)["data"]["rationale"] == "Because."  # the content is the envelope
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+    assert reasoning == "Because."  # the rationale as it was written (spec v2.5 §3.2): the live view
     assert chunks[-1].choices[0].finish_reason == "stop"
     extra = chunks[-1].model_extra
     assert extra is not None and extra["envelope"]["meta"]["confidence"] == 0.9

@@ -15,7 +15,7 @@ import yaml
 from proxy.contract.validate import validate_envelope
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ROOT
-from tests.fake_upstream import STREAM_BREAK, FakeUpstream
+from tests.fake_upstream import STREAM_BREAK, FakeUpstream, Fault
 from tests.proxy_server import (
     UPSTREAM_KEY,
     UPSTREAM_KEY_ENV,
@@ -146,13 +146,14 @@ async def test_openai_sdk_streams_module_deltas_over_chat(
         stream=True,
         stream_options={"include_usage": True},
     )
-    text, chunks = "", []
+    text, pieces, chunks = "", [], []
     async for chunk in stream:
         chunks.append(chunk)
-        if chunk.choices and chunk.choices[0].delta.content:
-            text += chunk.choices[0].delta.content
-    assert text == RATIONALE
-    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 3
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            pieces.append((chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or "")
+    assert "".join(pieces) == RATIONALE and sum(map(bool, pieces)) > 3  # the live view, in pieces
+    assert json.loads(text)["data"]["rationale"] == RATIONALE  # the content is the envelope
     last = next(c for c in reversed(chunks) if c.choices and c.choices[0].finish_reason == "stop")
     extra = last.model_extra or {}
     assert extra["envelope"]["ok"] is True and extra["envelope"]["data"]["rationale"] == RATIONALE
@@ -249,24 +250,28 @@ async def test_responses_api_streams_deltas_and_shows_an_escalation(
     stream = await proxy.client().responses.create(
         model="module:code-reviewer", input=json.dumps(REVIEW_INPUT), stream=True
     )
-    text, resets, completed = "", 0, None
+    parts: list[str] = []
+    resets, completed = 0, None
     async for event in stream:
         chunk = (event.model_extra or {}).get("cognitive_chunk") or {}
-        if chunk.get("chunk", {}).get("type") == "snapshot":
-            text, resets = "", resets + 1  # what a client does on a reset
-        if event.type == "response.output_text.delta":
-            text += event.delta
+        resets += chunk.get("chunk", {}).get("type") == "snapshot"
+        if event.type == "response.reasoning_summary_part.added":
+            parts.append("")
+        if event.type == "response.reasoning_summary_text.delta":
+            parts[event.summary_index] += event.delta
         if event.type == "response.completed":
             completed = event.response
-    assert resets == 1 and text == "The careful answer."
+    assert resets == 1 and parts[-1] == "The careful answer."  # each rung's live view: a part
+    assert parts[0].startswith("A weak first guess.") and "escalating to strong" in parts[0]
     assert completed is not None
     assert json.loads(completed.output_text)["data"]["rationale"] == "The careful answer."
     assert cognitive_of(completed)["decision"] == "escalated"
 
 
-async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(
+async def test_chat_stream_of_a_contract_failure_ends_with_the_failure_envelope(
     proxy: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
+    """E1000 is a 200 ``ok: false`` answer over sync: over a stream it is the content too."""
     fake_upstream.script(
         "cheap",
         '{"ok": true, "meta": {"confidence": 0.9, "risk": "low", "explain": "x"}, '
@@ -278,14 +283,32 @@ async def test_chat_stream_of_a_failed_answer_raises_in_the_sdk(
         messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}],
         stream=True,
     )
+    seen = [chunk async for chunk in stream]
+    content = "".join(c.choices[0].delta.content or "" for c in seen if c.choices)
+    assert json.loads(content)["error"]["code"] == "E1000"
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in seen)
+    assert reasoning.startswith("half")
+    assert any((c.model_extra or {}).get("cognitive_chunk", {}).get("progress") for c in seen)
+
+
+async def test_chat_stream_of_an_answer_sync_refuses_raises_in_the_sdk(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """Every provider down is a 503 over sync: over a stream, an ``error`` frame the SDK raises."""
+    fake_upstream.set_default_reply("cheap", Fault.http(500))
+    fake_upstream.set_default_reply("strong", Fault.http(500))
+    stream = await proxy.client().chat.completions.create(
+        model="module:code-reviewer",
+        messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}],
+        stream=True,
+    )
     seen: list[Any] = []
     with pytest.raises(openai.APIError) as info:
         async for chunk in stream:
             seen.append(chunk)
     body = info.value.body
-    assert isinstance(body, dict) and (body["code"], body["type"]) == ("E1000", "cognitive_module_error")
-    assert "".join(c.choices[0].delta.content or "" for c in seen if c.choices) == "half"
-    assert any((c.model_extra or {}).get("cognitive_chunk", {}).get("progress") for c in seen)
+    assert isinstance(body, dict) and (body["code"], body["type"]) == ("E4001", "cognitive_module_error")
+    assert "".join(c.choices[0].delta.content or "" for c in seen if c.choices) == ""
 
 
 async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningProxy) -> None:
@@ -301,7 +324,7 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
         "stream_recovery": True,
         "stream_session_ttl_s": 300.0,
     }
-    assert caps["chat_completions"]["module_stream"] == "deltas"
+    assert caps["chat_completions"]["module_stream"] == "envelope"  # content: the envelope
     assert caps["max_body_bytes"] > 0 and caps["modules"] == len(BUNDLED)  # today's fields stay
     assert caps["v2_5_features"] == ["streaming", "multimodal"]
 

@@ -106,3 +106,20 @@ async def test_the_pipeline_runs_offline_as_make_run_serves_it(tmp_path: Path) -
     assert headers["X-Cognitive-Decision"] == "review"
     # one offline call per step, and one more: the scan's high risk escalates it (decision tier)
     assert int(headers["X-Cognitive-Attempts"]) == 4
+
+
+async def test_a_composite_answer_names_the_model_of_its_last_step(
+    tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    """``X-Cognitive-Model`` of a composite is the last step's model (every step's in attempts)."""
+    fake_upstream.script("m-code-analyzer", _analysis(0.9, "none"))
+    fake_upstream.script("m-style-checker", STYLE)
+    fake_upstream.script("m-code-analyzer", _analysis(0.9, "none"))
+    fake_upstream.script("m-style-checker", STYLE)
+    async with composed(tmp_path, fake_upstream, MODULES, STEPS) as proxy:
+        status, headers, body = await execute(proxy, "code-review-pipeline", CODE)
+        _, reply = await chat(proxy, "code-review-pipeline", CODE)
+    assert status == 200 and body["ok"] is True
+    assert headers["X-Cognitive-Model"] == "up/m-style-checker"
+    models = {name: step["attempts"][-1]["target"] for name, step in steps_of(reply["cognitive"]).items()}
+    assert models == {"code-analyzer": "up/m-code-analyzer", "style-checker": "up/m-style-checker"}

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window
+from proxy.clients import caller_of
+from proxy.quota.service import Admission, Limited, ratelimit_headers
+from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window, WindowState
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(14)
@@ -100,3 +102,26 @@ async def test_the_redis_script_admits_exactly_the_limit_and_all_or_none(
     (state,), spent = await redis_counters.hit([(tokens, 0)], ["spend:client:test-r:day:2026-01-01"])
     assert state.remaining == 1000  # never below zero
     assert spent == [5000]
+
+
+async def test_reset_is_the_time_until_the_window_is_full_again() -> None:
+    """OpenAI's ``x-ratelimit-reset-*`` is the time until the limit is back to its initial state:
+    never ``0ms`` while units are taken (LiteLLM's router and the SDKs pace on it)."""
+    clock = Clock(1_000_020.0 + 20)  # 20 s into a fixed window: 40 s left
+    counters = MemoryCounters(clock=clock)
+    window = Window("test:full", 60, 60)
+    (state,), _ = await counters.hit([(window, 10)], [])
+    # the 10 units move to the previous window in 40 s, then weigh below one after 54 s more
+    assert state.remaining == 50 and state.full_s == pytest.approx(40 + 60 - 6)
+    assert ratelimit_headers(_admission(window, state))["x-ratelimit-reset-requests"] == "1m34s"
+    clock.now += 60  # now only the previous window's 10 weigh, at 40 / 60
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 54 and state.full_s == pytest.approx(40 - 6)
+    clock.now += 40 - 6 + 0.001
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 60 and state.full_s == 0.0
+    assert ratelimit_headers(_admission(window, state))["x-ratelimit-reset-requests"] == "0ms"
+
+
+def _admission(window: Window, state: WindowState) -> Admission:
+    return Admission(caller_of(None, {}), (Limited("client", "requests", window, 1, state),))

@@ -29,6 +29,7 @@ from proxy.api.errors import Handler, error_middleware
 from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import echo_trace_id, edge_middleware
+from proxy.api.refusals import EXECUTE_ROUTE
 from proxy.api.state import (
     CONTEXT_STORE,
     FEEDBACK,
@@ -261,8 +262,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
     # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
-    app.router.add_post("/v1/modules/{name}/execute", execute.execute)
-    app.router.add_route("*", "/v1/modules/{name}/execute", modules.method_not_allowed("POST"))
+    app.router.add_post(EXECUTE_ROUTE, execute.execute)
+    app.router.add_route("*", EXECUTE_ROUTE, modules.method_not_allowed("POST"))
     app.router.add_get("/v1/modules", modules.list_modules)
     app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/modules/{name}", modules.get_module)

@@ -20,8 +20,9 @@ from aiohttp import web
 
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
-from proxy.api.errors import ApiError, Handler, error_answer
-from proxy.api.state import METRICS, SETTINGS
+from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
+from proxy.api.refusals import MODULE_ROUTES, refusal_response
+from proxy.api.state import METRICS, RUNTIME, SETTINGS
 from proxy.api.target import check_target_form
 from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
@@ -130,7 +131,17 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         bind_trace(request, route)
         return await _observed(request, handler, route)
     except BaseException as exc:
+        if route_of(request) in MODULE_ROUTES:
+            return _module_refusal(request, api_error_of(request, exc))
         return error_answer(request, exc)
+
+
+def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
+    """A refusal on a module route: the spec's envelope (``proxy.api.refusals``)."""
+    current = request.app[RUNTIME].current
+    module = current.registry.get(request.match_info.get("name", "")) if current is not None else None
+    takes_media = module is not None and module.takes_media
+    return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
 
 
 async def _observed(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:

@@ -34,7 +34,11 @@ _BY_API_CODE: Mapping[str, str] = {
     "too_deeply_nested": Code.PARSE_ERROR,
     "request_timeout": Code.PARSE_ERROR,  # the body never arrived whole
 }
-_BY_STATUS: Mapping[int, str] = {401: Code.PERMISSION_DENIED, 403: Code.PERMISSION_DENIED, 429: Code.RATE_LIMITED}
+_BY_STATUS: Mapping[int, str] = {
+    401: Code.PERMISSION_DENIED,
+    403: Code.PERMISSION_DENIED,
+    429: Code.RATE_LIMITED,
+}
 
 
 def refusal_code(error: ApiError, *, takes_media: bool) -> str:

@@ -29,7 +29,9 @@ def big_image_body(size: int) -> bytes:
     return orjson.dumps({"input": {"prompt": "What is this?", "images": [item]}})
 
 
-async def post(url: str, module: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+async def post(
+    url: str, module: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, Any, Any]:
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -61,7 +63,9 @@ async def test_a_21_mib_inline_image_is_e1011_as_an_envelope(
     assert fake_upstream.requests == []
 
 
-async def test_a_text_module_body_past_the_limit_is_e1005(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_a_text_module_body_past_the_limit_is_e1005(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     body = orjson.dumps({"input": {"code": "x" * 2 * MiB, "language": "python"}})
     async with running_proxy(tmp_path, upstream_policy(fake_upstream), max_body_bytes=MiB) as proxy:
         status, _, doc = await post(proxy.url, "code-reviewer", body)

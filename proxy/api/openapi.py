@@ -380,7 +380,7 @@ def _client_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
                     "200": _json(_FEEDBACK_RESULT, "Recorded (replaced: an earlier verdict was replaced)"),
                     "400": _json(_ref("OpenAIError"), "Malformed feedback (param names the field)"),
                     "404": _json(_ref("OpenAIError"), "Unknown or expired trace id (trace_not_found)"),
-                    "409": _json(_ref("OpenAIError"), "An admin key named no client; several have the trace id"),
+                    "409": _json(_ref("OpenAIError"), "Admin: several clients have the trace id"),
                     **api_errors,
                 },
             }

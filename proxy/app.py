@@ -44,7 +44,7 @@ from proxy.api.state import (
     RuntimeHolder,
 )
 from proxy.context.sanitise import NameMatcher
-from proxy.context.store import ContextStore, MemoryContextStore, RedisContextStore
+from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore, RedisContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
@@ -120,7 +120,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     feedback_store = app[FEEDBACK] = _feedback_store(settings)
     outbox: RedisOutbox | None = None
-    context: ContextStore = MemoryContextStore()
+    context: ContextStore = MemoryContextStore(
+        on_evict=lambda reason: metrics.context_evictions.labels(reason).inc()
+    )
     if settings.redis_url:
         outbox = _outbox(app, settings.redis_url)
         context = RedisContextStore(settings.redis_url, outbox)
@@ -178,8 +180,11 @@ def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
         if not isinstance(write, KeyWrite):
             metrics.review_sink_failures.labels("redis-stream").inc()
 
+    def evicted(count: int) -> None:
+        metrics.context_evictions.labels(CLIENT_QUOTA).inc(count)
+
     outbox = app[OUTBOX] = RedisOutbox(
-        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed
+        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
     )
     outbox.start()
     metrics.watch_redis(lambda: outbox.up)

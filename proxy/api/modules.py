@@ -26,6 +26,7 @@ from proxy.context.identity import (
     namespace_of,
 )
 from proxy.context.step import ContextCall
+from proxy.context.store import ClientQuota, QuotaStore
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.module.resolve import Unavailable
@@ -112,8 +113,9 @@ def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()
         check_id(request.headers.get(USER_HEADER, "").strip(), USER_HEADER),
     )
     directives = {d.strip().lower() for d in request.headers.get("Cache-Control", "").split(",")}
+    cache = runtime_of(request).policy.cache
     return ContextCall(
-        request.app[CONTEXT_STORE],
+        QuotaStore(request.app[CONTEXT_STORE], ClientQuota(cache.client_max_entries, cache.client_max_bytes)),
         identity,
         history,
         bypass_cache=bool(directives & BYPASS_DIRECTIVES),

@@ -56,8 +56,8 @@ class RequestRecord:
 RECORD_KEY = web.RequestKey("record", RequestRecord)
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}\Z")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}\Z")  # \Z: "$" also matches before a final newline
 TRACE_ID_BYTES = 16
 """128 random bits: a W3C trace id's size."""
 TRACE_ID_PATTERN = _REQUEST_ID

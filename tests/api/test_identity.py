@@ -161,3 +161,19 @@ async def test_an_admin_names_the_client_when_several_answers_carry_the_trace_id
         assert status == 400 and refused["error"]["param"] == "client"  # a client judges its own only
         status, _ = await feedback(session, px, {**body, "client": "carol"}, "sk-admin-1")
         assert status == 404
+
+
+@pytest.mark.parametrize("trace_id", ["victim-trace-0001\n", "victim-trace-0001\r", "vïctim", "x" * 129, ""])
+async def test_a_trace_id_that_is_not_one_is_refused_not_normalised(
+    fake_upstream: FakeUpstream, tmp_path: Path, trace_id: str
+) -> None:
+    """A trailing newline passed ``$`` (the regex end also matches before a final ``\\n``)."""
+    async with (
+        running_proxy(tmp_path, upstream_policy(fake_upstream)) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        status, body = await feedback(session, px, {"trace_id": trace_id, "verdict": "correct"})
+        assert status == 400 and body["error"]["param"] == "trace_id", body
+        async with session.get(px.url + "/healthz", headers={"X-Request-Id": trace_id.strip() + "é"}) as resp:
+            generated = resp.headers["X-Cognitive-Trace-Id"]
+        assert len(generated) == 32 and generated != trace_id.strip()

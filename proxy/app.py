@@ -29,6 +29,7 @@ from proxy.api.errors import Handler, error_middleware
 from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import echo_trace_id, edge_middleware
+from proxy.api.refusals import EXECUTE_ROUTE
 from proxy.api.state import (
     CONTEXT_STORE,
     FEEDBACK,
@@ -43,7 +44,7 @@ from proxy.api.state import (
     RuntimeHolder,
 )
 from proxy.context.sanitise import NameMatcher
-from proxy.context.store import ContextStore, MemoryContextStore, RedisContextStore
+from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore, RedisContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
@@ -119,7 +120,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     feedback_store = app[FEEDBACK] = _feedback_store(settings)
     outbox: RedisOutbox | None = None
-    context: ContextStore = MemoryContextStore()
+    context: ContextStore = MemoryContextStore(
+        on_evict=lambda reason: metrics.context_evictions.labels(reason).inc()
+    )
     if settings.redis_url:
         outbox = _outbox(app, settings.redis_url)
         context = RedisContextStore(settings.redis_url, outbox)
@@ -177,8 +180,11 @@ def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
         if not isinstance(write, KeyWrite):
             metrics.review_sink_failures.labels("redis-stream").inc()
 
+    def evicted(count: int) -> None:
+        metrics.context_evictions.labels(CLIENT_QUOTA).inc(count)
+
     outbox = app[OUTBOX] = RedisOutbox(
-        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed
+        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
     )
     outbox.start()
     metrics.watch_redis(lambda: outbox.up)
@@ -261,8 +267,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/v1/models", meta.list_models)
     app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
     # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
-    app.router.add_post("/v1/modules/{name}/execute", execute.execute)
-    app.router.add_route("*", "/v1/modules/{name}/execute", modules.method_not_allowed("POST"))
+    app.router.add_post(EXECUTE_ROUTE, execute.execute)
+    app.router.add_route("*", EXECUTE_ROUTE, modules.method_not_allowed("POST"))
     app.router.add_get("/v1/modules", modules.list_modules)
     app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))
     app.router.add_get("/v1/modules/{name}", modules.get_module)

@@ -27,14 +27,16 @@ WEBHOOK_BACKOFF = Backoff(base_ms=200.0, max_ms=5000.0)
 
 
 def review_record(
-    module: str, tier: str, trace_id: str, decision: str, envelope: dict[str, Any]
+    module: str, tier: str, trace_id: str, decision: str, envelope: dict[str, Any], client: str
 ) -> dict[str, Any]:
-    """What every sink records for one answer sent to review."""
+    """What every sink records for one answer sent to review; ``client`` is the caller's identity
+    (a name or a key hash, never a key), which an admin verdict names when trace ids collide."""
     meta = envelope.get("meta") if isinstance(envelope.get("meta"), dict) else {}
     return {
         "module": module,
         "tier": tier,
         "trace_id": trace_id,
+        "client": client,
         "decision": decision,
         "meta": meta,
         "envelope": envelope,
@@ -55,6 +57,7 @@ class LogSink:
         log.warning(
             "proxy.review",
             trace_id=record["trace_id"],
+            client=record["client"],
             module=record["module"],
             tier=record["tier"],
             confidence=record["meta"].get("confidence"),
@@ -103,6 +106,7 @@ class RedisStreamSink:
             "module": record["module"],
             "tier": record["tier"],
             "trace_id": record["trace_id"],
+            "client": record["client"],
             "decision": record["decision"],
             "meta": orjson.dumps(record["meta"]).decode(),
             "envelope": orjson.dumps(record["envelope"]).decode(),

@@ -32,7 +32,9 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol, cast
 
 import orjson
+import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -42,6 +44,8 @@ from proxy.api.state import METRICS
 from proxy.observability.logging import log_lines
 from proxy.observability.metrics import Metrics
 from proxy.settings import Settings
+
+log = structlog.get_logger("proxy.server")
 
 FD_HEADROOM = 64
 """Descriptors kept free besides client connections and the upstream pool: listening sockets,
@@ -163,6 +167,19 @@ class ReadDeadline:
         self._on_expiry()
 
 
+def _log_refusal(exc: BaseException | None, *, first: bool) -> None:
+    """aiohttp's "Error handling request" record, replaced by one line: a request the parser
+    refused is named by its kind and status only (the exception's text quotes the client's bytes);
+    any other failure is logged with its traceback, redacted like every line. Non-HTTP bytes first
+    on a connection (scanners, TLS on the plain port) stay at debug, as aiohttp has them."""
+    if isinstance(exc, HttpProcessingError):
+        quiet = first and isinstance(exc, BadHttpMethod)
+        write = log.debug if quiet else log.warning
+        write("proxy.malformed_request", kind=type(exc).__name__, status=exc.code)
+    else:
+        log.error("proxy.connection_error", exc_info=exc if exc is not None else True)
+
+
 class EdgeHandler(RequestHandler):
     """aiohttp's connection protocol with the guard's cap and read deadline."""
 
@@ -215,8 +232,11 @@ class EdgeHandler(RequestHandler):
     ) -> web.StreamResponse:
         """aiohttp's answer to a request its parser refused (400: smuggling shapes, duplicate
         ``Host``, oversized lines, ``*``) or to a failure outside the application, in the proxy's
-        error format. aiohttp's own page quotes the offending bytes; this names only the kind."""
-        super().handle_error(request, status, exc, message)  # logs; raises if bytes were sent
+        error format. aiohttp's own page and log record quote the offending bytes (keys included);
+        this names only the kind, in the answer and in one log line."""
+        _log_refusal(exc, first=self._request_count == 1)
+        if request.writer.output_size > 0:  # as aiohttp: the connection is broken, no answer fits
+            raise ConnectionError("Response is sent already: no error answer can follow it")
         if status == HTTPStatus.INTERNAL_SERVER_ERROR:
             error = ApiError(
                 status,

@@ -33,9 +33,27 @@ def test_a_malformed_label_names_the_line(tmp_path: Path, line: str) -> None:
 
 def test_callers_are_labelled_by_name_never_by_key() -> None:
     identities = {"sk-alice": ClientIdentity("alice", "search"), "sk-anon": ClientIdentity()}
-    alice = caller_of("sk-alice", identities)
+    alice = caller_of("sk-alice", identities, keyed=True)
     assert (alice.id, alice.label, alice.identity.team) == ("alice", "alice", "search")
-    anon = caller_of("sk-anon", identities)
+    anon = caller_of("sk-anon", identities, keyed=True)
     assert anon.label == "other" and anon.id.startswith("key-") and "sk-anon" not in anon.id
-    assert caller_of("sk-anon", identities).id == anon.id  # stable: its limits are its own
-    assert caller_of(None, identities).id == ANONYMOUS
+    assert caller_of("sk-anon", identities, keyed=True).id == anon.id  # stable: its records are its own
+    assert ":" not in anon.id  # stores put an identity before a trace id
+
+
+@pytest.mark.parametrize("token", [None, "", "unused", "sk-anything", "sk-alice"])
+def test_without_client_keys_every_bearer_is_the_one_anonymous_client(token: str | None) -> None:
+    """The identity rule: no keys configured -> one client, whatever bearer is sent."""
+    identities = {"sk-alice": ClientIdentity("alice")}
+    assert caller_of(token, identities, keyed=False).id == ANONYMOUS
+
+
+@pytest.mark.parametrize("name", ["anonymous", "key-0123456789abcdef"])
+def test_a_name_the_rule_derives_is_refused(tmp_path: Path, name: str) -> None:
+    """A configured name equal to a derived identity would share that client's records."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"sk-a name={name}\n")
+    with pytest.raises(ValueError, match="derives"):
+        read_identities(keys)
+    keys.write_text("sk-a name=key-0123\nsk-b name=Anonymous2\n")  # neighbours are names like any
+    assert len(read_identities(keys)) == 2

@@ -138,10 +138,16 @@ _HTTP_TYPES = {
 def error_answer(request: web.Request, exc: BaseException) -> web.StreamResponse:
     """The answer to ``exc`` raised by a handler: an OpenAI error body with the right status.
     Re-raises what is not an error answer (cancellation, an HTTP redirect)."""
+    return api_error_of(request, exc).response()
+
+
+def api_error_of(request: web.Request, exc: BaseException) -> ApiError:
+    """``exc`` raised by a handler as the ``ApiError`` it answers (500 for an unexpected one,
+    logged). Re-raises what is not an error answer (cancellation, an HTTP redirect)."""
     if isinstance(exc, ApiError):
-        return exc.response()
+        return exc
     if isinstance(exc, ClientReadTimeout):
-        return request_timeout().response()
+        return request_timeout()
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             raise exc
@@ -152,13 +158,13 @@ def error_answer(request: web.Request, exc: BaseException) -> web.StreamResponse
             message,
             _HTTP_TYPES.get(exc.status, "invalid_request_error"),
             exc.reason.lower().replace(" ", "_"),
-        ).response()
+        )
     if not isinstance(exc, Exception):  # CancelledError, KeyboardInterrupt, SystemExit
         raise exc
     log.exception("proxy.internal_error", path=request.path, exc_info=exc)
     return ApiError(
         500, "Internal error in the proxy; see its log for the trace id", "server_error", "internal_error"
-    ).response()
+    )
 
 
 @web.middleware

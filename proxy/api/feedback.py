@@ -1,15 +1,18 @@
 """``POST /v1/feedback``: a verdict on a module answer, by its trace id.
 
-Only the client key that made the call (or an admin key, ``--admin-keys``) may judge an answer;
-any other key gets the same 404 as an unknown trace id, so trace ids of other clients cannot be
-probed. A second verdict replaces the first.
+A client judges its own answers only: the record is looked up by (its identity, the trace id),
+the identity by ``proxy.clients``' rule (with client keys, the key's; without, the one anonymous
+client). Another client's trace id gets the same 404 as an unknown one, so trace ids cannot be
+probed, and a trace id two clients chose (``X-Request-Id``) names each one's own answer. An admin
+key (``--admin-keys``) judges any client's answer: ``client`` names whose when several clients'
+answers carry the trace id. A second verdict replaces the first.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -17,7 +20,7 @@ from aiohttp import web
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.instrument import record_verdict
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_ID_PATTERN
+from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.api.state import FEEDBACK, METRICS, SETTINGS, runtime_of
 from proxy.module.model import Module
 from proxy.pipeline import ModuleAnswer
@@ -26,18 +29,22 @@ from proxy.state.feedback import AnswerRecord, with_verdict
 
 VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
 SOURCE_MAX = 64
+CLIENT_MAX = 64
+"""A client identity: a keys-file name (64 at most) or ``key-`` and 16 hex digits."""
 NOTE_MAX = 1000
 """A note is kept with the verdict (for ``calibration report``), never in a metric label."""
 
 
-def key_hash(key: str | None) -> str | None:
-    """What a record keeps of the client key: its SHA-256, never the key (keys are random
-    secrets, so an unsalted fast hash does not make them guessable)."""
-    return None if key is None else hashlib.sha256(key.encode()).hexdigest()
+NOT_FOUND_REASONS = (
+    "unknown, older than the feedback window ({window:g} s), evicted from the proxy's bounded store, "
+    "or made by another client (a record belongs to the client identity that made the call: with "
+    "client keys, the key's name or hash; without client keys every caller is one client, whatever "
+    "bearer it sends)"
+)
 
 
 def answer_record(
-    answer: ModuleAnswer, module: Module, policy: Policy, trace_id: str, client_key: str | None
+    answer: ModuleAnswer, module: Module, policy: Policy, trace_id: str, client: str
 ) -> AnswerRecord | None:
     """The record of a module answer a model produced (None when no model answered)."""
     final = answer.final
@@ -59,7 +66,7 @@ def answer_record(
         min_confidence=policy.thresholds_for(module.name, module.tier).min_confidence,
         at=now,
         expires=now + policy.feedback.window_s,
-        key_hash=key_hash(client_key),
+        client=client,
     )
 
 
@@ -72,8 +79,19 @@ def _field(body: dict[str, Any], name: str, max_len: int) -> str | None:
     return value
 
 
-def _parse(body: dict[str, Any]) -> tuple[str, str, float, str | None, str | None]:
-    unknown = sorted(set(body) - {"trace_id", "verdict", "score", "source", "note"})
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    trace_id: str
+    verdict: str
+    score: float
+    source: str | None
+    note: str | None
+    client: str | None
+    """Whose answer, named by an admin key (a client judges its own)."""
+
+
+def _parse(body: dict[str, Any]) -> Verdict:
+    unknown = sorted(set(body) - {"trace_id", "verdict", "score", "source", "note", "client"})
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}", param=unknown[0])
     trace_id = body.get("trace_id")
@@ -85,37 +103,65 @@ def _parse(body: dict[str, Any]) -> tuple[str, str, float, str | None, str | Non
     score = body.get("score", VERDICT_SCORES[verdict])
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
         raise ApiError(400, "score must be a number from 0 to 1", param="score")
-    return trace_id, verdict, float(score), _field(body, "source", SOURCE_MAX), _field(body, "note", NOTE_MAX)
+    return Verdict(
+        trace_id,
+        verdict,
+        float(score),
+        _field(body, "source", SOURCE_MAX),
+        _field(body, "note", NOTE_MAX),
+        _field(body, "client", CLIENT_MAX),
+    )
 
 
-def _may_judge(request: web.Request, record: AnswerRecord) -> bool:
+def _is_admin(request: web.Request) -> bool:
     token = request[CLIENT_KEY]
-    if token is not None and any(
+    return token is not None and any(
         hmac.compare_digest(token.encode(), k.encode()) for k in request.app[SETTINGS].admin_keys
-    ):
-        return True
-    if record.key_hash is None:
-        return True  # the call carried no key: the proxy had no client keys then
-    presented = key_hash(token) or ""
-    return hmac.compare_digest(presented, record.key_hash)
+    )
+
+
+async def _record_for(request: web.Request, asked: Verdict) -> AnswerRecord | None:
+    """The caller's own record of the trace id; for an admin key, the one client's record
+    (``client`` names it when several carry the trace id)."""
+    store = request.app[FEEDBACK]
+    if not _is_admin(request):
+        if asked.client is not None:
+            raise ApiError(
+                400,
+                "client may be named by an admin key only: a client judges its own answers",
+                param="client",
+            )
+        return await store.get(request[CALLER].id, asked.trace_id)
+    found = await store.find(asked.trace_id)
+    if asked.client is not None:
+        found = [record for record in found if record.client == asked.client]
+    if len(found) > 1:
+        names = ", ".join(record.client for record in found)
+        raise ApiError(
+            409,
+            f"Several clients' answers carry trace id {asked.trace_id!r} ({names}): name one with client",
+            code="ambiguous_trace",
+            param="client",
+        )
+    return found[0] if found else None
 
 
 async def post_feedback(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
-    trace_id, verdict, score, source, note = _parse(await read_object(request))
+    asked = _parse(await read_object(request))
+    trace_id, verdict, score = asked.trace_id, asked.verdict, asked.score
     store = request.app[FEEDBACK]
-    record = await store.get(trace_id)
-    if record is None or not _may_judge(request, record):
-        window = runtime.policy.feedback.window_s
+    record = await _record_for(request, asked)
+    if record is None:
+        reasons = NOT_FOUND_REASONS.format(window=runtime.policy.feedback.window_s)
         raise ApiError(
             404,
-            f"No module answer with trace id {trace_id!r} to judge: unknown, older than the feedback "
-            f"window ({window:g} s), evicted from the proxy's bounded store, or made with another key",
+            f"No module answer with trace id {trace_id!r} to judge: {reasons}",
             code="trace_not_found",
             param="trace_id",
         )
     request[RECORD_KEY].module = record.module
-    judged = with_verdict(record, verdict, score, source, note)
+    judged = with_verdict(record, verdict, score, asked.source, asked.note)
     await store.judged(judged)
     record_verdict(request.app[METRICS], runtime.policy, judged, record)
     return json_response(

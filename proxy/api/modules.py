@@ -13,7 +13,7 @@ from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.feedback import answer_record
 from proxy.api.instrument import record_module_answer, record_module_cost
 from proxy.api.media import media_env
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.quota import admit_module, caller, settle
 from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime, runtime_of
 from proxy.compose.run import Composer
@@ -26,6 +26,7 @@ from proxy.context.identity import (
     namespace_of,
 )
 from proxy.context.step import ContextCall
+from proxy.context.store import ClientQuota, QuotaStore
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.module.model import Module
 from proxy.module.resolve import Unavailable
@@ -107,13 +108,14 @@ def context_call(request: web.Request, history: Sequence[Mapping[str, Any]] = ()
     ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
     ``IdentityError`` for an id that is not an opaque short name."""
     identity = Identity(
-        namespace_of(request[CLIENT_KEY]),
+        namespace_of(request[CALLER].id),
         check_id(request.headers.get(SESSION_HEADER, "").strip(), SESSION_HEADER),
         check_id(request.headers.get(USER_HEADER, "").strip(), USER_HEADER),
     )
     directives = {d.strip().lower() for d in request.headers.get("Cache-Control", "").split(",")}
+    cache = runtime_of(request).policy.cache
     return ContextCall(
-        request.app[CONTEXT_STORE],
+        QuotaStore(request.app[CONTEXT_STORE], ClientQuota(cache.client_max_entries, cache.client_max_bytes)),
         identity,
         history,
         bypass_cache=bool(directives & BYPASS_DIRECTIVES),
@@ -146,7 +148,12 @@ def _step_runner(
             if answer.decision == "review":
                 await runtime.review.submit(
                     review_record(
-                        call.module.name, call.module.tier, call.trace_id, answer.decision, answer.envelope
+                        call.module.name,
+                        call.module.tier,
+                        call.trace_id,
+                        answer.decision,
+                        answer.envelope,
+                        request[CALLER].id,
                     )
                 )
         return answer
@@ -241,12 +248,14 @@ async def answer_module(
     record.outcome = record_module_answer(request.app[METRICS], runtime.policy, answer)
     tokens = record_module_cost(request.app[METRICS], runtime.policy, answer, caller(request).label)
     await settle(request, tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
-    remembered = answer_record(answer, module, runtime.policy, trace_id, request[CLIENT_KEY])
+    remembered = answer_record(answer, module, runtime.policy, trace_id, request[CALLER].id)
     if remembered is not None:
         request.app[FEEDBACK].remember(remembered, runtime.policy.feedback.max_entries)
     if answer.decision == "review":
         await runtime.review.submit(
-            review_record(module.name, module.tier, trace_id, answer.decision, answer.envelope)
+            review_record(
+                module.name, module.tier, trace_id, answer.decision, answer.envelope, request[CALLER].id
+            )
         )
     return answer
 

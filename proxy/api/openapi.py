@@ -292,6 +292,7 @@ _FEEDBACK_REQUEST: dict[str, Any] = {
         "score": {"type": "number", "minimum": 0, "maximum": 1},
         "source": {"type": "string", "maxLength": 64},
         "note": {"type": "string", "maxLength": 1000},
+        "client": {"type": "string", "maxLength": 64, "description": "whose answer (admin keys only)"},
     },
 }
 _FEEDBACK_RESULT: dict[str, Any] = {
@@ -379,6 +380,7 @@ def _client_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
                     "200": _json(_FEEDBACK_RESULT, "Recorded (replaced: an earlier verdict was replaced)"),
                     "400": _json(_ref("OpenAIError"), "Malformed feedback (param names the field)"),
                     "404": _json(_ref("OpenAIError"), "Unknown or expired trace id (trace_not_found)"),
+                    "409": _json(_ref("OpenAIError"), "Admin: several clients have the trace id"),
                     **api_errors,
                 },
             }

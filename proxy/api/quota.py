@@ -13,9 +13,9 @@ import orjson
 from aiohttp import web
 
 from proxy.api.errors import ApiError, json_response, retry_after_value
-from proxy.api.middleware import CLIENT_KEY, bearer_of
+from proxy.api.middleware import CALLER, bearer_of
 from proxy.api.state import METRICS, SETTINGS, runtime_of
-from proxy.clients import Caller, caller_of
+from proxy.clients import Caller
 from proxy.contract.inputs import estimate_tokens
 from proxy.policy.model import Policy
 from proxy.quota.service import Admission, Quota, ratelimit_headers
@@ -32,7 +32,7 @@ BYTES_PER_TOKEN = 4
 
 
 def caller(request: web.Request) -> Caller:
-    return caller_of(request[CLIENT_KEY], request.app[SETTINGS].client_identities)
+    return request[CALLER]
 
 
 def estimate_body_tokens(body: dict[str, Any]) -> int:

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from proxy.api.errors import json_response
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
 from proxy.api.output_mode import OutputMode
 from proxy.api.quota import admit_module
@@ -128,7 +128,7 @@ def start_stream(
     """Create the session and start its producer (which outlives this request)."""
     hub = request.app[STREAMS]
     metrics: Metrics = request.app[METRICS]
-    session = hub.create(request[CLIENT_KEY], module.name)
+    session = hub.create(request[CALLER].id, module.name)
     emitter = ChunkEmitter(
         session,
         streamable_fields(module),
@@ -320,10 +320,10 @@ async def resume(
     if found is None or found.module != module.name:
         metrics.stream_resumptions.labels("unknown").inc()
         return None
-    if not hub.same_client(found.client, request[CLIENT_KEY]):
+    if not hub.same_client(found.client, request[CALLER].id):
         metrics.stream_resumptions.labels("refused").inc()
         return recovery_refused(
-            Code.PERMISSION_DENIED, "This stream session was started with another client key", trace_id
+            Code.PERMISSION_DENIED, "This stream session was started by another client", trace_id
         )
     matches = await _checkpoint_matches(found.chunk_at, recovery)
     if matches:

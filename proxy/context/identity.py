@@ -50,6 +50,12 @@ def namespace_of(client_key: str | None) -> str:
     return digest[:NAMESPACE_HEX]
 
 
+def namespace_in(key: str) -> str:
+    """The client namespace of a key ``Identity.key`` built ("" for any other key)."""
+    prefix, _, rest = key.partition(":ctx:")
+    return rest.partition(":")[0] if prefix + ":ctx" == KEY_PREFIX else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     namespace: str

@@ -3,6 +3,12 @@
 Values are JSON bytes. ``ttl``: seconds, or ``TTL_PERSISTENT`` (-1) for no expiry; 0 is never
 stored (request-scoped). ``get`` raises ``ContextUnavailable`` when the store cannot answer
 (Redis down): the caller treats the context as not available, never as absent-and-fine.
+
+Per-client quotas (``ClientQuota``, from the policy's ``cache.client_max_entries`` /
+``client_max_bytes``): a write that takes its client (the key's namespace) past its quota evicts
+that client's own least recently used entries, never another client's; persistent items count.
+The memory store's whole bound, when reached, evicts from the client holding the most bytes.
+Evictions are counted (``on_evict``, the ``cognitive_context_evictions_total`` metric).
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from proxy.context.identity import namespace_in
 from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.state.outbox import KeyWrite, RedisOutbox
 
@@ -39,6 +47,20 @@ WRITE_WAIT_S = 0.25
 next call of the session); past it the outbox delivers them later."""
 
 
+CLIENT_QUOTA = "client_quota"
+STORE_FULL = "store_full"
+EvictionReason = str
+"""``CLIENT_QUOTA`` (a client past its own quota) or ``STORE_FULL`` (the memory store's bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientQuota:
+    """What one client may keep in the context store (context items and cached answers)."""
+
+    max_entries: int
+    max_bytes: int
+
+
 class ContextUnavailable(Exception):
     """The store cannot answer now (Redis down)."""
 
@@ -46,12 +68,33 @@ class ContextUnavailable(Exception):
 class ContextStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+    async def put(
+        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+    ) -> None:
         """Store ``value``; ``wait``: until the store has it (read-your-writes for the session's
-        next call), else in the background."""
+        next call), else in the background; ``quota``: the key's client's (its namespace)."""
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStore:
+    """``store`` with the current policy's per-client quota on every write (one per request)."""
+
+    store: ContextStore
+    quota: ClientQuota
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.store.get(key)
+
+    async def put(
+        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+    ) -> None:
+        await self.store.put(key, value, ttl, wait=wait, quota=quota or self.quota)
+
+    async def aclose(self) -> None:
+        return None  # the app owns the store
 
 
 class MemoryContextStore:
@@ -63,12 +106,17 @@ class MemoryContextStore:
         max_bytes: int = MEMORY_MAX_BYTES,
         max_entries: int = MEMORY_MAX_ENTRIES,
         clock: Clock = time.monotonic,
+        on_evict: Callable[[EvictionReason], None] = lambda reason: None,
     ) -> None:
         self._items: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._bytes = 0
         self._max_bytes = max_bytes
         self._max_entries = max_entries
         self._clock = clock
+        self._on_evict = on_evict
+        self._clients: dict[str, OrderedDict[str, int]] = {}
+        """namespace -> its keys (least recently used first) and their sizes."""
+        self._client_bytes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -86,24 +134,50 @@ class MemoryContextStore:
             self._drop(key)
             return None
         self._items.move_to_end(key)
+        self._clients[namespace_in(key)].move_to_end(key)
         return value
 
-    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+    def client_usage(self, namespace: str) -> tuple[int, int]:
+        """(entries, bytes) the client ``namespace`` holds."""
+        return len(self._clients.get(namespace, ())), self._client_bytes.get(namespace, 0)
+
+    async def put(
+        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+    ) -> None:
         if ttl == 0:
             return
         if key in self._items:
             self._drop(key)
-        if len(value) > self._max_bytes:
+        size = len(value)
+        if size > self._max_bytes or (quota is not None and size > quota.max_bytes):
             return
         expires = 0.0 if ttl == TTL_PERSISTENT else self._clock() + ttl
         self._items[key] = (value, expires)
-        self._bytes += len(value)
+        self._bytes += size
+        client = namespace_in(key)
+        self._clients.setdefault(client, OrderedDict())[key] = size
+        self._client_bytes[client] = self._client_bytes.get(client, 0) + size
+        if quota is not None:
+            own = self._clients[client]
+            while len(own) > quota.max_entries or self._client_bytes[client] > quota.max_bytes:
+                self._evict(next(iter(own)), CLIENT_QUOTA)
         while self._bytes > self._max_bytes or len(self._items) > self._max_entries:
-            self._drop(next(iter(self._items)))
+            heaviest = max(self._client_bytes, key=self._client_bytes.__getitem__)
+            self._evict(next(iter(self._clients[heaviest])), STORE_FULL)
+
+    def _evict(self, key: str, reason: EvictionReason) -> None:
+        self._drop(key)
+        self._on_evict(reason)
 
     def _drop(self, key: str) -> None:
         value, _ = self._items.pop(key)
         self._bytes -= len(value)
+        client = namespace_in(key)
+        own = self._clients[client]
+        del own[key]
+        self._client_bytes[client] -= len(value)
+        if not own:
+            del self._clients[client], self._client_bytes[client]
 
     async def aclose(self) -> None:
         return None
@@ -138,12 +212,19 @@ class RedisContextStore:
             raise ContextUnavailable("the context store (Redis) is down") from exc
         return value
 
-    async def put(self, key: str, value: bytes, ttl: int, *, wait: bool = True) -> None:
+    async def put(
+        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+    ) -> None:
         if ttl == 0:
             return
-        delivered = self._outbox.put_key(
-            KeyWrite(key, value.decode(), None if ttl == TTL_PERSISTENT else ttl)
-        )
+        if quota is not None and len(value) > quota.max_bytes:
+            return
+        write = KeyWrite(key, value.decode(), None if ttl == TTL_PERSISTENT else ttl)
+        if quota is not None:
+            write = replace(
+                write, owner=namespace_in(key), max_entries=quota.max_entries, max_bytes=quota.max_bytes
+            )
+        delivered = self._outbox.put_key(write)
         if delivered is None or not wait or not self._outbox.up:
             return  # full (dropped and counted there), or Redis is down: delivered later, in order
         with contextlib.suppress(TimeoutError):  # past the wait: delivered later, in order

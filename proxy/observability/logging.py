@@ -1,6 +1,8 @@
 """structlog configured for production: one JSON line per event, rendered with orjson.
 
-Secrets never reach a line: every event goes through ``proxy.redact.scrub``.
+Secrets never reach a line: every event goes through ``proxy.redact.scrub``, and so does every
+record of the standard library's loggers (aiohttp's, asyncio's, any library's): ``ForeignRecords``
+turns each into one line of the same format through the same processors.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from proxy.redact import REDACTED, is_secret_key, redact_text, scrub
 
 __all__ = [
     "REDACTED",
+    "ForeignRecords",
     "LogFormat",
     "bind_request",
     "configure_logging",
@@ -139,6 +142,24 @@ def _fallback(value: Any) -> str:
     return repr(value)
 
 
+class ForeignRecords(logging.Handler):
+    """The root logger's one handler: a standard-library record (``aiohttp.server``'s "Error
+    handling request" with its traceback, ``asyncio``'s "Task exception was never retrieved") is
+    logged as a structlog event, so it goes through ``PROCESSORS`` (redaction included) and the
+    configured renderer: one JSON line, never raw text around the redaction."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"logger": record.name}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            if record.stack_info:
+                fields["stack_info"] = record.stack_info
+            structlog.get_logger("proxy").log(record.levelno, record.getMessage(), **fields)
+        except Exception:  # a handler never raises; logging's handleError would print the raw record
+            structlog.get_logger("proxy").error("proxy.log_record_unwritable", logger=record.name)
+
+
 def configure_logging(fmt: LogFormat = "json", level: str = "info", stream: BinaryIO | None = None) -> None:
     """Route structlog (and stdlib logging) to stderr (``stream`` for JSON lines, when given) as
     JSON lines or a console format."""
@@ -163,4 +184,10 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info", stream: Bina
             logger_factory=structlog.PrintLoggerFactory(sys.stderr),
             cache_logger_on_first_use=True,
         )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        raw_text = getattr(handler, "stream", None) in (sys.stderr, sys.stdout)
+        if raw_text or isinstance(handler, ForeignRecords):
+            root.removeHandler(handler)  # raw text on stderr would be written around the redaction
+    root.addHandler(ForeignRecords())
+    root.setLevel(numeric)

@@ -196,6 +196,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("module",),
     ),
     (
+        "context_evictions",
+        "cognitive_context_evictions_total",
+        "Context and cache entries evicted: a client past its own quota (client_quota), or the "
+        "in-process store full (store_full, taken from the client holding the most bytes).",
+        ("reason",),
+    ),
+    (
         "context_writes_dropped",
         "cognitive_context_writes_dropped_total",
         "Context and cache writes dropped: the Redis outbox was full, or Redis refused the write.",
@@ -405,6 +412,7 @@ class Metrics:
     cache: Counter
     cache_saved_tokens: Counter
     context_redactions: Counter
+    context_evictions: Counter
     context_writes_dropped: Counter
     connections_refused: Counter
     streams: Counter

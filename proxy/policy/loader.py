@@ -202,9 +202,12 @@ def _cache_rule(raw: dict[str, Any]) -> CacheRule:
 
 
 def _cache(raw: dict[str, Any]) -> CachePolicy:
+    defaults = CachePolicy()
     return CachePolicy(
         tiers=MappingProxyType({k: _cache_rule(v) for k, v in as_dict(raw.get("tiers")).items()}),
         modules=MappingProxyType({k: _cache_rule(v) for k, v in as_dict(raw.get("modules")).items()}),
+        client_max_entries=int(raw.get("client_max_entries", defaults.client_max_entries)),
+        client_max_bytes=int(raw.get("client_max_bytes", defaults.client_max_bytes)),
     )
 
 

@@ -173,10 +173,20 @@ class CacheRule:
     only_decisions: frozenset[CacheDecision] = frozenset({"accept"})
 
 
+DEFAULT_CLIENT_MAX_ENTRIES = 10_000
+DEFAULT_CLIENT_MAX_BYTES = 8 * 1024 * 1024
+"""Half the in-process store (16 MiB): one client never holds it all, and a busy client's
+answers and contexts (about 1-10 KB each) still number in the thousands."""
+
+
 @dataclass(frozen=True, slots=True)
 class CachePolicy:
     tiers: Mapping[str, CacheRule] = field(default_factory=dict)
     modules: Mapping[str, CacheRule] = field(default_factory=dict)
+    client_max_entries: int = DEFAULT_CLIENT_MAX_ENTRIES
+    """Per client, in the context store (memory and Redis): cached answers and context items,
+    persistent ones included; past it the client's own least recently used go first."""
+    client_max_bytes: int = DEFAULT_CLIENT_MAX_BYTES
 
     def rule_for(self, module: str, tier: str) -> CacheRule | None:
         """The module's rule, else its tier's; None when neither is configured."""

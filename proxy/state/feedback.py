@@ -3,12 +3,15 @@
 * ``MemoryFeedbackStore``: an LRU bounded by ``feedback.max_entries`` and by time
   (``feedback.window_s``, read against an injected clock).
 * ``RedisFeedbackStore``: the same memory LRU in front (this replica's answers are found without a
-  round trip, and survive a Redis outage) plus one Redis key per answer,
-  ``cogproxy:feedback:<trace id>``, expiring with the window, so a verdict can reach any replica.
-  Writes never wait: they join a bounded queue that one background task sends in pipelines,
-  retried with backoff while Redis is away (the oldest are dropped past ``WRITE_QUEUE_BOUND``).
+  round trip, and survive a Redis outage) plus one Redis hash per trace id,
+  ``cogproxy:answers:<trace id>`` (a field per client identity), expiring with the window, so a
+  verdict can reach any replica. Writes never wait: they join a bounded queue that one background
+  task sends in pipelines, retried with backoff while Redis is away (the oldest are dropped past
+  ``WRITE_QUEUE_BOUND``).
 
-A record keeps a SHA-256 of the client key that made the call, never the key.
+A record is keyed by (client identity, trace id), never by the trace id alone: trace ids may be
+chosen by the client (``X-Request-Id``), so two clients choosing the same one keep two records.
+The identity (``proxy.clients``) is a name or a hash of the key, never the key.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 import orjson
@@ -26,9 +29,14 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from proxy.clients import ANONYMOUS
+
 log = structlog.get_logger("proxy.feedback")
 
-KEY_PREFIX = "cogproxy:feedback:"
+KEY_PREFIX = "cogproxy:answers:"
+LEGACY_PREFIX = "cogproxy:feedback:"
+"""0.3's keys (one string per trace id, no client): still read by ``scan_records`` until they
+expire with their window, never written."""
 # Answers in the last seconds of an outage: enough for ~10 s at 1,000 module calls/s.
 WRITE_QUEUE_BOUND = 10_000
 WRITE_BATCH = 500
@@ -39,6 +47,8 @@ RETRY_MAX_S = 2.0
 SCAN_COUNT = 1000
 
 Clock = Callable[[], float]
+RecordKey = tuple[str, str]
+"""(client identity, trace id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,8 @@ class AnswerRecord:
     at: float
     """Epoch seconds of the answer."""
     expires: float
-    key_hash: str | None = None
+    client: str = ANONYMOUS
+    """The identity of the client that made the call (``proxy.clients``' rule)."""
     verdict: str | None = None
     score: float | None = None
     """Correctness in [0, 1]: the verdict's (1, 0, 0.5 for partially_correct) unless given."""
@@ -74,9 +85,20 @@ class AnswerRecord:
     def dumps(self) -> bytes:
         return orjson.dumps(asdict(self))
 
+    @property
+    def key(self) -> RecordKey:
+        return (self.client, self.trace_id)
+
     @classmethod
     def loads(cls, raw: bytes | str) -> AnswerRecord:
-        return cls(**orjson.loads(raw))
+        """A record as ``dumps`` wrote it; fields of other versions (0.3's ``key_hash``) are left out."""
+        doc = orjson.loads(raw)
+        if not isinstance(doc, dict):
+            raise TypeError("a record is a JSON object")
+        return cls(**{k: v for k, v in doc.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(f.name for f in fields(AnswerRecord))
 
 
 class FeedbackStore(Protocol):
@@ -84,8 +106,12 @@ class FeedbackStore(Protocol):
         """Keep ``record`` until ``record.expires`` (never waits, never raises)."""
         ...
 
-    async def get(self, trace_id: str) -> AnswerRecord | None:
-        """The record of ``trace_id``; None when unknown or expired."""
+    async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
+        """The record of ``client``'s answer ``trace_id``; None when unknown or expired."""
+        ...
+
+    async def find(self, trace_id: str) -> list[AnswerRecord]:
+        """Every client's record of ``trace_id`` (for an admin key's verdict)."""
         ...
 
     async def judged(self, record: AnswerRecord) -> None:
@@ -100,31 +126,49 @@ class MemoryFeedbackStore:
 
     def __init__(self, clock: Clock = time.time) -> None:
         self._clock = clock
-        self._records: OrderedDict[str, AnswerRecord] = OrderedDict()
+        self._records: OrderedDict[RecordKey, AnswerRecord] = OrderedDict()
+        self._clients: dict[str, set[str]] = {}
+        """trace id -> the clients with a record of it (an admin's verdict names no client)."""
 
     def __len__(self) -> int:
         return len(self._records)
 
     def remember(self, record: AnswerRecord, max_entries: int) -> None:
         records = self._records
-        records[record.trace_id] = record
-        records.move_to_end(record.trace_id)
+        records[record.key] = record
+        records.move_to_end(record.key)
+        self._clients.setdefault(record.trace_id, set()).add(record.client)
         while len(records) > max_entries:
-            records.popitem(last=False)
+            self._forget(next(iter(records)))
 
-    async def get(self, trace_id: str) -> AnswerRecord | None:
-        return self.peek(trace_id)
+    def _forget(self, key: RecordKey) -> None:
+        del self._records[key]
+        client, trace_id = key
+        clients = self._clients[trace_id]
+        clients.discard(client)
+        if not clients:
+            del self._clients[trace_id]
 
-    def peek(self, trace_id: str) -> AnswerRecord | None:
-        record = self._records.get(trace_id)
+    async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
+        return self.peek(client, trace_id)
+
+    def peek(self, client: str, trace_id: str) -> AnswerRecord | None:
+        record = self._records.get((client, trace_id))
         if record is not None and record.expires <= self._clock():
-            del self._records[trace_id]
+            self._forget(record.key)
             return None
         return record
 
+    async def find(self, trace_id: str) -> list[AnswerRecord]:
+        return self.peek_all(trace_id)
+
+    def peek_all(self, trace_id: str) -> list[AnswerRecord]:
+        found = (self.peek(client, trace_id) for client in sorted(self._clients.get(trace_id, ())))
+        return [record for record in found if record is not None]
+
     async def judged(self, record: AnswerRecord) -> None:
-        if record.trace_id in self._records:
-            self._records[record.trace_id] = record
+        if record.key in self._records:
+            self._records[record.key] = record
 
     def records(self) -> list[AnswerRecord]:
         now = self._clock()
@@ -159,22 +203,40 @@ class RedisFeedbackStore:
         self._queue.append(record)
         self._wake.set()
 
-    async def get(self, trace_id: str) -> AnswerRecord | None:
-        record = self._local.peek(trace_id)
+    async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
+        record = self._local.peek(client, trace_id)
         if record is not None:
             return record
         try:
-            raw = await self._redis.get(KEY_PREFIX + trace_id)
+            raw = await self._redis.hget(KEY_PREFIX + trace_id, client)
         except (RedisError, OSError) as exc:
             log.warning("proxy.redis_unavailable", error=str(exc), store="feedback")
             return None
-        if raw is None:
-            return None
+        return None if raw is None else self._valid(raw, client, trace_id)
+
+    async def find(self, trace_id: str) -> list[AnswerRecord]:
+        found = {record.client: record for record in self._local.peek_all(trace_id)}
         try:
-            found = AnswerRecord.loads(raw)
+            shared = await self._redis.hgetall(KEY_PREFIX + trace_id)
+        except (RedisError, OSError) as exc:
+            log.warning("proxy.redis_unavailable", error=str(exc), store="feedback")
+            shared = {}
+        for client, raw in shared.items():
+            name = client.decode() if isinstance(client, bytes) else str(client)
+            record = self._valid(raw, name, trace_id)
+            if record is not None:
+                found.setdefault(name, record)
+        return [found[name] for name in sorted(found)]
+
+    def _valid(self, raw: bytes, client: str, trace_id: str) -> AnswerRecord | None:
+        """The stored record if it is this version's, unexpired, and the one asked for."""
+        try:
+            record = AnswerRecord.loads(raw)
         except (orjson.JSONDecodeError, TypeError):  # written by another version: not judgeable here
             return None
-        return found if found.expires > self._clock() else None
+        if record.key != (client, trace_id) or record.expires <= self._clock():
+            return None
+        return record
 
     async def judged(self, record: AnswerRecord) -> None:
         await self._local.judged(record)
@@ -194,7 +256,9 @@ class RedisFeedbackStore:
                     for record in batch:
                         ttl_ms = int((record.expires - now) * 1000)
                         if ttl_ms > 0:
-                            pipe.set(KEY_PREFIX + record.trace_id, record.dumps(), px=ttl_ms)
+                            key = KEY_PREFIX + record.trace_id
+                            pipe.hset(key, record.client, record.dumps())
+                            pipe.pexpire(key, ttl_ms)  # every record of a trace id has the same window
                     await pipe.execute()
             except (RedisError, OSError) as exc:
                 log.warning("proxy.redis_unavailable", error=str(exc), store="feedback", retry_in_s=delay)
@@ -222,19 +286,30 @@ class RedisFeedbackStore:
 
 
 async def scan_records(url: str) -> AsyncIterator[AnswerRecord]:
-    """Every unexpired record in the Redis at ``url`` (for ``cogproxy calibration``)."""
+    """Every unexpired record in the Redis at ``url`` (for ``cogproxy calibration``), 0.3's
+    ``cogproxy:feedback:<trace id>`` strings included."""
     client: Any = aioredis.Redis.from_url(url)
     try:
-        async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT):
+        async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
+            for raw in await client.hvals(key):
+                record = _loaded(raw, key)
+                if record is not None:
+                    yield record
+        async for key in client.scan_iter(match=LEGACY_PREFIX + "*", count=SCAN_COUNT, _type="string"):
             raw = await client.get(key)
-            if raw is None:
-                continue
-            try:
-                yield AnswerRecord.loads(raw)
-            except (orjson.JSONDecodeError, TypeError):
-                log.warning("proxy.feedback_record_skipped", key=str(key))  # not written by this version
+            record = None if raw is None else _loaded(raw, key)
+            if record is not None:
+                yield record
     finally:
         await client.aclose()
+
+
+def _loaded(raw: bytes, key: Any) -> AnswerRecord | None:
+    try:
+        return AnswerRecord.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        log.warning("proxy.feedback_record_skipped", key=str(key))  # not written by this version
+        return None
 
 
 def with_verdict(

@@ -28,7 +28,7 @@ import shutil
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,6 +49,33 @@ PING_INTERVAL_S = 1.0
 # Entries of the stream searched for a write that may already be there (replicas share the stream).
 DEDUP_SCAN = 200
 SPOOL_FILE = "outbox.jsonl"
+QUOTA_PREFIX = "cogproxy:ctxquota:"
+"""Per owner: ``<owner>:keys`` (a sorted set of its keys by write order) and ``<owner>:sizes``
+(a hash of their sizes, with the running total under ``#total``). A key that expired stays
+counted until it is the owner's oldest: the quota then bounds it as well."""
+_QUOTA_SET = """
+local key, idx, sizes = KEYS[1], KEYS[2], KEYS[3]
+local value, ttl, max_n, max_b = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if ttl > 0 then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
+local old = tonumber(redis.call('HGET', sizes, key) or '0')
+local seq = redis.call('HINCRBY', sizes, '#seq', 1)
+redis.call('ZADD', idx, seq, key)
+redis.call('HSET', sizes, key, #value)
+local total = redis.call('HINCRBY', sizes, '#total', #value - old)
+local n = redis.call('ZCARD', idx)
+local evicted = 0
+while n > max_n or total > max_b do
+  local oldest = redis.call('ZRANGE', idx, 0, 0)[1]
+  if oldest == nil or oldest == key then break end
+  local size = tonumber(redis.call('HGET', sizes, oldest) or '0')
+  redis.call('ZREM', idx, oldest)
+  redis.call('HDEL', sizes, oldest)
+  total = redis.call('HINCRBY', sizes, '#total', -size)
+  evicted = evicted + redis.call('DEL', oldest)
+  n = n - 1
+end
+return evicted
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +93,20 @@ class StreamWrite:
 
 @dataclass(frozen=True, slots=True)
 class KeyWrite:
-    """One SET: ``value`` at ``key``, expiring after ``ttl`` seconds (None: never)."""
+    """One SET: ``value`` at ``key``, expiring after ``ttl`` seconds (None: never). With an
+    ``owner`` (a client namespace) the write is counted against its quota in the same script:
+    past ``max_entries`` or ``max_bytes`` the owner's oldest keys are deleted (``QUOTA_PREFIX``)."""
 
     key: str
     value: str
     ttl: int | None
     id: str = ""
+    owner: str = ""
+    max_entries: int = 0
+    max_bytes: int = 0
 
     def with_id(self) -> KeyWrite:
-        return self if self.id else KeyWrite(self.key, self.value, self.ttl, uuid.uuid4().hex)
+        return self if self.id else replace(self, id=uuid.uuid4().hex)
 
 
 Write = StreamWrite | KeyWrite
@@ -106,7 +138,15 @@ def adopt_spools(base: Path, workers: int) -> None:
 def _from_spool(raw: dict[str, Any]) -> Write:
     if "key" in raw:
         ttl = raw["ttl"]
-        return KeyWrite(str(raw["key"]), str(raw["value"]), None if ttl is None else int(ttl), raw["id"])
+        return KeyWrite(
+            str(raw["key"]),
+            str(raw["value"]),
+            None if ttl is None else int(ttl),
+            raw["id"],
+            str(raw.get("owner", "")),
+            int(raw.get("max_entries", 0)),
+            int(raw.get("max_bytes", 0)),
+        )
     return StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"])
 
 
@@ -157,6 +197,7 @@ class RedisOutbox:
         spool_dir: Path | None = None,
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
+        on_evict: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._redis: Any = aioredis.Redis.from_url(
             redis_url,
@@ -171,6 +212,8 @@ class RedisOutbox:
         self._delivered_since_rewrite = 0
         self._on_drop = on_drop
         self._on_first_failure = on_first_failure
+        self._on_evict = on_evict
+        self._quota_set = self._redis.register_script(_QUOTA_SET)
         self._failed_head: str | None = None
         self._uncertain = False
         self._wake = asyncio.Event()
@@ -246,7 +289,16 @@ class RedisOutbox:
     async def _send_head(self) -> None:
         head = self._queue[0]
         if isinstance(head, KeyWrite):  # idempotent: resending after an ambiguous failure is safe
-            await self._redis.set(head.key, head.value, ex=head.ttl)
+            if not head.owner:
+                await self._redis.set(head.key, head.value, ex=head.ttl)
+                return
+            base = QUOTA_PREFIX + head.owner
+            evicted = await self._quota_set(
+                keys=[head.key, base + ":keys", base + ":sizes"],
+                args=[head.value, head.ttl or -1, head.max_entries, head.max_bytes],
+            )
+            if evicted:
+                self._on_evict(int(evicted))
             return
         if self._uncertain:
             newest = await self._redis.xrevrange(head.stream, count=DEDUP_SCAN)

@@ -50,9 +50,9 @@ _KEY = "cogproxy:stream:{}:{}"
 Event = tuple[Kind, bytes]
 
 
-def client_hash(client_key: str | None) -> str:
-    """What is stored of the client key: its SHA-256 (no key: the hash of the empty string)."""
-    return hashlib.sha256((client_key or "").encode("utf-8")).hexdigest()
+def client_hash(client: str) -> str:
+    """What a session stores of its client's identity (``proxy.clients``' rule): its SHA-256."""
+    return hashlib.sha256(client.encode("utf-8")).hexdigest()
 
 
 def new_session_id() -> str:
@@ -196,9 +196,10 @@ class SessionHub:
     def used_bytes(self) -> int:
         return self._used
 
-    def create(self, client_key: str | None, module: str) -> Session:
+    def create(self, client: str, module: str) -> Session:
+        """A session of ``client`` (an identity, never a key)."""
         self._purge()
-        session = Session(new_session_id(), client_hash(client_key), module, self.ttl_s)
+        session = Session(new_session_id(), client_hash(client), module, self.ttl_s)
         session.on_event = self._on_event
         self._sessions[session.id] = session
         if self._redis is not None:
@@ -234,8 +235,8 @@ class SessionHub:
         return Found(client.decode(), module.decode(), source, source.chunk_at)
 
     @staticmethod
-    def same_client(stored: str, client_key: str | None) -> bool:
-        return hmac.compare_digest(stored, client_hash(client_key))
+    def same_client(stored: str, client: str) -> bool:
+        return hmac.compare_digest(stored, client_hash(client))
 
     def _on_event(self, session: Session, event: Event | None) -> None:
         if event is not None:

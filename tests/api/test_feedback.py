@@ -125,8 +125,9 @@ async def test_only_the_calling_key_or_an_admin_key_may_judge(
         assert status == 404 and answer["error"]["code"] == "trace_not_found"  # not 403: no probing
         assert (await feedback(session, px, body, "sk-alice"))[0] == 200
         assert (await feedback(session, px, body, "sk-admin"))[0] == 200
-        # an admin key judges; it is no client key: it calls no module
-        assert "X-Cognitive-Decision" not in (await execute(session, px, "sk-admin"))[0]
+        # an admin key judges; it is no client key: it calls no module (refused as an envelope)
+        _, refused = await execute(session, px, "sk-admin")
+        assert refused["ok"] is False and refused["error"]["code"] == "E4007", refused
         assert fake_upstream.count("/v1/chat/completions") == 1
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
@@ -23,7 +24,9 @@ from tests.support.redis_server import redis_url
 REDIS_URL = redis_url(15)
 
 
-def record(trace_id: str, at: float = 1000.0, window: float = 60.0) -> AnswerRecord:
+def record(
+    trace_id: str, at: float = 1000.0, window: float = 60.0, client: str = "anonymous"
+) -> AnswerRecord:
     return AnswerRecord(
         trace_id,
         "code-reviewer",
@@ -38,6 +41,7 @@ def record(trace_id: str, at: float = 1000.0, window: float = 60.0) -> AnswerRec
         0.7,
         at,
         at + window,
+        client,
     )
 
 
@@ -53,11 +57,11 @@ async def test_memory_store_expires_with_the_window() -> None:
     clock = Clock(1000.0)
     store = MemoryFeedbackStore(clock)
     store.remember(record("t1"), 10)
-    assert await store.get("t1") == record("t1")
+    assert await store.get("anonymous", "t1") == record("t1")
     clock.now = 1059.9
-    assert await store.get("t1") is not None
+    assert await store.get("anonymous", "t1") is not None
     clock.now = 1060.0
-    assert await store.get("t1") is None
+    assert await store.get("anonymous", "t1") is None
     assert len(store) == 0  # dropped, not only hidden
 
 
@@ -66,7 +70,13 @@ async def test_memory_store_is_a_bounded_lru() -> None:
     for i in range(5):
         store.remember(record(f"t{i}"), 3)
     assert len(store) == 3
-    assert [await store.get(f"t{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    assert [await store.get("anonymous", f"t{i}") is not None for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
     store.remember(record("t2"), 3)  # written again: the newest
     store.remember(record("t5"), 3)
     assert [r.trace_id for r in store.records()] == ["t4", "t2", "t5"]
@@ -76,11 +86,11 @@ async def test_memory_store_judged_keeps_the_expiry_and_ignores_evicted() -> Non
     store = MemoryFeedbackStore(Clock(1000.0))
     store.remember(record("t1"), 1)
     await store.judged(replace(record("t1"), verdict="correct", score=1.0, verdicts=1))
-    got = await store.get("t1")
+    got = await store.get("anonymous", "t1")
     assert got is not None and (got.verdict, got.expires) == ("correct", 1060.0)
     store.remember(record("t2"), 1)
     await store.judged(replace(record("t1"), verdict="incorrect"))  # evicted: not brought back
-    assert await store.get("t1") is None
+    assert await store.get("anonymous", "t1") is None
 
 
 @pytest.fixture
@@ -109,17 +119,23 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
         assert one.pending == 0
         ttl = await client.pttl(KEY_PREFIX + prefix + "a")
         assert 29_000 < ttl <= 30_000
-        assert await two.get(prefix + "a") == record(prefix + "a", window=30.0)  # the other replica
+        assert await two.get("anonymous", prefix + "a") == record(
+            prefix + "a", window=30.0
+        )  # the other replica
         judged = replace(record(prefix + "a", window=30.0), verdict="correct", score=1.0, verdicts=1)
         await two.judged(judged)
         await two.flush()
-        assert await one.get(prefix + "a") == record(prefix + "a", window=30.0)  # its own cache is older
+        assert await one.get("anonymous", prefix + "a") == record(
+            prefix + "a", window=30.0
+        )  # its own cache is older
         fresh = RedisFeedbackStore(REDIS_URL, clock)
-        assert await fresh.get(prefix + "a") == judged
+        assert await fresh.get("anonymous", prefix + "a") == judged
         await fresh.aclose()
         assert [r async for r in scan_records(REDIS_URL) if r.trace_id.startswith(prefix)] == [judged]
         clock.now = 1031.0
-        assert await two.get(prefix + "a") is None  # past the window even before Redis expires it
+        assert (
+            await two.get("anonymous", prefix + "a") is None
+        )  # past the window even before Redis expires it
     finally:
         await one.aclose()
         await two.aclose()
@@ -130,9 +146,52 @@ async def test_redis_store_keeps_serving_and_queues_while_redis_is_down() -> Non
     store.start()
     try:
         store.remember(record("down"), 10)
-        assert await store.get("down") == record("down")  # from this replica's memory
-        assert await store.get("elsewhere") is None  # the lookup failed: unknown, not a crash
+        assert await store.get("anonymous", "down") == record("down")  # from this replica's memory
+        assert await store.get("anonymous", "elsewhere") is None  # the lookup failed: unknown, not a crash
         await asyncio.sleep(0)  # the writer tries (and fails) in the background
         assert store.pending == 1
     finally:
         await store.aclose()
+
+
+async def test_memory_store_keys_records_by_client_and_trace_id() -> None:
+    """Two clients choosing one trace id keep two records; ``find`` (an admin's) sees both."""
+    store = MemoryFeedbackStore(Clock(1000.0))
+    alice, bob = record("same", client="alice"), replace(record("same", client="bob"), confidence=0.5)
+    store.remember(alice, 10)
+    store.remember(bob, 10)
+    assert (await store.get("alice", "same"), await store.get("bob", "same")) == (alice, bob)
+    assert await store.get("carol", "same") is None
+    assert await store.find("same") == [alice, bob]
+    await store.judged(replace(bob, verdict="correct"))
+    assert (await store.get("alice", "same")) == alice  # untouched by bob's verdict
+    store.remember(record("other", client="alice"), 2)  # evicts the oldest: alice's "same"
+    assert await store.find("same") == [replace(bob, verdict="correct")]
+
+
+async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys: tuple[str, Any]) -> None:
+    prefix, client = redis_keys
+    clock = Clock(1000.0)
+    one, two = RedisFeedbackStore(REDIS_URL, clock), RedisFeedbackStore(REDIS_URL, clock)
+    one.start()
+    try:
+        alice, bob = record(prefix + "t", client="alice"), record(prefix + "t", client="bob")
+        one.remember(alice, 10)
+        one.remember(bob, 10)
+        await one.flush()
+        assert set(await client.hkeys(KEY_PREFIX + prefix + "t")) == {b"alice", b"bob"}
+        assert (await two.get("alice", prefix + "t"), await two.get("bob", prefix + "t")) == (alice, bob)
+        assert await two.get("carol", prefix + "t") is None
+        assert await two.find(prefix + "t") == [alice, bob]
+        # a field whose record names another client or trace id is not taken for it
+        await client.hset(KEY_PREFIX + prefix + "t", "carol", alice.dumps())
+        assert await two.get("carol", prefix + "t") is None
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+def test_a_record_of_the_previous_version_still_loads_for_calibration() -> None:
+    old = {**orjson.loads(record("t").dumps()), "key_hash": "ab" * 32}
+    del old["client"]
+    assert AnswerRecord.loads(orjson.dumps(old)) == record("t")

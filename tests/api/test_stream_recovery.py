@@ -158,7 +158,16 @@ async def test_an_unknown_session_starts_a_new_stream(local: Any, fake_upstream:
     assert seq(sequenced(events)[0]) == 1 and events[-1][1]["final"] is True
 
 
-async def test_a_recovery_with_another_client_key_is_refused(local: Any, fake_upstream: FakeUpstream) -> None:
+async def test_a_recovery_with_another_client_key_is_refused(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    keys = frozenset({"sk-a", "sk-b"})
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), api_keys=keys) as local:
+        await _refused_to_another_key(local, fake_upstream)
+
+
+async def _refused_to_another_key(local: Any, fake_upstream: FakeUpstream) -> None:
     events = await _whole_stream(local, fake_upstream, key="sk-a")
     sid = events[0][1]["session_id"]
     headers = {

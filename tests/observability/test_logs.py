@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -160,6 +161,9 @@ def json_sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], io.By
     """``configure_logging("json", level)`` writing into a buffer; structlog's configuration, the
     logging module's state and the bound request are restored afterwards."""
     saved = structlog.get_config()
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
     monkeypatch.setattr(proxy_logging, "_LINES", proxy_logging._LINES)
     monkeypatch.setattr(proxy_logging, "_LEVEL", proxy_logging._LEVEL)
 
@@ -212,3 +216,22 @@ def test_a_value_json_cannot_hold_is_written_as_its_repr(json_sink: Callable[[st
     request_line("proxy.request", {"where": Path("/x")})
     structlog.get_logger("proxy").info("proxy.request", where=Path("/x"))
     assert [line["where"] for line in lines_of(sink)] == [repr(Path("/x"))] * 2
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.client", "aiohttp.internal", "asyncio"],
+)
+def test_library_records_are_redacted_json_lines(json_sink: Callable[[str], io.BytesIO], name: str) -> None:
+    """A standard-library record (aiohttp's "Error handling request" traceback, asyncio's) goes
+    through the proxy's processors: one JSON line, the key masked in its message and traceback."""
+    sink = json_sink("info")
+    try:
+        raise ValueError(f"bad request b'Authorization: Bearer {CLIENT_KEY}\\n'")
+    except ValueError:
+        logging.getLogger(name).exception("Error handling request %s", f"Bearer {CLIENT_KEY}")
+    (line,) = lines_of(sink)
+    assert CLIENT_KEY not in json.dumps(line)
+    assert line["logger"] == name and line["level"] == "error"
+    assert line["event"] == f"Error handling request Bearer {REDACTED}"
+    assert "ValueError" in line["exception"] and REDACTED in line["exception"]

@@ -13,6 +13,7 @@ from proxy.policy.loader import parse_policy
 from proxy.policy.model import (
     Backoff,
     BreakerPolicy,
+    CachePolicy,
     CacheRule,
     Failover,
     FeedbackPolicy,
@@ -42,6 +43,7 @@ OWNERS: dict[str, Any] = {
     "/properties/limits": LimitsPolicy(),
     "/properties/feedback": FeedbackPolicy(),
     "/properties/media": MediaPolicy(),
+    "/properties/cache": CachePolicy(),
     "/definitions/tier": Thresholds(0.0, "high"),
     "/definitions/cache_rule": CacheRule(),
 }

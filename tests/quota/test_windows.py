@@ -124,4 +124,4 @@ async def test_reset_is_the_time_until_the_window_is_full_again() -> None:
 
 
 def _admission(window: Window, state: WindowState) -> Admission:
-    return Admission(caller_of(None, {}), (Limited("client", "requests", window, 1, state),))
+    return Admission(caller_of(None, {}, keyed=False), (Limited("client", "requests", window, 1, state),))

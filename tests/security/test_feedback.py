@@ -22,6 +22,7 @@ from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
 ALICE, BOB, ADMIN = "sk-alice-0123456789", "sk-bob-0123456789", "sk-admin-0123456789"
+ALICE_ID = "key-" + hashlib.sha256(ALICE.encode()).hexdigest()[:16]
 
 
 def post(path: str, body: Any, key: str | None) -> bytes:
@@ -68,17 +69,17 @@ async def test_only_the_calling_key_or_an_admin_key_judges_and_the_key_is_stored
             assert (await raw_http("127.0.0.1", port, post("/v1/feedback", verdict, ADMIN))).status == 200
             stored = None
             for _ in range(100):  # written to Redis in the background
-                stored = await client.get(f"cogproxy:feedback:{trace}")
+                stored = await client.hget(f"cogproxy:answers:{trace}", ALICE_ID)
                 if stored is not None and orjson.loads(stored)["verdicts"] == 2:
                     break
                 await asyncio.sleep(0.05)
         assert stored is not None
         for key in (ALICE, BOB, ADMIN):
             assert key.encode() not in stored
-        assert orjson.loads(stored)["key_hash"] == hashlib.sha256(ALICE.encode()).hexdigest()
+        assert orjson.loads(stored)["client"] == ALICE_ID  # the key's identity: a hash, never the key
         stdout, stderr = served.output
         assert ALICE not in stdout + stderr and ADMIN not in stdout + stderr
     finally:
         if trace:
-            await client.delete(f"cogproxy:feedback:{trace}")
+            await client.delete(f"cogproxy:answers:{trace}")
         await client.aclose()

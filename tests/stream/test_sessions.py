@@ -12,7 +12,7 @@ from proxy.stream.sessions import SessionHub, client_hash, is_session_id
 
 def test_session_ids_carry_128_random_bits() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
-    ids = {hub.create(None, "m").id for _ in range(2000)}
+    ids = {hub.create("anonymous", "m").id for _ in range(2000)}
     assert len(ids) == 2000 and all(is_session_id(i) for i in ids)
     assert {len(i) for i in ids} == {len("sess_") + 32}
     # every hex digit position varies: no counter, no timestamp prefix
@@ -26,14 +26,14 @@ async def test_only_the_client_key_hash_is_kept_and_compared() -> None:
     found = await hub.find(session.id)
     assert found is not None
     assert hub.same_client(found.client, "sk-secret") and not hub.same_client(found.client, "sk-other")
-    assert not hub.same_client(found.client, None)
+    assert not hub.same_client(found.client, "anonymous")
 
 
 async def test_finished_sessions_are_evicted_oldest_first_beyond_the_memory_bound() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=4000)
     sessions = []
     for _ in range(5):
-        session = hub.create(None, "m")
+        session = hub.create("anonymous", "m")
         session.append(delta_chunk(1, "data.rationale", "x" * 900, "x" * 900))
         session.finish()
         sessions.append(session)
@@ -44,7 +44,7 @@ async def test_finished_sessions_are_evicted_oldest_first_beyond_the_memory_boun
 
 async def test_a_live_session_is_never_evicted() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=1000)
-    live = hub.create(None, "m")
+    live = hub.create("anonymous", "m")
     for seq in range(1, 5):
         live.append(delta_chunk(seq, "data.rationale", "y" * 500, "y" * 500 * seq))
     assert await hub.find(live.id) is not None and hub.live == 1
@@ -52,7 +52,7 @@ async def test_a_live_session_is_never_evicted() -> None:
 
 async def test_a_finished_session_expires_after_its_ttl() -> None:
     hub = SessionHub(ttl_s=0.05, max_bytes=1 << 20)
-    session = hub.create(None, "m")
+    session = hub.create("anonymous", "m")
     session.finish()
     assert await hub.find(session.id) is not None
     loop = asyncio.get_running_loop()
@@ -65,7 +65,7 @@ async def test_a_finished_session_expires_after_its_ttl() -> None:
 
 async def test_a_reader_waits_for_the_next_chunk_and_sees_the_end() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
-    session = hub.create(None, "m")
+    session = hub.create("anonymous", "m")
     reader = asyncio.ensure_future(session.read(0, 5))
     await asyncio.sleep(0)
     assert not reader.done()

@@ -111,7 +111,9 @@ def authenticate(request: web.Request, settings: Settings) -> None:
     admin key counts only on ``ADMIN_JUDGED_PATHS``."""
     keys = settings.api_keys
     token = request[CLIENT_KEY] = bearer_of(request)
-    request[CALLER] = caller_of(token, settings.client_identities, keyed=bool(keys))
+    # Identities come from the keys file with the keys; an embedder naming identities alone keys them too.
+    keyed = bool(keys or settings.client_identities)
+    request[CALLER] = caller_of(token, settings.client_identities, keyed=keyed)
     if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
         presented = (token or "").encode()
         admin_here = request.path in ADMIN_JUDGED_PATHS and any(

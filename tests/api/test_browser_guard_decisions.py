@@ -76,6 +76,7 @@ def test_the_guard_applies_to_a_keyless_loopback_bind(bind: str, keys: frozenset
         ("local", False),
         ("localhost.", False),
         ("[::1", True),  # brackets are stripped, not parsed
+        ("X127.0.0.1", False),
     ],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
@@ -90,6 +91,7 @@ def test_is_loopback(host: str, loopback: bool) -> None:
         (" 127.0.0.1:80 ", "127.0.0.1"),
         ("[::1]:8080", "[::1]"),
         ("[::1]", "[::1]"),
+        ("[::1]:80]", "[::1]"),  # up to the first bracket
         ("[::1%lo]:1", "[::1%lo]"),
         ("Evil.Example:443", "evil.example"),
         ("evil.example", "evil.example"),

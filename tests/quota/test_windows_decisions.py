@@ -46,6 +46,7 @@ class Clock:
         ((True, 10, 60, 20, 4, 30.0), WindowState(True, 0, 12.0)),  # previous fades: 30 - 6 * 60/20
         ((True, 10, 60, 20, 10, 30.0), WindowState(True, 0, 30.0)),  # current == limit: 30 + 60 * 0
         ((True, 10, 60, 0, 20, 30.0), WindowState(True, 0, 60.0)),  # 30 + 60 * (1 - 10/20)
+        ((True, 10, 60, 20, 12, 30.0), WindowState(True, 0, 40.0)),  # over: 30 + 60 * (1 - 10/12)
     ],
 )
 def test_window_state_remaining_and_reset(
@@ -118,6 +119,16 @@ async def test_memory_previous_window_weighs_only_the_next_window() -> None:
     (state,), _ = await counters.hit([(window, 0)], [])
     assert state.remaining == 5
     clock.now += 60  # two windows on: nothing weighs
+    (state,), _ = await counters.hit([(window, 0)], [])
+    assert state.remaining == 10
+
+
+async def test_memory_counts_two_windows_old_weigh_nothing() -> None:
+    clock = Clock(6_000.0)
+    counters = MemoryCounters(clock=clock)
+    window = Window("w", 10, 60)
+    await counters.hit([(window, 10)], [])
+    clock.now += 120  # straight to the start of the window after next
     (state,), _ = await counters.hit([(window, 0)], [])
     assert state.remaining == 10
 
@@ -208,6 +219,8 @@ async def test_redis_hit_reports_state_and_reloads_a_flushed_script(client: aior
     await counters.settle([], [(DAY, 9)])
     states, spend = await counters.hit([(window, 2)], [DAY])
     assert (states[0].allowed, states[0].remaining, states[0].reset_s, spend) == (True, 1, 0.0, [9])
+    (one, two), _ = await counters.hit([(Window("a", 5, 60), 1), (Window("b", 7, 60), 3)], [])
+    assert (one.remaining, two.remaining) == (4, 4)
     await client.script_flush()
     (state,), _ = await counters.hit([(window, 2)], [])
     assert (state.allowed, state.remaining) == (False, 1)

@@ -16,6 +16,7 @@ from proxy.policy.loader import PolicyError, load_policy, parse_policy
 from proxy.policy.model import Timeouts
 from proxy.schemas import load
 from tests.conftest import ROOT
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 MINIMAL: dict[str, Any] = {
     "version": 1,
@@ -242,3 +243,24 @@ def test_bad_prices_and_limits_are_refused_with_their_path(extra: dict[str, Any]
     with pytest.raises(PolicyError) as caught:
         parse_policy({**doc, **extra})
     assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize("shape", UNREADABLE_SHAPES)
+def test_an_unreadable_policy_file_is_a_policy_error_naming_it(shape: str, tmp_path: Path) -> None:
+    make, reason = UNREADABLE_SHAPES[shape]
+    path = tmp_path / "policy.yaml"
+    make(path)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.source == str(path)
+    assert info.value.problems == [reason]
+
+
+def test_a_control_character_is_one_line_naming_its_offset(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\n\x00")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.problems == [
+        "character 11: invalid YAML: unacceptable character #x0000: control characters are not allowed"
+    ]

@@ -13,6 +13,7 @@ from proxy.module.model import ModuleFormat
 from proxy.module.registry import ModuleRegistry
 from proxy.schema import check
 from tests.conftest import SCHEMA, ModuleFactory, write_module
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 
 @pytest.mark.parametrize(
@@ -265,3 +266,15 @@ def test_a_property_named_ref_is_not_a_reference(tmp_path: Path) -> None:
     (path / "schema.json").write_text(json.dumps(schema))
     with pytest.raises(ModuleLoadError, match=r"\$ref at #/data/properties/kind/enum/0/\$ref"):
         load_module(path)
+
+
+@pytest.mark.parametrize("name", ["module.yaml", "prompt.md"])
+@pytest.mark.parametrize("shape", UNREADABLE_SHAPES)
+def test_an_unreadable_module_file_is_a_load_error_naming_it(tmp_path: Path, name: str, shape: str) -> None:
+    """A FIFO would block the reload forever, ``/dev/zero`` would fill memory: each is refused."""
+    path = write_module(tmp_path, "m")
+    (path / name).unlink()
+    UNREADABLE_SHAPES[shape][0](path / name)
+    with pytest.raises(ModuleLoadError) as info:
+        load_module(path)
+    assert str(info.value).startswith(str(path))  # the file, or the module it leaves without a manifest

@@ -179,6 +179,8 @@ def parse_context(raw: Any, root: Path) -> ContextSpec:
     """The ``context`` section (already checked against module.yaml.schema.json for its shape)."""
     if raw is None:
         return NO_CONTEXT
+    if isinstance(raw, str):  # conformance.md's plain form: ``context: fork``
+        raw = {"mode": raw}
     if not isinstance(raw, dict):
         raise ContextSpecError("context: must be a mapping")
     _unknown("context", raw, _SECTION_KEYS)
@@ -225,4 +227,6 @@ def parse_context(raw: Any, root: Path) -> ContextSpec:
             )
         )
     mode = raw.get("mode", "main")
+    if mode not in ("main", "fork"):
+        raise ContextSpecError(f"context.mode: must be fork or main, not {str(mode)[:40]!r}")
     return ContextSpec(tuple(accepts), tuple(emits), mode)

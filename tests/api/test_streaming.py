@@ -207,6 +207,8 @@ async def test_streaming_asked_of_a_sync_module_falls_back_with_w4010(moded: Run
 async def test_sync_asked_of_a_streaming_module_is_e4010(moded: RunningProxy) -> None:
     status, _, body = await _call(moded, "reviewer-streaming", {"X-Cognitive-Response-Mode": "sync"})
     assert status == 406 and body["error"]["code"] == "E4010"
+    assert body["meta"]["explain"].startswith("Caller's choice")  # §5.2: whose choice it was
+    assert "response.mode: streaming" in body["error"]["message"]
 
 
 async def test_a_declared_streaming_module_streams_unasked(moded: RunningProxy) -> None:

@@ -72,6 +72,8 @@ class Validators:
     data: Validator
     meta: Validator
     error: Validator
+    context: Validator | None = None
+    """``schema.json#/input/properties/_context`` (context-protocol §3.2), applied to ``_context``."""
 
 
 class EmitSchema(Protocol):

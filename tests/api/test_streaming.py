@@ -12,6 +12,7 @@ import openai
 import pytest
 import yaml
 
+from proxy.conformance_table import CLAIMED_LEVEL, SPEC_VERSIONS
 from proxy.contract.validate import validate_envelope
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ROOT
@@ -306,6 +307,9 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
     assert caps["chat_completions"]["module_stream"] == "deltas"
     assert caps["max_body_bytes"] > 0 and caps["modules"] == len(BUNDLED)  # today's fields stay
     assert caps["v2_5_features"] == ["streaming", "multimodal"]
+    # from the conformance table (tests/test_conformance_table.py), never a literal
+    assert caps["conformance_level"] == CLAIMED_LEVEL and caps["spec_versions"] == list(SPEC_VERSIONS)
+    assert caps["spec_versions"][0] == "2.5"
 
 
 def _readme_client() -> Any:

@@ -693,7 +693,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    print("\n".join(explain(policy, thresholds, Meta(args.confidence, args.risk), rung, label)))
+    meta = Meta(args.confidence, args.risk)
+    print("\n".join(explain(policy, thresholds, meta, rung, label, module=args.module or "", tier=tier)))
     return EXIT_OK
 
 

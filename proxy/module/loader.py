@@ -33,7 +33,12 @@ from proxy.contract.rules import (
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
 from proxy.media import schema as media_schema
-from proxy.module.context_spec import ContextSpecError, parse_context
+from proxy.module.context_spec import (
+    ContextSpecError,
+    context_input_schema,
+    declared_in_schema,
+    parse_context,
+)
 from proxy.module.model import Module, ModuleFormat, Strictness, ToolPolicy
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
@@ -143,7 +148,7 @@ def _build(
     )
     validators = _validators(root, name, schema, data_schema, modalities)
     try:
-        context = parse_context(manifest.get("context"), root)
+        context = parse_context(manifest.get("context"), root, declared_in_schema(schema))
     except ContextSpecError as exc:
         raise ModuleLoadError(root / "module.yaml", f"module {name!r}: {exc}") from exc
     return Module(
@@ -265,11 +270,17 @@ def _validators(
     problem = media_schema.check(input_schema, schema, modalities)
     if problem is not None:
         raise ModuleLoadError(root, f"module {name!r}: {problem}")
+    context_schema = context_input_schema(schema)
     return Validators(
         input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
         data=_compile(schema_path, "data", data_schema, documents),
         meta=_compile(schema_path, "meta", meta_schema, documents),
         error=_compile(schema_path, "error", error_schema, documents),
+        context=(
+            _compile(schema_path, "input/properties/_context", context_schema, documents)
+            if context_schema
+            else None
+        ),
     )
 
 

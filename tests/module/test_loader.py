@@ -278,3 +278,36 @@ def test_an_unreadable_module_file_is_a_load_error_naming_it(tmp_path: Path, nam
     with pytest.raises(ModuleLoadError) as info:
         load_module(path)
     assert str(info.value).startswith(str(path))  # the file, or the module it leaves without a manifest
+
+
+@pytest.mark.parametrize("mode", ["fork", "main"])
+def test_context_written_as_a_plain_mode_is_that_mode(make_module: ModuleFactory, mode: str) -> None:
+    """conformance.md writes ``context: fork``; the object form ``context: {mode: fork}`` is the same."""
+    plain = make_module(context=mode)
+    spelled = make_module(context={"mode": mode})
+    assert plain.context.mode == spelled.context.mode == mode
+    assert not plain.context.declared
+
+
+@pytest.mark.parametrize("value", ["share", "", 3, ["fork"]])
+def test_a_plain_context_that_is_no_mode_is_refused_naming_the_modes(tmp_path: Path, value: Any) -> None:
+    path = write_module(tmp_path, "ctx", manifest={"context": value})
+    with pytest.raises(ModuleLoadError, match=r"context"):
+        load_module(path)
+
+
+def test_an_unknown_preferred_capability_loads_is_recorded_and_warned(tmp_path: Path) -> None:
+    """Preferences never refuse a module (the reference ui-component-generator prefers code_generation)."""
+    from proxy.module.lint import lint_module
+
+    path = write_module(
+        tmp_path,
+        "prefers",
+        manifest={"runtime_requirements": {"preferred_capabilities": ["json_mode", "code_generation"]}},
+    )
+    module = load_module(path)
+    assert module.runtime.preferred_capabilities == ("json_mode", "code_generation")
+    assert module.runtime.unknown_capabilities == ("code_generation",)
+    problems, warnings = lint_module(path)
+    assert not [p for p in problems if "preferred" in p]
+    assert any("code_generation" in w and w.startswith("warning:") for w in warnings)

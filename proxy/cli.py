@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy import __version__
+from proxy import __version__, conformance_table
 from proxy.app import build_app
 from proxy.calibration import command as calibration_command
 from proxy.clients import read_identities
@@ -153,6 +153,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
+    if args.markdown or args.update_readme:
+        return _conformance_table(args.update_readme)
     directory = Path(args.directory) if args.directory is not None else OFFICIAL_VECTORS
     if not directory.is_dir():
         print(f"{directory}: not a directory", file=sys.stderr)
@@ -163,6 +165,21 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         print(f"FAIL {outcome.path.relative_to(directory)} ({outcome.name}): {outcome.problem}")
     print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
     return EXIT_FAILED if failed or not outcomes else EXIT_OK
+
+
+def _conformance_table(readme: str | None) -> int:
+    """Print the conformance table as the README's section, or rewrite it in ``readme``."""
+    if readme is None:
+        print(conformance_table.markdown(), end="")
+        return EXIT_OK
+    path = Path(readme)
+    try:
+        path.write_text(conformance_table.with_section(path.read_text(encoding="utf-8")), encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{path}: conformance section regenerated")
+    return EXIT_OK
 
 
 def _policy_or_report(path: str) -> Policy | None:
@@ -676,7 +693,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    print("\n".join(explain(policy, thresholds, Meta(args.confidence, args.risk), rung, label)))
+    meta = Meta(args.confidence, args.risk)
+    print("\n".join(explain(policy, thresholds, meta, rung, label, module=args.module or "", tier=tier)))
     return EXIT_OK
 
 
@@ -817,6 +835,12 @@ def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         nargs="?",
         default=None,
         help="a directory of vectors (default: the official v2.2 vectors shipped with the package)",
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the conformance table as the README's section"
+    )
+    p.add_argument(
+        "--update-readme", metavar="README", help="rewrite the conformance section of this README in place"
     )
     p.set_defaults(func=cmd_conformance)
 

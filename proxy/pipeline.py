@@ -743,12 +743,16 @@ def _start_ladder(
 
 
 def _incapable(module: Module, policy: Policy) -> ModuleAnswer:
-    """No target from the start rung on has the module's required capabilities."""
+    """No target from the start rung on has the module's required capabilities: E4001, the
+    error-codes.md code closest to "no provider can serve this" (the taxonomy has no capability
+    code; E4003 is CONTEXT_OVERFLOW)."""
     missing = policy.missing_capabilities(module.runtime)
     envelope = error_envelope(
-        Code.CONTEXT_OVERFLOW,
+        Code.PROVIDER_UNAVAILABLE,
         f"No provider target can serve module {module.name!r}: missing capability {', '.join(missing)}",
-        details={"missing_capabilities": missing},
+        suggestion="Declare the capability for a target of the policy (capabilities:), "
+        "or set runtime_requirements.structured_output: false in module.yaml",
+        details={"missing_capabilities": missing, "reason": "capability_unavailable"},
     )
     return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
 

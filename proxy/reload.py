@@ -68,14 +68,10 @@ class Reloader:
             try:
                 new = self._build()
             except PolicyError as exc:
-                self._metrics.policy_reloads.labels(result="error").inc()
-                log.error(
-                    "proxy.reload_failed",
-                    reason=reason,
-                    error=str(exc),
-                    keeping=old.policy.source if old else None,
-                )
-                return False
+                return self._failed(reason, str(exc), old)
+            except Exception as exc:
+                log.exception("proxy.reload_crashed", reason=reason, path=str(self._settings.policy_path))
+                return self._failed(reason, f"{type(exc).__name__}: {exc}", old)
             if old is not None:
                 new = Runtime(
                     new.policy, new.registry.keeping_last_good(old.registry), new.providers, new.review
@@ -88,6 +84,17 @@ class Reloader:
             if self.on_swap is not None and old is not None:
                 self.on_swap(old)
             return True
+
+    def _failed(self, reason: str, error: str, old: Runtime | None) -> bool:
+        self._metrics.policy_reloads.labels(result="error").inc()
+        log.error(
+            "proxy.reload_failed",
+            reason=reason,
+            path=str(self._settings.policy_path),
+            error=error,
+            keeping=old.policy.source if old else None,
+        )
+        return False
 
     async def poll(self) -> None:
         """Check the files every ``reload_interval_s`` and reload when they changed."""

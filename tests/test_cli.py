@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.cli import main
 from tests.conftest import MODULES, VECTORS, write_module
@@ -248,3 +249,38 @@ async def test_golden_tests_fail_when_the_provider_answers_garbage(tmp_path: Pat
         out.decode().strip().splitlines()[-1].endswith("failed")
         and "FAIL code-simplifier/case1" in out.decode()
     )
+
+
+def _calibrated_policy(tmp_path: Path) -> Path:
+    from tests.conftest import ROOT
+
+    doc = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    first = doc["ladder"][0]["targets"][0]
+    doc["calibration"] = {first: {"points": [[0.0, 0.0], [0.95, 0.81], [1.0, 0.85]]}}
+    doc["cache"] = {"tiers": {"decision": {"ttl_s": 600}}}
+    path = tmp_path / "calibrated.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_policy_explain_decides_on_the_calibrated_confidence_and_shows_the_cache_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.95 reported maps to 0.81 on the rung's first target: below exec's 0.9, so not accepted there."""
+    policy = str(_calibrated_policy(tmp_path))
+    args = ["policy", "explain", "--policy", policy, "--confidence", "0.95", "--risk", "low"]
+    assert main([*args, "--tier", "exec"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated 0.81" in out and "decision: accept" not in out
+    assert main([*args, "--tier", "decision"]) == 0
+    out = capsys.readouterr().out
+    assert "decision: accept" in out and "cache: accepted answers reused for 600s" in out
+
+
+def test_policy_check_lists_calibration_maps_and_cache_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["policy", "check", str(_calibrated_policy(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "calibration (reported -> decided confidence):" in out and "0.95 -> 0.81" in out
+    assert "cache:" in out and "tier decision: 600s" in out

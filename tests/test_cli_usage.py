@@ -4,6 +4,7 @@ line and column, validated explain arguments, help for every argument."""
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from proxy.cli import build_parser, main
 from tests.conftest import MODULES, ROOT
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 DEMO = str(ROOT / "policies" / "demo.yaml")
 
@@ -131,3 +133,50 @@ def test_top_level_help_lists_every_command_and_an_example() -> None:
     for command in ("serve", "policy", "new", "validate", "conformance", "test", "run"):
         assert f"\n    {command}" in text
     assert "examples:" in text and "cogproxy new" in text
+
+
+def _policy_check(path: Path, *prefix: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "proxy", "policy", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("shape", UNREADABLE_SHAPES)
+def test_policy_check_names_an_unreadable_file_without_a_traceback(shape: str, tmp_path: Path) -> None:
+    make, reason = UNREADABLE_SHAPES[shape]
+    path = tmp_path / "policy.yaml"
+    make(path)
+    result = _policy_check(path)
+    assert (result.returncode, result.stdout, result.stderr) == (1, f"{path}: {reason}\n", "")
+
+
+def test_policy_check_names_a_file_it_may_not_read(tmp_path: Path) -> None:
+    """Mode 000. Root reads anything (CAP_DAC_OVERRIDE), so as root the check runs without it."""
+    path = tmp_path / "policy.yaml"
+    path.write_text((ROOT / "policies" / "default.yaml").read_text())
+    path.chmod(0)
+    without_override = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
+    result = _policy_check(path, *(without_override if os.geteuid() == 0 else ()))
+    assert (result.returncode, result.stdout, result.stderr) == (
+        1,
+        f"{path}: cannot read: Permission denied\n",
+        "",
+    )
+
+
+def test_serve_names_an_unreadable_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"version: 1\n\xff\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--policy", str(path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"serve: {path}: not UTF-8 text: byte 0xff at offset 11\n"

@@ -15,6 +15,7 @@ name and the network is the boundary.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -50,10 +51,14 @@ def host_name(value: str) -> str:
 
 
 def check_browser(request: web.Request) -> None:
+    """``check_headers`` of the request (checked only when ``guards_browsers``)."""
+    check_headers(request.app[SETTINGS], request.headers)
+
+
+def check_headers(settings: Settings, headers: Mapping[str, str]) -> None:
     """403 for a ``Host`` that is not a loopback or allowed name, and for an ``Origin`` that
-    is present and not allowed (checked only when ``guards_browsers``)."""
-    settings = request.app[SETTINGS]
-    host = host_name(request.headers.get("Host", "localhost"))
+    is present and not allowed."""
+    host = host_name(headers.get("Host", "localhost"))
     if host not in LOOPBACK_NAMES and host not in settings.allowed_hosts:
         raise ApiError(
             403,
@@ -62,7 +67,7 @@ def check_browser(request: web.Request) -> None:
             "permission_error",
             "host_not_allowed",
         )
-    origin = request.headers.get("Origin")
+    origin = headers.get("Origin")
     if origin is not None and origin.strip().lower() not in settings.allowed_origins:
         raise ApiError(
             403,

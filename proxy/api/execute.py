@@ -108,8 +108,10 @@ def _no_input(trace_id: str) -> web.Response:
 def _sync_refused(module: Module, trace_id: str) -> web.Response:
     return caller_error(
         Code.STREAMING_NOT_SUPPORTED,
-        f"Module {module.name!r} answers streaming only; a sync answer was asked for",
+        f"Module {module.name!r} declares response.mode: streaming (its author's choice); "
+        "the request asked for a sync answer",
         trace_id,
+        explain="Caller's choice: a sync answer was asked of a module its author declared streaming-only",
     )
 
 

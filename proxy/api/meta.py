@@ -12,6 +12,7 @@ from proxy import __version__
 from proxy.api.chat import MODULE_PREFIX
 from proxy.api.errors import ApiError, json_response
 from proxy.api.state import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
+from proxy.conformance_table import CLAIMED_LEVEL, SPEC_VERSIONS
 from proxy.media.step import ladder_modalities, max_media_size_mb
 from proxy.stream.negotiate import TRANSPORTS
 
@@ -71,9 +72,9 @@ async def capabilities(request: web.Request) -> web.Response:
                 "stream_recovery": settings.stream_recovery,
                 "stream_session_ttl_s": settings.stream_session_ttl_s,
             },
-            "spec_versions": ["2.2", "2.1", "1.0"],
+            "spec_versions": list(SPEC_VERSIONS),
             "v2_5_features": ["streaming", "multimodal"] if media else ["streaming"],
-            "conformance_level": 2,
+            "conformance_level": CLAIMED_LEVEL,
             "response_modes": ["sync", "streaming"],
             "chat_completions": {"stream": True, "module_stream": "envelope"},
             "modalities": {"input": ["text", *media], "output": ["text"]},

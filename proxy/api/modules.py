@@ -89,9 +89,11 @@ def module_error_response(answer: ModuleAnswer) -> web.Response:
     return json_response(answer.envelope, status=answer.status, headers=answer.headers())
 
 
-def caller_error(code: Code, message: str, trace_id: str, *, suggestion: str | None = None) -> web.Response:
+def caller_error(
+    code: Code, message: str, trace_id: str, *, suggestion: str | None = None, explain: str | None = None
+) -> web.Response:
     """The caller's own mistake on a module route, before any module ran: an envelope."""
-    envelope = error_envelope(code, message, suggestion=suggestion)
+    envelope = error_envelope(code, message, suggestion=suggestion, explain=explain)
     envelope["meta"]["trace_id"] = trace_id
     return json_response(
         envelope,

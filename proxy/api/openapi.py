@@ -261,7 +261,7 @@ _ERROR_STATUS_TEXT = {
     429: "Every provider rate limited (E4002), with Retry-After",
     500: "Internal error (E4xxx)",
     502: "Provider failure (E4003)",
-    503: "Every provider unavailable (E4001), with Retry-After",
+    503: "Every provider unavailable, with Retry-After, or none has a required capability (E4001)",
 }
 
 

@@ -3,7 +3,8 @@
     @call:module-name(arguments)[options]      options: async, timeout=Ns, optional, tier=X
 
 A line holding a directive is taken out of the prompt: the model never sees it. ``arguments`` is
-``$INPUT`` (or empty: the module's whole input) or a JSONPath over the input.
+``$INPUT`` (or empty: the module's whole input) or a JSONPath over the input. ``@call:name``
+without an argument list is a mention, not a call.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ MAX_CALL_TIMEOUT_S = 3600.0
 _DIRECTIVE = re.compile(
     r"@call:(?P<name>[a-z0-9][a-z0-9._-]*)\((?P<args>[^)]*)\)(?:\[(?P<options>[^\]]*)\])?"
 )
+_MENTION = re.compile(r"@call:[a-z0-9][a-z0-9._-]*(?![a-zA-Z0-9._(-])")
+"""``@call:name`` with no argument list names a module in prose (the reference product-analyzer's
+"ui_spec: from @call:ui-spec-generator"): it stays in the prompt and calls nothing."""
 _TIERS = ("exec", "decision", "exploration")
 
 
 class DirectiveError(ValueError):
     """A directive that does not parse."""
+
+
+_WHOLE_INPUT = frozenset({"", "$INPUT", "$ARGUMENTS"})
+"""Arguments that pass the caller's whole input: composition.md's ``$INPUT``, and ``$ARGUMENTS``
+(the reference runtime's name for it; its product-analyzer calls ``ui-spec-generator($ARGUMENTS)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +79,7 @@ def parse_directives(prompt: str) -> tuple[str, tuple[CallDirective, ...]]:
     for number, line in enumerate(prompt.splitlines(keepends=True), start=1):
         matches = list(_DIRECTIVE.finditer(line))
         if not matches:
-            if "@call:" in line:
+            if "@call:" in _MENTION.sub("", line):
                 raise DirectiveError(
                     f"prompt.md line {number}: malformed @call directive: {line.strip()[:80]!r}"
                 )
@@ -79,7 +88,7 @@ def parse_directives(prompt: str) -> tuple[str, tuple[CallDirective, ...]]:
         for match in matches:
             args = match["args"].strip()
             try:
-                argument = None if args in ("", "$INPUT") else parse_path(args)
+                argument = None if args in _WHOLE_INPUT else parse_path(args)
             except PathError as exc:
                 raise DirectiveError(f"prompt.md line {number}: {exc}") from exc
             options = _options(match["options"] or "", number)

@@ -3,7 +3,8 @@
 Undeclared types are dropped (never sent to the model) with a warning; ``fields`` keeps only the
 named fields of an object; ``max_turns`` keeps the newest turns of a list; a required type that
 is missing is E1002 naming it (and saying so when the store could not be read); a schema
-violation is E1001 with the path (``_context.session_state.issues_found``).
+violation (an ``accepts[].schema`` or schema.json's ``_context``, §3.2) is E1001 with the path
+(``_context.session_state.issues_found``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.context.identity import CONTEXT_FIELD
 from proxy.contract.errors import MESSAGE_VIOLATIONS_MAX, Code, error_envelope
-from proxy.module.context_spec import ContextSpec
-from proxy.schema import check
+from proxy.module.context_spec import ContextSpec, Validator
+from proxy.schema import Violation, check
 
 _MAX_LISTED = 20
 
@@ -26,8 +28,21 @@ class Checked:
     error: dict[str, Any] | None = None
 
 
-def check_context(spec: ContextSpec, merged: dict[str, Any], unavailable: Set[str], module: str) -> Checked:
+def check_context(
+    spec: ContextSpec,
+    merged: dict[str, Any],
+    unavailable: Set[str],
+    module: str,
+    schema: Validator | None = None,
+) -> Checked:
+    """``schema``: schema.json's ``_context`` declaration (§3.2), checked on the whole merged
+    context before the ``accepts`` entries filter it."""
     out = Checked()
+    if schema is not None:
+        problems = check(schema, merged, CONTEXT_FIELD)
+        if problems:
+            out.error = _invalid(problems, module)
+            return out
     for kind, value in merged.items():
         accept = spec.accepted(kind)
         if accept is None:
@@ -67,12 +82,16 @@ def check_context(spec: ContextSpec, merged: dict[str, Any], unavailable: Set[st
         if accept is not None and accept.validator is not None:
             problems += check(accept.validator, value, f"_context.{kind}")
     if problems:
-        listing = "; ".join(str(p) for p in problems[:MESSAGE_VIOLATIONS_MAX])
-        out.error = error_envelope(
-            Code.INVALID_INPUT,
-            f"_context does not match what module {module!r} accepts: {listing}",
-            explain=f"Context validation failed (caller error): {problems[0]}",
-            suggestion=f"Fix {problems[0].path} and send the request again",
-            details={"violations": [{"path": p.path, "message": p.message} for p in problems[:_MAX_LISTED]]},
-        )
+        out.error = _invalid(problems, module)
     return out
+
+
+def _invalid(problems: list[Violation], module: str) -> dict[str, Any]:
+    listing = "; ".join(str(p) for p in problems[:MESSAGE_VIOLATIONS_MAX])
+    return error_envelope(
+        Code.INVALID_INPUT,
+        f"_context does not match what module {module!r} accepts: {listing}",
+        explain=f"Context validation failed (caller error): {problems[0]}",
+        suggestion=f"Fix {problems[0].path} and send the request again",
+        details={"violations": [{"path": p.path, "message": p.message} for p in problems[:_MAX_LISTED]]},
+    )

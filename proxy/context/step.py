@@ -101,7 +101,9 @@ async def prepare(module: Module, value: Any, call: ContextCall | None) -> Prepa
         else None
     )
     merged = merge(built.context if built else {}, client)
-    checked = check_context(module.context, merged, built.unavailable if built else set(), module.name)
+    checked = check_context(
+        module.context, merged, built.unavailable if built else set(), module.name, module.validators.context
+    )
     prepared.warnings = checked.warnings
     if checked.error is not None:
         prepared.error = checked.error

@@ -36,14 +36,27 @@ class Repair:
     detail: str = ""
 
 
+def _data_confidence(data: Any) -> float | None:
+    """``data.confidence`` when it is a confidence (a number in [0, 1], not a bool), else None."""
+    value = data.get("confidence") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        return None
+    return float(value)
+
+
 def _fill_meta(env: dict[str, Any], meta: dict[str, Any], module: ModuleContract | None) -> list[Repair]:
     ok = env["ok"]
     data = env.get("data")
     error = env.get("error")
     out: list[Repair] = []
     if "confidence" not in meta:
-        meta["confidence"] = DEFAULT_CONFIDENCE if ok else 0.0
-        out.append(Repair("meta_default", "meta.confidence", str(meta["confidence"])))
+        stated = _data_confidence(data) if ok else None
+        if stated is not None:  # the model's own number, misplaced (the reference runtime's repair)
+            meta["confidence"] = stated
+            out.append(Repair("meta_default", "meta.confidence", f"{stated} from data.confidence"))
+        else:
+            meta["confidence"] = DEFAULT_CONFIDENCE if ok else 0.0
+            out.append(Repair("meta_default", "meta.confidence", str(meta["confidence"])))
     if "risk" not in meta:
         rule = module.risk_rule if module else "max_changes_risk"
         meta["risk"] = aggregate_risk(data, rule) if ok else "high"

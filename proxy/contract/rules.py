@@ -48,11 +48,20 @@ class CompatPolicy:
         return self.accepts_v21_payload or self.runtime_auto_wrap
 
 
+KNOWN_PREFERENCES = ("json_mode", "long_context", "function_calling", "vision")
+"""The ``preferred_capabilities`` a policy target can be declared to have (policy ``capabilities:``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeRequirements:
     structured_output: bool = True
     max_input_tokens: int | None = None
     preferred_capabilities: tuple[str, ...] = ()
+
+    @property
+    def unknown_capabilities(self) -> tuple[str, ...]:
+        """Preferences no target can be declared to have: recorded, warned about, never refused."""
+        return tuple(c for c in self.preferred_capabilities if c not in KNOWN_PREFERENCES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,8 @@ class Validators:
     data: Validator
     meta: Validator
     error: Validator
+    context: Validator | None = None
+    """``schema.json#/input/properties/_context`` (context-protocol §3.2), applied to ``_context``."""
 
 
 class EmitSchema(Protocol):

@@ -6,6 +6,7 @@ the module's path.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +14,14 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.jsonshape import as_dict
 from proxy.schema import SchemaCompileError, compile_schema
 
 Validator = Callable[[Any], Any]
 Mode = Literal["main", "fork"]
 
+CONTEXT_PROPERTY = "_context"
+"""Where schema.json declares the context container: ``#/input/properties/_context`` (§3.2)."""
 CONVERSATION_HISTORY = "conversation_history"
 USER_PROFILE = "user_profile"
 SESSION_STATE = "session_state"
@@ -175,10 +179,32 @@ def _unknown(where: str, item: dict[str, Any], known: frozenset[str]) -> None:
         raise ContextSpecError(f"{where}.{extra[0]}: unknown key (known: {', '.join(sorted(known))})")
 
 
-def parse_context(raw: Any, root: Path) -> ContextSpec:
-    """The ``context`` section (already checked against module.yaml.schema.json for its shape)."""
+def context_input_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema.json#/input/properties/_context`` with the document's ``$defs``/``definitions``
+    attached (context-protocol §3.2 refers into them), or None when schema.json declares none."""
+    declared = as_dict(as_dict(as_dict(schema.get("input")).get("properties")).get(CONTEXT_PROPERTY))
+    if not declared:
+        return None
+    out = copy.deepcopy(declared)
+    for key in ("$defs", "definitions"):
+        if key in schema and key not in out:
+            out[key] = copy.deepcopy(schema[key])
+    return out
+
+
+def declared_in_schema(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The context types schema.json's ``_context`` names: accepted like ``context.accepts`` entries."""
+    declared = context_input_schema(schema) or {}
+    return tuple(str(k) for k in as_dict(declared.get("properties")))
+
+
+def parse_context(raw: Any, root: Path, in_schema: tuple[str, ...] = ()) -> ContextSpec:
+    """The ``context`` section (already checked against module.yaml.schema.json for its shape);
+    ``in_schema``: the types schema.json's ``_context`` declares, accepted too (§3.2)."""
     if raw is None:
-        return NO_CONTEXT
+        raw = {}
+    if isinstance(raw, str):  # conformance.md's plain form: ``context: fork``
+        raw = {"mode": raw}
     if not isinstance(raw, dict):
         raise ContextSpecError("context: must be a mapping")
     _unknown("context", raw, _SECTION_KEYS)
@@ -224,5 +250,8 @@ def parse_context(raw: Any, root: Path) -> ContextSpec:
                 validator=_schema(root, f"{where}.schema", item.get("schema"), None),
             )
         )
+    accepts += [Accept(type=kind) for kind in in_schema if not any(a.type == kind for a in accepts)]
     mode = raw.get("mode", "main")
+    if mode not in ("main", "fork"):
+        raise ContextSpecError(f"context.mode: must be fork or main, not {str(mode)[:40]!r}")
     return ContextSpec(tuple(accepts), tuple(emits), mode)

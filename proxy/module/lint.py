@@ -147,6 +147,11 @@ def lint_module(path: Path, *, v22: bool = False) -> tuple[list[str], list[str]]
     except ModuleLoadError as exc:
         return [str(exc)], []
     problems, warnings = _test_problems(module)
+    warnings += [
+        f"warning: {path / 'module.yaml'}: runtime_requirements.preferred_capabilities: {c!r} is not "
+        "a capability a policy target can declare (recorded; it orders no target)"
+        for c in module.runtime.unknown_capabilities
+    ]
     problems = _composition_problems(module) + problems
     if v22:
         problems = _v22_problems(module) + problems

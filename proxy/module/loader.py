@@ -33,15 +33,23 @@ from proxy.contract.rules import (
 from proxy.contract.validate import standard_meta_schema
 from proxy.jsonshape import as_dict
 from proxy.media import schema as media_schema
-from proxy.module.context_spec import ContextSpecError, parse_context
+from proxy.module.context_spec import (
+    ContextSpecError,
+    context_input_schema,
+    declared_in_schema,
+    parse_context,
+)
 from proxy.module.model import Module, ModuleFormat, Strictness, ToolPolicy
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
 from proxy.schema import SchemaCompileError, Validator, check, compile_schema
+from proxy.textfile import UnreadableFile, read_small_text
 from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_MODULE_FILE_BYTES = 1024 * 1024
+"""Modules load on the event loop (hot reload); the largest bundled file is 8 KB."""
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _TEST_LINE = re.compile(r"^\s*(?P<input>.+\.input\.json)\s*->\s*(?P<expected>.+\.expected\.json)\s*$")
 _FRONT_MATTER = re.compile(r"\A---\s*\n(?P<meta>.*?)\n---\s*(?:\n|\Z)(?P<body>.*)\Z", re.DOTALL)
@@ -63,9 +71,9 @@ def valid_module_name(name: str) -> bool:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModuleLoadError(path, f"cannot read: {exc}") from exc
+        return read_small_text(path, MAX_MODULE_FILE_BYTES, "a module file")
+    except UnreadableFile as exc:
+        raise ModuleLoadError(path, exc.reason) from exc
 
 
 def _read_yaml(path: Path, text: str | None = None) -> dict[str, Any]:
@@ -84,8 +92,8 @@ def _read_schema(path: Path, required: bool) -> dict[str, Any]:
             raise ModuleLoadError(path, "missing (the module's contract)")
         return {}
     try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
+        doc = orjson.loads(_read_text(path))
+    except orjson.JSONDecodeError as exc:
         raise ModuleLoadError(path, f"invalid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise ModuleLoadError(path, "must be a JSON object")
@@ -140,7 +148,7 @@ def _build(
     )
     validators = _validators(root, name, schema, data_schema, modalities)
     try:
-        context = parse_context(manifest.get("context"), root)
+        context = parse_context(manifest.get("context"), root, declared_in_schema(schema))
     except ContextSpecError as exc:
         raise ModuleLoadError(root / "module.yaml", f"module {name!r}: {exc}") from exc
     return Module(
@@ -262,11 +270,17 @@ def _validators(
     problem = media_schema.check(input_schema, schema, modalities)
     if problem is not None:
         raise ModuleLoadError(root, f"module {name!r}: {problem}")
+    context_schema = context_input_schema(schema)
     return Validators(
         input=_compile(schema_path, "input", input_schema, documents) if input_schema else None,
         data=_compile(schema_path, "data", data_schema, documents),
         meta=_compile(schema_path, "meta", meta_schema, documents),
         error=_compile(schema_path, "error", error_schema, documents),
+        context=(
+            _compile(schema_path, "input/properties/_context", context_schema, documents)
+            if context_schema
+            else None
+        ),
     )
 
 

@@ -39,10 +39,15 @@ from proxy.policy.model import (
 from proxy.policy.quota import cross_check as quota_checks
 from proxy.policy.quota import parse_limits, parse_prices
 from proxy.schema import Validator, check, compile_schema
+from proxy.textfile import UnreadableFile, read_small_text
 from proxy.yamlerrors import describe
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 log = structlog.get_logger("proxy.policy")
+
+MAX_POLICY_BYTES = 1024 * 1024
+"""A policy is parsed on the event loop (hot reload): 1 MiB parses in well under a second, and
+the shipped policies are a few KB. Anything larger is refused unread."""
 
 # Used when a policy has no `tiers:` block, and for tiers it leaves out.
 DEFAULT_TIERS: dict[str, dict[str, Any]] = {
@@ -336,9 +341,9 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
 def load_policy(path: Path) -> Policy:
     """Read and parse a policy file; every failure is a ``PolicyError`` naming the file."""
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)
-    except OSError as exc:
-        raise PolicyError(str(path), [f"cannot read: {exc.strerror or exc}"]) from exc
+        doc = yaml.load(read_small_text(path, MAX_POLICY_BYTES, "a policy"), Loader=_LOADER)
+    except UnreadableFile as exc:
+        raise PolicyError(str(path), [exc.reason]) from exc
     except yaml.YAMLError as exc:
         raise PolicyError(str(path), [describe(exc)]) from exc
     if doc is None:

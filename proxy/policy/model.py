@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
+from proxy.contract.rules import KNOWN_PREFERENCES
 from proxy.policy.calibration import CalibrationMap
 from proxy.policy.quota import LimitsPolicy, Price
 
@@ -256,7 +257,7 @@ DEFAULT_MODALITIES: Mapping[str, Modalities] = {
 
 
 Capabilities = frozenset[str]
-CAPABILITIES = ("structured_output", "json_mode", "long_context", "function_calling", "vision")
+CAPABILITIES = ("structured_output", *KNOWN_PREFERENCES)
 """What a target may be declared to do: module.yaml's ``preferred_capabilities`` plus
 ``structured_output`` (``runtime_requirements.structured_output``)."""
 DEFAULT_CAPABILITIES: Mapping[str, Capabilities] = {

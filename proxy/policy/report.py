@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from proxy.policy.calibration import CalibrationMap
 from proxy.policy.decide import Meta, decide
-from proxy.policy.model import BreakerPolicy, Policy, Thresholds
+from proxy.policy.model import BreakerPolicy, CacheRule, Policy, Thresholds
 
 
 def _thresholds(t: Thresholds) -> str:
@@ -45,6 +46,31 @@ def summary(policy: Policy) -> list[str]:
     routes = "".join(f"; {r.prefix} -> {', '.join(r.providers)}" for r in policy.passthrough.routes)
     lines.append(f"passthrough (/v1/* not handled here): {policy.passthrough.provider or 'none'}{routes}")
     lines += _quota(policy)
+    lines += _calibration_and_cache(policy)
+    return lines
+
+
+def _calibration_map(mapping: CalibrationMap) -> str:
+    if mapping.xs:
+        return "points " + ", ".join(f"{x:g} -> {y:g}" for x, y in zip(mapping.xs, mapping.ys, strict=True))
+    return f"platt a {mapping.a:g}, b {mapping.b:g}"
+
+
+def _cache_rule(rule: CacheRule) -> str:
+    ttl = "off" if rule.ttl_s == 0 else "never expires" if rule.ttl_s < 0 else f"{rule.ttl_s}s"
+    return f"{ttl} (decisions: {', '.join(sorted(rule.only_decisions))})"
+
+
+def _calibration_and_cache(policy: Policy) -> list[str]:
+    lines = []
+    if policy.calibration:
+        lines.append("calibration (reported -> decided confidence):")
+        lines += [f"  {t}: {_calibration_map(m)}" for t, m in sorted(policy.calibration.items())]
+    rules = [(f"tier {n}", r) for n, r in policy.cache.tiers.items()]
+    rules += [(f"module {n}", r) for n, r in policy.cache.modules.items()]
+    if rules:
+        lines.append("cache:")
+        lines += [f"  {name}: {_cache_rule(rule)}" for name, rule in rules]
     return lines
 
 
@@ -85,15 +111,36 @@ def _breaker(b: BreakerPolicy) -> str:
     )
 
 
-def explain(policy: Policy, thresholds: Thresholds, meta: Meta, rung: int, label: str) -> list[str]:
-    """What the router does with an answer carrying ``meta`` on rung ``rung``, and why."""
-    decision = decide(thresholds, meta, rung, len(policy.ladder))
-    here = policy.ladder[rung].name
+def explain(
+    policy: Policy,
+    thresholds: Thresholds,
+    meta: Meta,
+    rung: int,
+    label: str,
+    *,
+    module: str = "",
+    tier: str = "",
+) -> list[str]:
+    """What the router does with an answer carrying ``meta`` on rung ``rung``, and why: the
+    confidence decided on is the one the rung's first target's ``calibration:`` map gives, and the
+    module's (or tier's) ``cache:`` rule says whether the answer is reused."""
+    here = policy.ladder[rung]
+    target = str(here.targets[0]) if here.targets else ""
+    decided = Meta(policy.calibrate(target, meta.confidence), meta.risk)
+    decision = decide(thresholds, decided, rung, len(policy.ladder))
     lines = [
         f"{label}: {_thresholds(thresholds)}",
-        f"answer on rung {rung} ({here}): confidence {meta.confidence:g}, risk {meta.risk}",
-        f"decision: {decision.action} ({decision.reason})",
+        f"answer on rung {rung} ({here.name}): confidence {meta.confidence:g}, risk {meta.risk}",
     ]
+    if target in policy.calibration:
+        lines.append(
+            f"calibration.{target}: reported {meta.confidence:g} -> calibrated {decided.confidence:.3g}"
+        )
+    lines.append(f"decision: {decision.action} ({decision.reason})")
+    rule = policy.cache.rule_for(module, tier)
+    if rule is not None and rule.ttl_s != 0:
+        stored = "this answer is stored" if decision.action in rule.only_decisions else "not this one"
+        lines.append(f"cache: accepted answers reused for {_cache_rule(rule)}; {stored}")
     if decision.next_rung is not None:
         lines.append(f"next: rung {decision.next_rung} ({policy.ladder[decision.next_rung].name})")
     elif decision.action == "reject":

@@ -7,8 +7,10 @@ a request with no signal at all is answered sync unless module.yaml itself decla
 ``streaming`` (a client that asked for nothing can always read JSON).
 
 Mismatches (§3.2.5.3): streaming asked of a ``sync`` module, or of a module whose providers
-cannot stream, falls back to sync with the W4010 warning; sync asked explicitly of a
-``streaming`` module is refused with E4010 (the proxy does not force sync on it).
+cannot stream, falls back to sync with the W4010 warning; sync asked explicitly of a module
+whose module.yaml declares ``response.mode: streaming`` is refused with E4010 (the proxy does not
+force sync on it). A tier default is no declaration: an unmodified v2.2 exploration module asked
+for sync answers sync (v2.5 §0.0.2, "v2.2 modules run without modification"; no warning is due).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def negotiate(module: Module, signals: Request, *, can_stream: bool = True) -> N
         streams = declared_mode(module) == "streaming" and can_stream
         return Negotiated("streaming" if streams else "sync", transport)
     if asked == "sync":
-        return Negotiated("sync", transport, refused=supports == "streaming")
+        return Negotiated("sync", transport, refused=declared_mode(module) == "streaming")
     if supports == "sync":
         return Negotiated("sync", transport, fallback_reason=REASON_MODULE)
     if not can_stream:

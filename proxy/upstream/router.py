@@ -108,6 +108,20 @@ def backoff_s(failover: Failover, retry: int, rng: Callable[[], float]) -> float
     return failover.backoff.wait_s(retry, rng)
 
 
+def retry_wait_s(
+    failover: Failover, retry: int, retry_after: float | None, rng: Callable[[], float]
+) -> float:
+    """The wait before retry ``retry``: the jittered backoff, or the upstream's ``Retry-After``
+    plus uniform jitter of up to min(Retry-After, ``backoff.max_ms``) when that is longer. Never
+    below Retry-After; the jitter spreads the retries of a burst that got the same Retry-After
+    instead of bringing them back in one wave (#29.3)."""
+    wait = backoff_s(failover, retry, rng)
+    if retry_after is None:
+        return wait
+    spread = min(retry_after, failover.backoff.max_ms / 1000)
+    return max(wait, retry_after + rng() * spread)
+
+
 @dataclass(slots=True)
 class _RungCall(Generic[T]):
     """One ``Router.call``: its fixed inputs and the failures seen so far, in order."""
@@ -277,7 +291,7 @@ class Router:
         failover = run.failover
         if trial or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on or retries >= failover.retries:
             return None
-        wait = max(backoff_s(failover, retries, self._rng), exc.retry_after or 0.0)
+        wait = retry_wait_s(failover, retries, exc.retry_after, self._rng)
         if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget):
             return None
         return wait

@@ -14,14 +14,18 @@ from typing import Any
 import aiohttp
 import yaml
 from aiohttp import web
+from structlog.testing import capture_logs
 
-from proxy.api.state import RUNTIME
+from proxy.api.state import RUNTIME, Runtime, RuntimeHolder
 from proxy.app import build_app
+from proxy.observability.metrics import Metrics
+from proxy.reload import Reloader
 from proxy.server import settle_heap
 from proxy.settings import Settings
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import free_port, proxy_process, running_proxy, upstream_policy
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 
 async def models(url: str) -> list[str]:
@@ -196,3 +200,65 @@ async def test_a_retired_runtime_is_collected_though_start_up_froze_it(
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+async def test_every_unreadable_policy_file_is_a_counted_logged_reload_failure(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """SIGHUP with the policy path turned into each unreadable shape: each is one
+    ``reloads_total{result="error"}`` and one JSON ``proxy.reload_failed`` line naming the file;
+    every line the process writes stays one JSON object, and the last good policy keeps serving."""
+    policy = upstream_policy(fake_upstream)
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    args = ("--policy", str(path), "--reload-interval", "0", "--log-format", "json")
+    async with proxy_process(*args) as served:
+        for count, (make, _) in enumerate(UNREADABLE_SHAPES.values(), 1):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+            make(path)
+            served.proc.send_signal(signal.SIGHUP)
+            await eventually(
+                lambda n=count: _contains(
+                    reload_counts(served.url), f'cognitive_policy_reloads_total{{result="error"}} {n}.0'
+                )
+            )
+        async with aiohttp.ClientSession() as session:
+            reply = await session.post(
+                served.url + "/v1/chat/completions",
+                json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
+            )
+            assert reply.status == 200
+    lines = [line for line in (served.output[0] + served.output[1]).splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines if not line.startswith("cogproxy serving on")]
+    failed = [e for e in events if e["event"] == "proxy.reload_failed"]
+    assert [e["error"] for e in failed] == [f"{path}: {reason}" for _, reason in UNREADABLE_SHAPES.values()]
+    assert {e["path"] for e in failed} == {str(path)}
+
+
+async def test_a_build_that_raises_anything_is_a_counted_reload_failure(tmp_path: Path) -> None:
+    """Whatever a reload's build raises (not only ``PolicyError``) is counted and logged, and
+    ``reload`` answers False: a SIGHUP task never ends in an unretrieved exception."""
+    path = tmp_path / "policy.yaml"
+
+    def build() -> Runtime:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    metrics = Metrics()
+    reloader = Reloader(Settings(policy_path=path, module_dirs=()), RuntimeHolder(), build, metrics)
+    with capture_logs() as logs:
+        assert await reloader.reload("SIGHUP") is False
+    assert metrics.registry.get_sample_value("cognitive_policy_reloads_total", {"result": "error"}) == 1
+    failed = [e for e in logs if e["event"] == "proxy.reload_failed"]
+    assert failed == [
+        {
+            "event": "proxy.reload_failed",
+            "log_level": "error",
+            "reason": "SIGHUP",
+            "path": str(path),
+            "error": "RecursionError: maximum recursion depth exceeded",
+            "keeping": None,
+        }
+    ]

@@ -101,7 +101,8 @@ async def test_retries_on_the_same_target_with_retry_after(
         sleeps = record_router_sleeps(px, monkeypatch)
         attempts, _ = await attempts_of(px)
     assert attempts == [("up/cheap", "provider_error:rate_limited"), ("up/cheap", "accept")]
-    assert sleeps.waits == [1.0], "the retry waited for Retry-After (longer than the 5 ms backoff)"
+    # Retry-After (longer than the 5 ms backoff), plus jitter of up to max_ms (5 ms), never less
+    assert len(sleeps.waits) == 1 and 1.0 <= sleeps.waits[0] <= 1.005
     assert fake_upstream.count(model="backup") == 0
 
 

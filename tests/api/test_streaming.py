@@ -12,6 +12,7 @@ import openai
 import pytest
 import yaml
 
+from proxy.conformance_table import CLAIMED_LEVEL, SPEC_VERSIONS
 from proxy.contract.validate import validate_envelope
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ROOT
@@ -208,6 +209,8 @@ async def test_streaming_asked_of_a_sync_module_falls_back_with_w4010(moded: Run
 async def test_sync_asked_of_a_streaming_module_is_e4010(moded: RunningProxy) -> None:
     status, _, body = await _call(moded, "reviewer-streaming", {"X-Cognitive-Response-Mode": "sync"})
     assert status == 406 and body["error"]["code"] == "E4010"
+    assert body["meta"]["explain"].startswith("Caller's choice")  # §5.2: whose choice it was
+    assert "response.mode: streaming" in body["error"]["message"]
 
 
 async def test_a_declared_streaming_module_streams_unasked(moded: RunningProxy) -> None:
@@ -327,6 +330,9 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
     assert caps["chat_completions"]["module_stream"] == "envelope"  # content: the envelope
     assert caps["max_body_bytes"] > 0 and caps["modules"] == len(BUNDLED)  # today's fields stay
     assert caps["v2_5_features"] == ["streaming", "multimodal"]
+    # from the conformance table (tests/test_conformance_table.py), never a literal
+    assert caps["conformance_level"] == CLAIMED_LEVEL and caps["spec_versions"] == list(SPEC_VERSIONS)
+    assert caps["spec_versions"][0] == "2.5"
 
 
 def _readme_client() -> Any:

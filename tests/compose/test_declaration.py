@@ -150,7 +150,31 @@ def test_a_bad_composition_is_a_load_error_naming_it(tmp_path: Path) -> None:
         load_module(path)
 
 
-def test_runtime_requirements_are_validated_at_load(tmp_path: Path) -> None:
-    path = make_module(tmp_path, "odd", runtime_requirements={"preferred_capabilities": ["telepathy"]})
-    with pytest.raises(ModuleLoadError, match="preferred_capabilities"):
+@pytest.mark.parametrize(
+    ("requirements", "key"),
+    [
+        ({"max_input_tokens": 0}, "max_input_tokens"),
+        ({"structured_output": "yes"}, "structured_output"),
+        ({"preferred_capabilities": "vision"}, "preferred_capabilities"),
+    ],
+)
+def test_runtime_requirements_are_validated_at_load(
+    tmp_path: Path, requirements: dict[str, object], key: str
+) -> None:
+    """A malformed requirement is refused naming its key; an unknown preference is not (it only orders)."""
+    path = make_module(tmp_path, "odd", runtime_requirements=requirements)
+    with pytest.raises(ModuleLoadError, match=key):
         load_module(path)
+
+
+def test_call_directives_take_the_reference_runtimes_arguments_as_the_whole_input() -> None:
+    """The reference product-analyzer writes ``@call:ui-spec-generator($ARGUMENTS)``."""
+    _, calls = parse_directives("@call:ui-spec-generator($ARGUMENTS)\n")
+    assert [(c.name, c.argument) for c in calls] == [("ui-spec-generator", None)]
+
+
+def test_a_call_without_an_argument_list_is_a_mention_left_in_the_prompt() -> None:
+    prompt = "- ui_spec: from @call:ui-spec-generator (optional)\n@call:ui-spec-generator($INPUT)\n"
+    text, calls = parse_directives(prompt)
+    assert text == "- ui_spec: from @call:ui-spec-generator (optional)\n"
+    assert [c.name for c in calls] == ["ui-spec-generator"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.contract.errors import BY_CODE
 from tests.compose.build import answer, make_module
 from tests.compose.harness import chat, composed, envelope_of, execute, sent_to
 from tests.fake_upstream import FakeUpstream
@@ -104,17 +105,21 @@ async def test_targets_without_a_required_capability_are_skipped(
     assert [r.model for r in fake_upstream.requests] == ["json", "plain"]
 
 
-async def test_no_capable_target_is_e4003_naming_the_capability(
+async def test_no_capable_target_is_e4001_naming_the_capability(
     tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
+    """error-codes.md has no capability code: no provider can serve the module, E4001 (E4003 is
+    CONTEXT_OVERFLOW); the status is the taxonomy's for E4001."""
     mods = tmp_path / "m"
     make_module(mods, "structured")
     policy = upstream_policy(fake_upstream, capabilities={"up": ["long_context"], "anth": ["vision"]})
     async with running_proxy(tmp_path, policy, modules=(mods,)) as proxy:
         status, _, env = await execute(proxy, "structured", {"x": 1})
-    assert status == 502 and env["error"]["code"] == "E4003"
+    assert env["error"]["code"] == "E4001" and status == BY_CODE["E4001"].http_status == 503
     assert "missing capability structured_output" in env["error"]["message"]
     assert env["error"]["details"]["missing_capabilities"] == ["structured_output"]
+    assert env["error"]["details"]["reason"] == "capability_unavailable"
+    assert "capabilities" in env["error"]["suggestion"]
     assert not fake_upstream.requests
 
 

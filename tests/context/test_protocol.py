@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -292,3 +293,52 @@ async def test_a_streamed_call_checks_the_input_schema_without_its_context(
             events = await read_sse(answer)
     assert events[-1][0] == "final"
     assert sent_inputs(fake_upstream)[0]["_context"] == {"session_state": {"issues_found": 1}}
+
+
+def _schema_json_context(accepts: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A module declaring ``_context`` in schema.json the way context-protocol §3.2 writes it."""
+    from tests.conftest import SCHEMA
+
+    schema = json.loads(json.dumps(SCHEMA))
+    schema["input"]["properties"]["_context"] = {
+        "type": "object",
+        "properties": {"user_profile": {"$ref": "#/$defs/user_profile"}},
+    }
+    schema["$defs"]["user_profile"] = {
+        "type": "object",
+        "properties": {"expertise_level": {"enum": ["beginner", "intermediate", "expert"]}},
+    }
+    manifest = {"context": {"accepts": [{"type": "user_profile"}]}} if accepts else {}
+    return schema, manifest
+
+
+@pytest.mark.parametrize("accepts", [True, False], ids=["with-accepts", "schema-json-only"])
+async def test_a_context_schema_in_schema_json_is_applied(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, accepts: bool
+) -> None:
+    """context-protocol §3.2: ``schema.json#/input/properties/_context`` (with ``$defs``) is checked
+    like ``accepts[].schema``: a violation is E1001 with its path and no upstream call."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    schema, manifest = _schema_json_context(accepts)
+    write_module(tmp_path / "mods", "profiled", manifest=manifest, schema=schema)
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), modules=(tmp_path / "mods",)) as px:
+        bad = {"code": "x", "_context": {"user_profile": {"expertise_level": "guru"}}}
+        status, _, envelope = await execute(px.url, "profiled", bad)
+        assert (status, envelope["error"]["code"]) == (400, "E1001")
+        paths = [v["path"] for v in envelope["error"]["details"]["violations"]]
+        assert paths == ["_context.user_profile.expertise_level"]
+        assert fake_upstream.count() == 0
+        fake_upstream.script(
+            "cheap",
+            json.dumps(
+                {
+                    "ok": True,
+                    "meta": {"confidence": 0.9, "risk": "low", "explain": "e"},
+                    "data": {"result": "r", "rationale": "r"},
+                }
+            ),
+        )
+        good = {"code": "x", "_context": {"user_profile": {"expertise_level": "expert"}}}
+        status, _, envelope = await execute(px.url, "profiled", good)
+        assert status == 200, envelope
+        assert sent_inputs(fake_upstream)[0]["_context"] == {"user_profile": {"expertise_level": "expert"}}

@@ -13,6 +13,7 @@ from proxy.module.model import ModuleFormat
 from proxy.module.registry import ModuleRegistry
 from proxy.schema import check
 from tests.conftest import SCHEMA, ModuleFactory, write_module
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 
 @pytest.mark.parametrize(
@@ -265,3 +266,48 @@ def test_a_property_named_ref_is_not_a_reference(tmp_path: Path) -> None:
     (path / "schema.json").write_text(json.dumps(schema))
     with pytest.raises(ModuleLoadError, match=r"\$ref at #/data/properties/kind/enum/0/\$ref"):
         load_module(path)
+
+
+@pytest.mark.parametrize("name", ["module.yaml", "prompt.md"])
+@pytest.mark.parametrize("shape", UNREADABLE_SHAPES)
+def test_an_unreadable_module_file_is_a_load_error_naming_it(tmp_path: Path, name: str, shape: str) -> None:
+    """A FIFO would block the reload forever, ``/dev/zero`` would fill memory: each is refused."""
+    path = write_module(tmp_path, "m")
+    (path / name).unlink()
+    UNREADABLE_SHAPES[shape][0](path / name)
+    with pytest.raises(ModuleLoadError) as info:
+        load_module(path)
+    assert str(info.value).startswith(str(path))  # the file, or the module it leaves without a manifest
+
+
+@pytest.mark.parametrize("mode", ["fork", "main"])
+def test_context_written_as_a_plain_mode_is_that_mode(make_module: ModuleFactory, mode: str) -> None:
+    """conformance.md writes ``context: fork``; the object form ``context: {mode: fork}`` is the same."""
+    plain = make_module(context=mode)
+    spelled = make_module(context={"mode": mode})
+    assert plain.context.mode == spelled.context.mode == mode
+    assert not plain.context.declared
+
+
+@pytest.mark.parametrize("value", ["share", "", 3, ["fork"]])
+def test_a_plain_context_that_is_no_mode_is_refused_naming_the_modes(tmp_path: Path, value: Any) -> None:
+    path = write_module(tmp_path, "ctx", manifest={"context": value})
+    with pytest.raises(ModuleLoadError, match=r"context"):
+        load_module(path)
+
+
+def test_an_unknown_preferred_capability_loads_is_recorded_and_warned(tmp_path: Path) -> None:
+    """Preferences never refuse a module (the reference ui-component-generator prefers code_generation)."""
+    from proxy.module.lint import lint_module
+
+    path = write_module(
+        tmp_path,
+        "prefers",
+        manifest={"runtime_requirements": {"preferred_capabilities": ["json_mode", "code_generation"]}},
+    )
+    module = load_module(path)
+    assert module.runtime.preferred_capabilities == ("json_mode", "code_generation")
+    assert module.runtime.unknown_capabilities == ("code_generation",)
+    problems, warnings = lint_module(path)
+    assert not [p for p in problems if "preferred" in p]
+    assert any("code_generation" in w and w.startswith("warning:") for w in warnings)

@@ -16,6 +16,7 @@ from proxy.policy.loader import PolicyError, load_policy, parse_policy
 from proxy.policy.model import Timeouts
 from proxy.schemas import load
 from tests.conftest import ROOT
+from tests.support.unreadable import UNREADABLE_SHAPES
 
 MINIMAL: dict[str, Any] = {
     "version": 1,
@@ -253,3 +254,24 @@ def test_trusted_hosts_take_host_and_port_entries(entry: str) -> None:
 def test_a_trusted_host_that_is_not_host_or_host_port_is_refused(entry: str) -> None:
     with pytest.raises(PolicyError, match=r"media.trusted_hosts"):
         parse_policy({**MINIMAL, "media": {"trusted_hosts": [entry]}})
+
+
+@pytest.mark.parametrize("shape", UNREADABLE_SHAPES)
+def test_an_unreadable_policy_file_is_a_policy_error_naming_it(shape: str, tmp_path: Path) -> None:
+    make, reason = UNREADABLE_SHAPES[shape]
+    path = tmp_path / "policy.yaml"
+    make(path)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.source == str(path)
+    assert info.value.problems == [reason]
+
+
+def test_a_control_character_is_one_line_naming_its_offset(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\n\x00")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.problems == [
+        "character 11: invalid YAML: unacceptable character #x0000: control characters are not allowed"
+    ]

@@ -101,7 +101,7 @@ async def test_retry_after_wins_over_backoff_and_is_read_on_every_attempt() -> N
         "ok",
     )
     await run(make_router(clock), {"a": p}, [Target("a", "m")])
-    assert clock.slept == [3, 7]
+    assert clock.slept == [3 + 1, 7 + 1]  # Retry-After plus the jitter (rng 1.0 x max_ms 1 s)
 
 
 async def test_a_wait_past_the_deadline_fails_over_instead() -> None:

@@ -87,8 +87,18 @@ def test_no_signal_is_sync_unless_module_yaml_declares_streaming(
     assert negotiate(module, Request(accept=JSON)).mode == answer
 
 
-def test_exploration_tier_default_streaming_refuses_an_explicit_sync(make_module: ModuleFactory) -> None:
+@pytest.mark.parametrize(
+    "signals", [Request(query="sync"), Request(header="sync"), Request(option="sync")], ids=str
+)
+def test_an_undeclared_exploration_module_answers_an_explicit_sync_request(
+    make_module: ModuleFactory, signals: Request
+) -> None:
+    """v2.5 §0.0.2: an unmodified v2.2 exploration module keeps answering sync; only a declared
+    ``response.mode: streaming`` makes a module streaming-only."""
     module = make_module(tier="exploration")
     assert module.response_mode == "streaming"
-    assert negotiate(module, Request(query="sync")).refused is True
+    got = negotiate(module, signals)
+    assert (got.mode, got.refused, got.warnings()) == ("sync", False, [])
     assert negotiate(module, Request(accept=NDJSON)).transport == "ndjson"
+    declared = make_module(tier="exploration", response={"mode": "streaming"})
+    assert negotiate(declared, signals).refused is True

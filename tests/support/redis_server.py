@@ -63,8 +63,23 @@ def _start() -> _Server:
     for _ in range(5):  # the port may be taken between the probe and the bind: try another
         port = free_port()
         process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-             "--dir", workdir.name, "--databases", "16", "--protected-mode", "yes"],
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                workdir.name,
+                "--databases",
+                "16",
+                "--protected-mode",
+                "yes",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -100,7 +115,6 @@ def stop() -> None:
     if _server is not None:
         _server.stop()
         _server = None
-
 
 
 def server_pid() -> int:

@@ -162,7 +162,8 @@ async def test_upstream_rate_limit_reaches_the_client_with_retry_after(
         await proxy.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
-    assert sleeps.waits == [1.0, 1.0]  # two retries, Retry-After: 1 each (over the backoff)
+    # two retries, each Retry-After: 1 plus jitter of up to min(1 s, backoff.max_ms), never below it
+    assert len(sleeps.waits) == 2 and all(1.0 <= wait <= 2.0 for wait in sleeps.waits), sleeps.waits
     assert fake_upstream.count("/v1/chat/completions") == 3
     assert info.value.response.headers["retry-after"] == "1"
 

@@ -5,7 +5,16 @@ Each test here failed on e966788 (the merged fixes) and passes with its fix.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+import yaml
+
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
+from tests.fake_upstream import FakeUpstream
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
+from tests.security.conftest import security_policy
+from tests.security.harness import raw_http
 
 
 def _record(client: str, trace_id: str) -> AnswerRecord:
@@ -53,3 +62,51 @@ async def test_one_client_cannot_evict_another_clients_feedback_records() -> Non
     store.remember(_record("alice", "a-6"), 10)
     assert await store.get("alice", "a-1") is None
     assert await store.get("bob", "b-95") is not None
+
+
+ODD_EXPECT = "zqexpect-canary"
+
+
+def _with_expect(path: str, expect: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nExpect: {expect}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    ).encode()
+
+
+async def test_an_unknown_expectation_is_refused_in_the_routes_shape(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """aiohttp answered an ``Expect`` other than 100-continue itself, before any middleware:
+    ``417 text/plain "Unknown Expect: <the client's value>"`` on every route, the module route
+    included (no envelope), and before the host guard and client auth. Now the edge refuses it
+    after them, as an OpenAI error or, on a module route, as the envelope; the value is never
+    echoed. ``100-continue`` still continues."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(security_policy(fake_upstream)))
+    async with proxy_process("--policy", str(path), env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as served:
+        port = int(served.url.rsplit(":", 1)[1])
+        chat = await raw_http("127.0.0.1", port, _with_expect("/v1/chat/completions", ODD_EXPECT))
+        execute = await raw_http(
+            "127.0.0.1", port, _with_expect("/v1/modules/code-reviewer/execute", ODD_EXPECT)
+        )
+        wrong_host = await raw_http(
+            "127.0.0.1",
+            port,
+            _with_expect("/v1/chat/completions", ODD_EXPECT).replace(
+                b"Host: localhost", b"Host: evil.example"
+            ),
+        )
+        continued = await raw_http(
+            "127.0.0.1", port, _with_expect("/v1/modules/code-reviewer/execute", "100-continue")
+        )
+    assert chat.status == 417, chat
+    assert orjson.loads(chat.body)["error"]["code"] == "expectation_failed"
+    assert execute.status == 417, execute
+    envelope = orjson.loads(execute.body)
+    assert envelope["ok"] is False and envelope["error"]["code"] == "E1004", envelope
+    assert wrong_host.status == 403, wrong_host  # the host guard first
+    for answer in (chat, execute, wrong_host):
+        assert ODD_EXPECT.encode() not in answer.body
+    assert continued.status == 100  # the interim answer, then the module's own (a 400 envelope)
+    assert b'"ok":false' in continued.body and b"E1" in continued.body

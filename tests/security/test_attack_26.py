@@ -5,14 +5,18 @@ Each test here failed on e966788 (the merged fixes) and passes with its fix.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
+import aiohttp
 import orjson
+import pytest
 import yaml
 
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
+from tests.media import samples
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
 from tests.security.conftest import security_policy
 from tests.security.harness import raw_http
 
@@ -110,3 +114,45 @@ async def test_an_unknown_expectation_is_refused_in_the_routes_shape(
         assert ODD_EXPECT.encode() not in answer.body
     assert continued.status == 100  # the interim answer, then the module's own (a 400 envelope)
     assert b'"ok":false' in continued.body and b"E1" in continued.body
+
+
+def _corrupt_png() -> bytes:
+    """A PNG whose header (IHDR) is whole and whose pixel data (IDAT) is not zlib."""
+    good = samples.image("PNG", (40, 30))
+    at = good.index(b"IDAT")
+    size = int.from_bytes(good[at - 4 : at], "big")
+    bad = b"\x00" * size
+    crc = zlib.crc32(b"IDAT" + bad).to_bytes(4, "big")
+    return good[: at + 4] + bad + crc + good[at + 4 + size + 4 :]
+
+
+def _truncated_jpeg() -> bytes:
+    jpeg = samples.image("JPEG", (40, 30))
+    return jpeg[: jpeg.index(b"\xff\xda") + 40]  # the scan cut short, no end marker
+
+
+@pytest.mark.parametrize(
+    ("media_type", "data"), [("image/png", _corrupt_png()), ("image/jpeg", _truncated_jpeg())]
+)
+async def test_an_image_whose_pixels_cannot_be_decoded_is_refused_when_metadata_is_stripped(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, media_type: str, data: bytes
+) -> None:
+    """``media.strip_metadata`` decodes the pixels, the only step that does; the header check had
+    passed, so a body whose pixels are not what the header says raised out of ``strip_metadata``
+    and the call answered 500 (E3xxx). It is the client's input that is bad: E1013, no upstream call."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    policy = upstream_policy(fake_upstream, media={"strip_metadata": True})
+    body = {
+        "input": {
+            "prompt": "What is this?",
+            "images": [{"type": "base64", "media_type": media_type, "data": samples.b64(data)}],
+        }
+    }
+    async with (
+        running_proxy(tmp_path, policy) as proxy,
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy.url}/v1/modules/image-describer/execute", json=body) as resp,
+    ):
+        status, envelope = resp.status, await resp.json()
+    assert (status, envelope["error"]["code"]) == (400, "E1013"), envelope
+    assert fake_upstream.requests == []

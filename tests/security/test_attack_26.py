@@ -13,6 +13,7 @@ import orjson
 import pytest
 import yaml
 
+from proxy.media.cache import ClientCache, Fetched, MediaCache
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
 from tests.fake_upstream import FakeUpstream
 from tests.media import samples
@@ -156,3 +157,21 @@ async def test_an_image_whose_pixels_cannot_be_decoded_is_refused_when_metadata_
         status, envelope = resp.status, await resp.json()
     assert (status, envelope["error"]["code"]) == (400, "E1013"), envelope
     assert fake_upstream.requests == []
+
+
+def test_one_client_cannot_evict_another_clients_cached_media() -> None:
+    """The fetched-media cache was keyed by client but bounded by one shared LRU of bytes: Bob's
+    fetches pushed Alice's entries out (her retry fetched again). Past ``cache_max_bytes`` the
+    client holding the most bytes loses its own oldest entry."""
+    cache = MediaCache(max_bytes=10_000, ttl_s=60.0, clock=lambda: 0.0)
+    alice, bob = ClientCache(cache, "alice"), ClientCache(cache, "bob")
+    alice.put("https://a.example/1", Fetched("https://a.example/1", b"a" * 2_000, "image/png"))
+    for i in range(20):
+        bob.put(f"https://b.example/{i}", Fetched(f"https://b.example/{i}", b"b" * 1_000, "image/png"))
+    assert cache.size <= 10_000
+    assert alice.get("https://a.example/1") is not None
+    assert bob.get("https://b.example/19") is not None and bob.get("https://b.example/11") is None
+    # Alice, holding less, evicts Bob's oldest, never her own.
+    alice.put("https://a.example/2", Fetched("https://a.example/2", b"a" * 2_000, "image/png"))
+    assert alice.get("https://a.example/1") is not None and alice.get("https://a.example/2") is not None
+    assert cache.size <= 10_000

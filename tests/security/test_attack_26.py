@@ -15,6 +15,8 @@ import yaml
 
 from proxy.media.cache import ClientCache, Fetched, MediaCache
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
+from proxy.stream.chunks import delta_chunk
+from proxy.stream.sessions import SessionHub
 from tests.fake_upstream import FakeUpstream
 from tests.media import samples
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
@@ -175,3 +177,22 @@ def test_one_client_cannot_evict_another_clients_cached_media() -> None:
     alice.put("https://a.example/2", Fetched("https://a.example/2", b"a" * 2_000, "image/png"))
     assert alice.get("https://a.example/1") is not None and alice.get("https://a.example/2") is not None
     assert cache.size <= 10_000
+
+
+async def test_one_client_cannot_evict_another_clients_stream_sessions() -> None:
+    """Stream-recovery sessions share one memory bound (``max_bytes``); finished sessions were
+    evicted oldest first whoever owned them, so Bob's streams cost Alice her recovery. Past the
+    bound the finished sessions of the client holding the most bytes go first."""
+    hub = SessionHub(ttl_s=60, max_bytes=4000)
+    alice = hub.create("alice", "m")
+    alice.append(delta_chunk(1, "data.rationale", "a" * 900, "a" * 900))
+    alice.finish()
+    bobs = []
+    for _ in range(10):
+        session = hub.create("bob", "m")
+        session.append(delta_chunk(1, "data.rationale", "b" * 900, "b" * 900))
+        session.finish()
+        bobs.append(session)
+    assert hub.used_bytes <= 4000
+    assert await hub.find(alice.id) is not None
+    assert await hub.find(bobs[-1].id) is not None and await hub.find(bobs[0].id) is None

@@ -12,8 +12,12 @@ import aiohttp
 import orjson
 import pytest
 import yaml
+from yarl import URL
 
 from proxy.media.cache import ClientCache, Fetched, MediaCache
+from proxy.media.fetch import vet
+from proxy.media.types import MediaError
+from proxy.policy.model import MediaPolicy
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
 from proxy.stream.chunks import delta_chunk
 from proxy.stream.sessions import SessionHub
@@ -196,3 +200,14 @@ async def test_one_client_cannot_evict_another_clients_stream_sessions() -> None
     assert hub.used_bytes <= 4000
     assert await hub.find(alice.id) is not None
     assert await hub.find(bobs[-1].id) is not None and await hub.find(bobs[0].id) is None
+
+
+async def test_port_zero_is_vetted_as_port_zero_not_as_the_default_port() -> None:
+    """``url.port or default``: an explicit ``:0`` was vetted as port 80, so a bare trusted host
+    (ports 80 and 443 only) was trusted for a URL whose connection names port 0. The vet now
+    judges the port the connection would use."""
+    policy = MediaPolicy(allow_http=True, trusted_hosts=("localhost",))
+    await vet(URL("http://localhost/"), policy)  # trusted on its default port
+    with pytest.raises(MediaError) as refused:
+        await vet(URL("http://localhost:0/"), policy)
+    assert refused.value.code == "E1012" and "Loopback" in refused.value.message

@@ -28,7 +28,7 @@ from proxy.api.budget import BUDGET, BodyBudget
 from proxy.api.errors import Handler, error_middleware
 from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import echo_trace_id, edge_middleware
+from proxy.api.middleware import echo_trace_id, edge_middleware, expect_continue
 from proxy.api.refusals import EXECUTE_ROUTE
 from proxy.api.state import (
     CONTEXT_STORE,
@@ -263,29 +263,39 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _admin_ctx])
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
-    app.router.add_post("/v1/chat/completions", chat.chat_completions)
-    app.router.add_get("/v1/models", meta.list_models)
-    app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model)
+    app.router.add_post("/v1/chat/completions", chat.chat_completions, expect_handler=expect_continue)
+    app.router.add_get("/v1/models", meta.list_models, expect_handler=expect_continue)
+    app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model, expect_handler=expect_continue)
     # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
-    app.router.add_post(EXECUTE_ROUTE, execute.execute)
-    app.router.add_route("*", EXECUTE_ROUTE, modules.method_not_allowed("POST"))
-    app.router.add_get("/v1/modules", modules.list_modules)
-    app.router.add_route("*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"))
-    app.router.add_get("/v1/modules/{name}", modules.get_module)
-    app.router.add_route("*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"))
-    app.router.add_post("/v1/feedback", feedback.post_feedback)
-    app.router.add_route("*", "/v1/feedback", modules.method_not_allowed("POST"))
-    app.router.add_get("/v1/capabilities", meta.capabilities)
-    app.router.add_route("*", "/v1/capabilities", modules.method_not_allowed("GET", "HEAD"))
-    app.router.add_get("/healthz", meta.healthz)
-    app.router.add_get("/readyz", meta.readyz)
-    app.router.add_get("/metrics", meta.metrics)
-    app.router.add_get("/openapi.json", openapi.openapi)
-    app.router.add_post("/v1/responses", responses.create_response)
-    app.router.add_get(quota.USAGE_PATH, quota.usage)
+    app.router.add_post(EXECUTE_ROUTE, execute.execute, expect_handler=expect_continue)
+    app.router.add_route(
+        "*", EXECUTE_ROUTE, modules.method_not_allowed("POST"), expect_handler=expect_continue
+    )
+    app.router.add_get("/v1/modules", modules.list_modules, expect_handler=expect_continue)
+    app.router.add_route(
+        "*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
+    )
+    app.router.add_get("/v1/modules/{name}", modules.get_module, expect_handler=expect_continue)
+    app.router.add_route(
+        "*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
+    )
+    app.router.add_post("/v1/feedback", feedback.post_feedback, expect_handler=expect_continue)
+    app.router.add_route(
+        "*", "/v1/feedback", modules.method_not_allowed("POST"), expect_handler=expect_continue
+    )
+    app.router.add_get("/v1/capabilities", meta.capabilities, expect_handler=expect_continue)
+    app.router.add_route(
+        "*", "/v1/capabilities", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
+    )
+    app.router.add_get("/healthz", meta.healthz, expect_handler=expect_continue)
+    app.router.add_get("/readyz", meta.readyz, expect_handler=expect_continue)
+    app.router.add_get("/metrics", meta.metrics, expect_handler=expect_continue)
+    app.router.add_get("/openapi.json", openapi.openapi, expect_handler=expect_continue)
+    app.router.add_post("/v1/responses", responses.create_response, expect_handler=expect_continue)
+    app.router.add_get(quota.USAGE_PATH, quota.usage, expect_handler=expect_continue)
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
-    app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all)
+    app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all, expect_handler=expect_continue)
     return app
 
 

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
@@ -192,6 +193,21 @@ async def _observed(request: web.Request, handler: Handler, route: str) -> web.S
         )
 
 
+EXPECT_CONTINUE = "100-continue"
+
+
+async def expect_continue(request: web.Request) -> None:
+    """Every route's ``Expect`` handler. aiohttp's own runs before every middleware and answers an
+    expectation other than 100-continue with ``417 text/plain "Unknown Expect: <value>"``: the
+    client's bytes echoed, no OpenAI error, no envelope on a module route, ahead of the host guard
+    and auth. This one only sends ``100 Continue`` (HTTP/1.1, as aiohttp's does); any other
+    expectation is refused by the edge after the guard and auth (``_admitted``), in the route's
+    shape (issue #26 attack pass)."""
+    if request.version == HttpVersion11 and request.headers.get(hdrs.EXPECT, "").lower() == EXPECT_CONTINUE:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer's own body has not started
+
+
 async def _admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The browser guard, client auth, then the handler holding a body-budget reservation."""
     app = request.app
@@ -199,6 +215,9 @@ async def _admitted(request: web.Request, handler: Handler) -> web.StreamRespons
     if app[BROWSER_GUARD]:
         check_browser(request)
     authenticate(request, settings)
+    expect = request.headers.get(hdrs.EXPECT)
+    if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
+        raise ApiError(417, "Expect: only 100-continue is understood", code="expectation_failed")
     reservation = reserve(request)
     try:
         return await handler(request)

@@ -28,6 +28,7 @@ _BY_API_CODE: Mapping[str, str] = {
     "budget_exceeded": Code.RATE_LIMITED,
     "unsupported_encoding": Code.UNSUPPORTED_VALUE,
     "method_not_allowed": Code.UNSUPPORTED_VALUE,
+    "expectation_failed": Code.UNSUPPORTED_VALUE,  # an Expect other than 100-continue
     "invalid_request_target": Code.UNSUPPORTED_VALUE,
     "invalid_encoding": Code.PARSE_ERROR,
     "invalid_json": Code.PARSE_ERROR,

@@ -2,10 +2,12 @@
 
 Keyed by client and URL: a client gets back only bytes it fetched itself (and cannot learn that
 another client fetched a URL). An entry lives ``ttl_s`` and the whole cache holds at most
-``max_bytes`` (least recently used evicted first). A hit is no pass: the fetcher vets every URL of
-the entry's redirect chain again before using it, and the app starts a new cache whenever the
-media policy changes. Within one call media are fetched once anyway (before the ladder, so retries
-and escalations reuse them); the cache spares the fetch for the client's own retry.
+``max_bytes``: past it the client holding the most bytes loses its own least recently used
+entry, so no client's fetches push another's entries out (issue #26 attack pass). A hit is no
+pass: the fetcher vets every URL of the entry's redirect chain again before using it, and the
+app starts a new cache whenever the media policy changes. Within one call media are fetched once
+anyway (before the ladder, so retries and escalations reuse them); the cache spares the fetch for
+the client's own retry.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class MediaCache:
         self.size = 0
         self._clock = clock
         self._entries: OrderedDict[Key, tuple[float, Fetched]] = OrderedDict()
+        self._owned: dict[str, OrderedDict[str, None]] = {}
+        """client -> its URLs, least recently used first."""
+        self._bytes: dict[str, int] = {}
+        """client -> the bytes of its entries."""
 
     def get(self, key: Key) -> Fetched | None:
         entry = self._entries.get(key)
@@ -47,6 +53,7 @@ class MediaCache:
             self.drop(key)
             return None
         self._entries.move_to_end(key)
+        self._owned[key[0]].move_to_end(key[1])
         return fetched
 
     def put(self, key: Key, fetched: Fetched) -> None:
@@ -54,15 +61,28 @@ class MediaCache:
         if size > self.max_bytes:
             return
         self.drop(key)
+        client = key[0]
         while self._entries and self.size + size > self.max_bytes:
-            self.drop(next(iter(self._entries)))
+            # The client holding the most bytes (the new entry counted) loses its own oldest, so
+            # one client's fetches never push another's entries out. Clients are the keys file's.
+            heaviest = max(self._bytes, key=lambda c: self._bytes[c] + (size if c == client else 0))
+            self.drop((heaviest, next(iter(self._owned[heaviest]))))
         self._entries[key] = (self._clock(), fetched)
+        self._owned.setdefault(client, OrderedDict())[key[1]] = None
+        self._bytes[client] = self._bytes.get(client, 0) + size
         self.size += size
 
     def drop(self, key: Key) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self.size -= len(entry[1].data)
+            size = len(entry[1].data)
+            self.size -= size
+            client, url = key
+            owned = self._owned[client]
+            del owned[url]
+            self._bytes[client] -= size
+            if not owned:
+                del self._owned[client], self._bytes[client]
 
     def __len__(self) -> int:
         return len(self._entries)

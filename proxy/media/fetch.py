@@ -107,7 +107,8 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
         raise _failed(text, "credentials in the URL are not sent")
     if settings.allowed_hosts and not host_allowed(host, settings.allowed_hosts):
         raise _failed(text, f"host {host!r} is not in media.allowed_hosts")
-    port = url.port or (443 if url.scheme == "https" else 80)
+    # The port the connection uses: an explicit :0 is 0, never the default (``or`` made it 80).
+    port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:

@@ -261,11 +261,17 @@ def _check_bytes(
     return read_facts(data, media_type, category, where)
 
 
-def strip_metadata(data: Buffer) -> bytes:
-    """The image re-encoded in its own format without EXIF, XMP, ICC text chunks or comments."""
-    with open_image(data) as image:
-        fmt = image.format or "PNG"
-        clean = image.copy()  # decodes: the one step of media handling that does
+def strip_metadata(data: Buffer, where: str) -> bytes:
+    """The image re-encoded in its own format without EXIF, XMP, ICC text chunks or comments.
+
+    Its pixels are decoded here, the one step of media handling that does: pixel data that is not
+    what the (already checked) header says is the client's bad input, E1013, never a 500."""
+    try:
+        with open_image(data) as image:
+            fmt = image.format or "PNG"
+            clean = image.copy()
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, zlib.error, ValueError ...
+        raise MediaError("E1013", f"{where}: the image cannot be decoded: {exc}", {}) from None
     clean.info = {}
     out = io.BytesIO()
     options: dict[str, Any] = {"quality": 95} if fmt == "JPEG" else {}
@@ -281,7 +287,7 @@ async def _one(index: int, found: Found, req: MediaRequest) -> Media:
     if req.settings.strip_metadata and category == "image" and media_type != "image/gif":
         assert facts.width is not None and facts.height is not None
         await req.budget.grow(facts.width * facts.height * 4)  # the decoded pixels
-        data = await asyncio.to_thread(strip_metadata, data)
+        data = await asyncio.to_thread(strip_metadata, data, where)
         facts = await asyncio.to_thread(read_facts, data, media_type, category, where)
     return Media(index, where, item["type"], media_type, category, data, facts, source)
 

@@ -1,7 +1,8 @@
 """Module answers remembered for ``POST /v1/feedback``, and the verdicts they received.
 
-* ``MemoryFeedbackStore``: an LRU bounded by ``feedback.max_entries`` and by time
-  (``feedback.window_s``, read against an injected clock).
+* ``MemoryFeedbackStore``: bounded by ``feedback.max_entries`` and by time (``feedback.window_s``,
+  read against an injected clock). Past the bound the client holding the most records loses its
+  own oldest one, so no client's calls evict another's records (issue #26, same class as 8).
 * ``RedisFeedbackStore``: the same memory LRU in front (this replica's answers are found without a
   round trip, and survive a Redis outage) plus one Redis hash per trace id,
   ``cogproxy:answers:<trace id>`` (a field per client identity), expiring with the window, so a
@@ -129,6 +130,9 @@ class MemoryFeedbackStore:
         self._records: OrderedDict[RecordKey, AnswerRecord] = OrderedDict()
         self._clients: dict[str, set[str]] = {}
         """trace id -> the clients with a record of it (an admin's verdict names no client)."""
+        self._owned: dict[str, OrderedDict[str, None]] = {}
+        """client -> its trace ids, oldest first: past the bound, the client holding the most
+        records loses its own oldest, so one client's calls never evict another's records."""
 
     def __len__(self) -> int:
         return len(self._records)
@@ -138,12 +142,21 @@ class MemoryFeedbackStore:
         records[record.key] = record
         records.move_to_end(record.key)
         self._clients.setdefault(record.trace_id, set()).add(record.client)
+        owned = self._owned.setdefault(record.client, OrderedDict())
+        owned[record.trace_id] = None
+        owned.move_to_end(record.trace_id)
         while len(records) > max_entries:
-            self._forget(next(iter(records)))
+            # Clients are the keys file's (proxy.clients): few, so a scan of their counts is cheap.
+            largest = max(self._owned, key=lambda c: (len(self._owned[c]), c == record.client))
+            self._forget((largest, next(iter(self._owned[largest]))))
 
     def _forget(self, key: RecordKey) -> None:
         del self._records[key]
         client, trace_id = key
+        owned = self._owned[client]
+        del owned[trace_id]
+        if not owned:
+            del self._owned[client]
         clients = self._clients[trace_id]
         clients.discard(client)
         if not clients:

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -252,10 +252,21 @@ class SessionHub:
             self._drop(session)
 
     def _evict(self) -> None:
-        """Finished sessions, oldest first, until the bound holds again."""
-        for session in [s for s in self._sessions.values() if s.done]:
-            if self._used <= self.max_bytes:
-                return
+        """Finished sessions until the bound holds again: the oldest of the client holding the
+        most bytes (live sessions counted) first, so one client's streams never cost another
+        client its recovery (issue #26 attack pass)."""
+        held: dict[str, int] = {}
+        finished: dict[str, deque[Session]] = {}
+        for session in self._sessions.values():
+            held[session.client] = held.get(session.client, 0) + session.size
+            if session.done:
+                finished.setdefault(session.client, deque()).append(session)
+        while self._used > self.max_bytes and finished:
+            heaviest = max(finished, key=held.__getitem__)
+            session = finished[heaviest].popleft()
+            if not finished[heaviest]:
+                del finished[heaviest]
+            held[heaviest] -= session.size
             self._drop(session)
 
     def _drop(self, session: Session) -> None:

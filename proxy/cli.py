@@ -689,7 +689,7 @@ examples:
   cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
   cogproxy calibration report --prometheus http://localhost:9090
 
-'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
+'cogproxy COMMAND --help' describes a command; docs/cli.md has the full reference."""
 
 
 def _module_arguments(p: argparse.ArgumentParser) -> None:

@@ -73,7 +73,9 @@ def matches(documented: str, printed: str) -> bool:
     return re.fullmatch(pattern, printed) is not None
 
 
-async def test_the_readme_tour_prints_what_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_readme_tour_prints_what_the_readme_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tour's code block, exactly as written (but for the port), prints the README's
     output block line for line."""
     code = readme_block("## A five-minute tour", "python")

@@ -114,3 +114,31 @@ async def test_the_readme_curl_lines_answer(tmp_path: Path) -> None:
     assert b"X-Cognitive-Decision: review" in outputs[0] and b'"ok":true' in outputs[0]
     assert b'"status":"ready"' in outputs[1].replace(b" ", b"")
     assert b"cognitive_requests_total" in outputs[2]
+
+
+async def test_the_readme_session_example_carries_context_to_the_second_call(tmp_path: Path) -> None:
+    """The two-call `interactive-reviewer` session of "Bundled modules", run by bash as written
+    (but for the port): each call emits its session_state, the second one after the fix."""
+    if shutil.which("curl") is None or shutil.which("jq") is None:
+        pytest.skip("curl and jq are needed")
+    script = readme_block("## Bundled modules", "sh")
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    async with running_proxy(tmp_path, policy) as px:
+        assert "localhost:8080" in script
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script.replace("localhost:8080", px.url.removeprefix("http://")),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0, out
+    decoder, text, emitted = json.JSONDecoder(), out.decode().strip(), []
+    while text:
+        value, end = decoder.raw_decode(text)
+        emitted.append(value)
+        text = text[end:].strip()
+    assert [e["session_state"]["last_action"] for e in emitted] == ["code_review", "verify_fix"]

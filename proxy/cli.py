@@ -153,8 +153,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    if args.markdown or args.update_readme:
-        return _conformance_table(args.update_readme)
+    if args.markdown or args.update_docs:
+        return _conformance_table(args.update_docs)
     directory = Path(args.directory) if args.directory is not None else OFFICIAL_VECTORS
     if not directory.is_dir():
         print(f"{directory}: not a directory", file=sys.stderr)
@@ -167,12 +167,12 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed or not outcomes else EXIT_OK
 
 
-def _conformance_table(readme: str | None) -> int:
-    """Print the conformance table as the README's section, or rewrite it in ``readme``."""
-    if readme is None:
+def _conformance_table(page: str | None) -> int:
+    """Print the conformance table as the conformance page's section, or rewrite it in ``page``."""
+    if page is None:
         print(conformance_table.markdown(), end="")
         return EXIT_OK
-    path = Path(readme)
+    path = Path(page)
     try:
         path.write_text(conformance_table.with_section(path.read_text(encoding="utf-8")), encoding="utf-8")
     except (OSError, ValueError) as exc:
@@ -707,7 +707,7 @@ examples:
   cogproxy policy explain --policy policies/default.yaml --module code-reviewer --confidence 0.6 --risk low
   cogproxy calibration report --prometheus http://localhost:9090
 
-'cogproxy COMMAND --help' describes a command; README.md has the full reference."""
+'cogproxy COMMAND --help' describes a command; docs/cli.md has the full reference."""
 
 
 def _module_arguments(p: argparse.ArgumentParser) -> None:
@@ -837,11 +837,20 @@ def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a directory of vectors (default: the official v2.2 vectors shipped with the package)",
     )
     p.add_argument(
-        "--markdown", action="store_true", help="print the conformance table as the README's section"
+        "--markdown",
+        action="store_true",
+        help=f"print the conformance table as the Conformance section of {conformance_table.DOCS_PAGE}",
     )
     p.add_argument(
-        "--update-readme", metavar="README", help="rewrite the conformance section of this README in place"
+        "--update-docs",
+        nargs="?",
+        const=conformance_table.DOCS_PAGE,
+        default=None,
+        metavar="PAGE",
+        help=f"rewrite the conformance section of PAGE in place (default: {conformance_table.DOCS_PAGE})",
     )
+    # The flag's name before the docs moved out of the README; same behaviour, PAGE required.
+    p.add_argument("--update-readme", dest="update_docs", metavar="PAGE", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("test", help="run a module's golden tests")

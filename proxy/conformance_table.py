@@ -1,10 +1,11 @@
 """The conformance table: each MUST and SHOULD of conformance.md, composition.md,
 context-protocol.md and spec v2.5 §9, its level, the test that proves it and whether it is held.
 
-One place for the claim: ``cogproxy conformance --markdown`` renders the README's section from it
-and ``GET /v1/capabilities`` reads ``conformance_level`` and ``spec_versions`` here.
+One place for the claim: ``cogproxy conformance --markdown`` renders the Conformance section of
+``docs/contract-and-conformance.md`` from it (``--update-docs`` rewrites it there) and
+``GET /v1/capabilities`` reads ``conformance_level`` and ``spec_versions`` here.
 ``tests/test_conformance_table.py`` fails when a row claims "held" without an existing test, when
-the README's section differs from the rendering, or when a MUST of the claimed level is not held.
+that section differs from the rendering, or when a MUST of the claimed level is not held.
 """
 
 from __future__ import annotations
@@ -123,16 +124,18 @@ def held_level(rows: tuple[Row, ...] = ROWS) -> int:
     return level
 
 
+# The page whose ``## Conformance`` section holds the generated table (relative to the repository).
+DOCS_PAGE = "docs/contract-and-conformance.md"
 BEGIN_MARKER = "<!-- BEGIN conformance table (cogproxy conformance --markdown) -->"
 END_MARKER = "<!-- END conformance table -->"
 
 
-def with_section(readme: str) -> str:
-    """``readme`` with the text between its conformance markers replaced by ``markdown()``;
+def with_section(page: str) -> str:
+    """``page`` with the text between its conformance markers replaced by ``markdown()``;
     raises ``ValueError`` when the markers are missing."""
-    if BEGIN_MARKER not in readme or END_MARKER not in readme:
+    if BEGIN_MARKER not in page or END_MARKER not in page:
         raise ValueError(f"the markers {BEGIN_MARKER} and {END_MARKER} are missing")
-    head, rest = readme.split(BEGIN_MARKER, 1)
+    head, rest = page.split(BEGIN_MARKER, 1)
     _, tail = rest.split(END_MARKER, 1)
     return f"{head}{BEGIN_MARKER}\n{markdown()}{END_MARKER}{tail}"
 
@@ -142,7 +145,7 @@ def _cell(text: str) -> str:
 
 
 def markdown(rows: tuple[Row, ...] = ROWS) -> str:
-    """The README's conformance section body (between its BEGIN/END markers)."""
+    """The conformance section body of ``DOCS_PAGE`` (between its BEGIN/END markers)."""
     lines = [
         f"This implementation conforms to Cognitive Modules Specification v2.2 at **Level {CLAIMED_LEVEL}**"
         f" (`GET /v1/capabilities`: `conformance_level: {CLAIMED_LEVEL}`, `spec_versions: "

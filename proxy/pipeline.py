@@ -221,7 +221,7 @@ class ModuleAnswer:
         return None
 
     def cognitive(self) -> dict[str, Any]:
-        """The ``cognitive`` block (README "HTTP surface", *Module mode over chat*); a composite's
+        """The ``cognitive`` block (docs/http-api.md, *Module mode over chat*); a composite's
         steps nest in its attempts."""
         return {
             "module": self.module.name,

@@ -1,5 +1,6 @@
 """The conformance table is the one claim: its held rows name tests that exist, the claimed level
-is held, and the README section and ``GET /v1/capabilities`` are generated from it."""
+is held, and the Conformance section of docs/contract-and-conformance.md and
+``GET /v1/capabilities`` are generated from it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from proxy.conformance_table import BEGIN_MARKER as BEGIN
-from proxy.conformance_table import CLAIMED_LEVEL, ROWS, SPEC_VERSIONS, Row, Status, held_level, markdown
+from proxy.conformance_table import (
+    CLAIMED_LEVEL,
+    DOCS_PAGE,
+    ROWS,
+    SPEC_VERSIONS,
+    Row,
+    Status,
+    held_level,
+    markdown,
+)
 from proxy.conformance_table import END_MARKER as END
 from tests.paths import ROOT
 
@@ -59,11 +69,19 @@ def test_a_must_not_held_lowers_the_level() -> None:
     assert held_level(rows[:2]) == 2
 
 
-def test_the_readme_section_is_the_generated_one() -> None:
+def test_the_docs_section_is_the_generated_one() -> None:
+    page = (ROOT / DOCS_PAGE).read_text(encoding="utf-8")
+    assert BEGIN in page and END in page
+    assert page.index("## Conformance") < page.index(BEGIN), "the table is under ## Conformance"
+    section = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert section.strip("\n") == markdown().strip("\n"), "run: cogproxy conformance --update-docs"
+
+
+def test_the_readme_links_the_conformance_page_and_states_the_claimed_level() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert BEGIN in readme and END in readme
-    section = readme.split(BEGIN, 1)[1].split(END, 1)[0]
-    assert section.strip("\n") == markdown().strip("\n"), "run: cogproxy conformance --markdown"
+    assert BEGIN not in readme, "the table lives in the docs page only"
+    assert f"]({DOCS_PAGE}#conformance)" in readme
+    assert f"**Level {CLAIMED_LEVEL}**" in readme
 
 
 def test_spec_versions_include_v2_5() -> None:
@@ -71,16 +89,28 @@ def test_spec_versions_include_v2_5() -> None:
 
 
 def test_the_command_prints_the_section_and_rewrites_only_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from proxy.cli import main
 
     assert main(["conformance", "--markdown"]) == 0
     assert capsys.readouterr().out == markdown()
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n{BEGIN}\nstale row\n{END}\nafter\n", encoding="utf-8")
-    assert main(["conformance", "--update-readme", str(readme)]) == 0
-    assert readme.read_text(encoding="utf-8") == f"# x\n\nbefore\n{BEGIN}\n{markdown()}{END}\nafter\n"
+    stale = f"# x\n\nbefore\n{BEGIN}\nstale row\n{END}\nafter\n"
+    fresh = f"# x\n\nbefore\n{BEGIN}\n{markdown()}{END}\nafter\n"
+    page = tmp_path / "page.md"
+    page.write_text(stale, encoding="utf-8")
+    assert main(["conformance", "--update-docs", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == fresh
+    # Without a path: the docs page, relative to the working directory (the repository root).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / DOCS_PAGE).parent.mkdir(parents=True)
+    (tmp_path / DOCS_PAGE).write_text(stale, encoding="utf-8")
+    assert main(["conformance", "--update-docs"]) == 0
+    assert (tmp_path / DOCS_PAGE).read_text(encoding="utf-8") == fresh
+    # The flag's old name still works, with a path.
+    page.write_text(stale, encoding="utf-8")
+    assert main(["conformance", "--update-readme", str(page)]) == 0
+    assert page.read_text(encoding="utf-8") == fresh
     (tmp_path / "plain.md").write_text("# no markers\n", encoding="utf-8")
-    assert main(["conformance", "--update-readme", str(tmp_path / "plain.md")]) == 2
+    assert main(["conformance", "--update-docs", str(tmp_path / "plain.md")]) == 2
     assert (tmp_path / "plain.md").read_text(encoding="utf-8") == "# no markers\n"

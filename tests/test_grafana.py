@@ -46,7 +46,8 @@ RULE_TESTS = GRAFANA / "alerts" / "cognitive-rules.test.yml"
 DATASOURCES = GRAFANA / "provisioning" / "datasources" / "prometheus.yaml"
 DASHBOARD_PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "cognitive.yaml"
 
-# Every metric the proxy exports and its labels (README "Metrics"; instance and job come from scraping).
+# Every metric the proxy exports and its labels (docs/observability.md "Metrics"; instance and job
+# come from scraping).
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "cognitive_requests_total": frozenset({"route", "module", "status", "outcome"}),
     "cognitive_confidence": frozenset({"module", "tier", "attempt"}),

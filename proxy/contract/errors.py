@@ -317,7 +317,7 @@ def spec_for(code: str) -> ErrorSpec | None:
 
 
 def http_status(code: str, origin: Origin = Origin.RUNTIME) -> int:
-    """The HTTP status a module answer carrying ``code`` is sent with (README "HTTP surface",
+    """The HTTP status a module answer carrying ``code`` is sent with (docs/http-api.md "HTTP surface",
     *Status codes for module answers*).
 
     Answers from a module that ran (``Origin.MODEL``, ``Origin.CONTRACT``) are 200 whatever code

@@ -1,4 +1,4 @@
-"""Prometheus metrics (README "Observability"), one registry per application (no module-level collectors).
+"""Prometheus metrics (docs/observability.md), one registry per application (no module-level collectors).
 
 Labels are bounded: module names come from the registry, providers and models from the policy,
 routes from the router's path templates; anything else collapses to ``other``.

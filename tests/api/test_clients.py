@@ -4,6 +4,10 @@ streamed or not, which LangChain keeps in ``response_metadata``."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import functools
+import io
 import json
 from pathlib import Path
 
@@ -18,7 +22,7 @@ CASE = ROOT / "modules" / "code-reviewer" / "tests" / "case_minor_issues.input.j
 
 
 def decision_of(fingerprint: str) -> dict[str, str]:
-    """The README's one-liner for reading ``cogproxy:decision=...;tier=...``."""
+    """docs/http-api.md's one-liner for reading ``cogproxy:decision=...;tier=...``."""
     return dict(part.split("=", 1) for part in fingerprint.removeprefix("cogproxy:").split(";"))
 
 
@@ -45,3 +49,21 @@ async def test_langchain_reads_the_decision_from_headers_and_from_a_stream(tmp_p
         seen = decision_of(final.response_metadata["system_fingerprint"])
         assert seen["decision"] == "review" and seen["tier"] == "decision"
         assert float(seen["confidence"]) < 0.5
+
+
+async def test_the_documented_langchain_snippet_prints_the_decision(tmp_path: Path) -> None:
+    """docs/http-api.md's LangChain snippet, as written (but for the port): a made-up input goes
+    to review, read from the headers, from the fingerprint and from a stream's last chunk."""
+    text = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
+    code = (
+        text.split("Reading the decision from LangChain", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    )
+    assert "http://localhost:8080/v1" in code
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    async with running_proxy(tmp_path, policy) as px:
+        runnable = compile(code.replace("http://localhost:8080/v1", px.base), "docs/http-api.md", "exec")
+        out = io.StringIO()
+        await asyncio.to_thread(exec, runnable, {"print": functools.partial(print, file=out)})
+    headers, fingerprint, streamed = out.getvalue().splitlines()
+    assert headers == "review" and streamed == "review"
+    assert ast.literal_eval(fingerprint)["decision"] == "review"

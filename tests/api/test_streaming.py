@@ -336,11 +336,11 @@ async def test_capabilities_declare_streaming_in_the_spec_shape(proxy: RunningPr
 
 
 def _readme_client() -> Any:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "streaming.md").read_text(encoding="utf-8")
     code = text.split("<!-- stream-client -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(code.splitlines()) <= 30
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/streaming.md", "exec"), namespace)
     return namespace["stream_module"]
 
 

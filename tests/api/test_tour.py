@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import io
 import json
+import re
+import shlex
+import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -52,3 +59,86 @@ async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
 
         models = [m.id for m in (await client.models.list()).data]
         assert {"gpt-4o-mini", "gpt-4o", "module:code-reviewer"} <= set(models)
+
+
+def readme_block(marker: str, lang: str) -> str:
+    """The first ```lang block of README.md after ``marker``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split(marker, 1)[1].split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+
+
+def matches(documented: str, printed: str) -> bool:
+    """A documented output line against a printed one; ``…`` stands for anything."""
+    pattern = ".*".join(re.escape(part) for part in documented.split("…"))
+    return re.fullmatch(pattern, printed) is not None
+
+
+async def test_the_readme_tour_prints_what_the_readme_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tour's code block, exactly as written (but for the port), prints the README's
+    output block line for line."""
+    code = readme_block("## A five-minute tour", "python")
+    documented = readme_block("<!-- tour-output -->", "text").splitlines()
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    monkeypatch.chdir(ROOT)  # the tour opens golden cases by their path in the repository
+    async with running_proxy(tmp_path, policy) as px:
+        assert "http://localhost:8080/v1" in code
+        runnable = compile(code.replace("http://localhost:8080/v1", px.base), "README.md", "exec")
+        out = io.StringIO()  # the tour's own prints, apart from the proxy's log lines
+        await asyncio.to_thread(exec, runnable, {"print": functools.partial(print, file=out)})
+    printed = out.getvalue().splitlines()
+    assert len(printed) == len(documented), printed
+    for want, got in zip(documented, printed, strict=True):
+        assert matches(want, got), (want, got)
+
+
+async def test_the_readme_curl_lines_answer(tmp_path: Path) -> None:
+    """The tour's `curl` lines, against the same demo proxy."""
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    lines = readme_block("The same without the SDK", "sh").strip().splitlines()
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    outputs = []
+    async with running_proxy(tmp_path, policy) as px:
+        for line in lines:
+            argv = shlex.split(line.replace("localhost:8080", px.url.removeprefix("http://")))
+            assert argv[0] == "curl"
+            proc = await asyncio.create_subprocess_exec(
+                curl, "--fail-with-body", *argv[1:], stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await proc.communicate()
+            assert proc.returncode == 0, (line, out)
+            outputs.append(out)
+    assert b"X-Cognitive-Decision: review" in outputs[0] and b'"ok":true' in outputs[0]
+    assert b'"status":"ready"' in outputs[1].replace(b" ", b"")
+    assert b"cognitive_requests_total" in outputs[2]
+
+
+async def test_the_readme_session_example_carries_context_to_the_second_call(tmp_path: Path) -> None:
+    """The two-call `interactive-reviewer` session of "Bundled modules", run by bash as written
+    (but for the port): each call emits its session_state, the second one after the fix."""
+    if shutil.which("curl") is None or shutil.which("jq") is None:
+        pytest.skip("curl and jq are needed")
+    script = readme_block("## Bundled modules", "sh")
+    policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
+    async with running_proxy(tmp_path, policy) as px:
+        assert "localhost:8080" in script
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script.replace("localhost:8080", px.url.removeprefix("http://")),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0, out
+    decoder, text, emitted = json.JSONDecoder(), out.decode().strip(), []
+    while text:
+        value, end = decoder.raw_decode(text)
+        emitted.append(value)
+        text = text[end:].strip()
+    assert [e["session_state"]["last_action"] for e in emitted] == ["code_review", "verify_fix"]

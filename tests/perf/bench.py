@@ -196,7 +196,7 @@ def bench_policy(up_port: int) -> str:
 
     The feedback store remembers each module answer (about 0.6 KB, up to 100,000 by default): it
     is kept small here so that "RSS after load" is the proxy's own footprint, not a store sized by
-    configuration (README: ``feedback.max_entries``)."""
+    configuration (docs/feedback-and-calibration.md: ``feedback.max_entries``)."""
     return (
         "version: 1\n"
         f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"

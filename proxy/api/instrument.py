@@ -7,12 +7,14 @@ from typing import Any
 
 import structlog
 
+from proxy.contract.errors import Origin
 from proxy.contract.risk import RISK_RANK
 from proxy.jsonshape import as_dict
 from proxy.observability.metrics import (
     OTHER,
     OUTCOME_DECIDED,
     OUTCOME_INVALID_INPUT,
+    OUTCOME_UNANSWERED,
     Metrics,
     feedback_bucket,
 )
@@ -123,7 +125,8 @@ class MetricsObserver:
 def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer) -> str:
     """Confidence, risk, risk disagreements, decisions, escalations, repairs, contract errors and
     tokens of one answer; returns the request's outcome. An input refused before any model call
-    is the caller's mistake, not a decision: a contract error and outcome ``invalid_input``."""
+    is the caller's mistake, not a decision: a contract error and outcome ``invalid_input``; a call
+    no model answered (providers down, the deadline) is outcome ``unanswered``, not a reject."""
     module, tier = answer.module.name, answer.module.tier
     if answer.stripped_tools:
         metrics.tools_stripped.labels(module).inc(len(answer.stripped_tools))
@@ -145,6 +148,8 @@ def record_module_answer(metrics: Metrics, policy: Policy, answer: ModuleAnswer)
         if code.startswith("E1"):  # the input broke the module's input contract
             metrics.contract_errors.labels(module, code).inc()
             return OUTCOME_INVALID_INPUT
+    if not answered and answer.cache is None and answer.origin is Origin.RUNTIME:
+        return OUTCOME_UNANSWERED
     metrics.decisions.labels(module, tier, answer.decision).inc()
     risk = str(answer.meta.get("risk", ""))
     if answered:

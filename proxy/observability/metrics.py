@@ -36,6 +36,7 @@ OUTCOME_DECIDED = "decided"  # a module answer that got a decision
 OUTCOME_INVALID_INPUT = "invalid_input"  # the caller's input broke the module's input contract
 OUTCOME_UNKNOWN_MODULE = "unknown_module"  # the caller named a module that is not installed
 OUTCOME_UNAVAILABLE = "unavailable"  # an installed composite whose dependencies did not resolve
+OUTCOME_UNANSWERED = "unanswered"  # no model answered (providers down, deadline): nothing to decide on
 CONFIDENCE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 FEEDBACK_BUCKETS = tuple(f"{0.1 * i:.1f}" for i in range(10))
 """``bucket`` label of the feedback counters: the lower edge of a 0.1-wide confidence bin

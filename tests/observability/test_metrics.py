@@ -232,3 +232,17 @@ async def test_openmetrics_by_accept_and_on_the_admin_port(
     assert om.headers["Content-Type"].startswith("application/openmetrics-text")
     assert om_text.rstrip().endswith("# EOF")
     assert separate.status == 200 and "cognitive_proxy_info" in separate_text
+
+
+async def test_a_provider_failure_is_an_outcome_not_a_reject(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """Every provider down (E4001, 503): no model answered, so nothing was decided (#29.7)."""
+    for model in ("cheap", "backup", "strong"):
+        fake_upstream.script(model, Fault.http(503, retry_after=20))
+    assert await module_call(proxy) == 503
+    m = await scrape(proxy)
+    assert m.value("cognitive_decisions_total", module="code-reviewer") == 0
+    assert (
+        m.value("cognitive_requests_total", module="code-reviewer", status="503", outcome="unanswered") == 1
+    )

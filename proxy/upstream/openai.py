@@ -65,15 +65,27 @@ class OpenAIProvider:
             headers["X-Request-Id"] = ctx.trace_id
         return headers
 
+    def _first_format(self, body: dict[str, Any], model: str, ctx: CallContext) -> int:
+        """Where in ``_FORMATS`` a call starts: module calls at the strongest form this model took
+        last; other calls (or a client's own ``response_format``) ask for none."""
+        wants_format = (
+            ctx.module is not None and ctx.module.runtime.structured_output and "response_format" not in body
+        )
+        return self._format_level.get(model, 0) if wants_format else len(_FORMATS) - 1
+
+    def _step_down(self, exc: ProviderError, model: str, level: int) -> int | None:
+        """The next form after a refusal (HTTP 400) of ``level``'s, remembered; None: no next."""
+        if exc.status != 400 or _FORMATS[level] is None or level + 1 >= len(_FORMATS):
+            return None
+        self._format_level[model] = level + 1
+        return level + 1
+
     async def complete(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
     ) -> dict[str, Any]:
         """One chat completion. Module calls ask for structured output and step down on refusal."""
         payload = {**body, "model": model, "stream": False}
-        wants_format = (
-            ctx.module is not None and ctx.module.runtime.structured_output and "response_format" not in body
-        )
-        level = self._format_level.get(model, 0) if wants_format else len(_FORMATS) - 1
+        level = self._first_format(body, model, ctx)
         while True:
             fmt = response_format(_FORMATS[level], ctx)
             attempt = {**payload, "response_format": fmt} if fmt else payload
@@ -83,11 +95,10 @@ class OpenAIProvider:
                 ) as resp:
                     return await read_json(resp)
             except ProviderError as exc:
-                if exc.status == 400 and fmt is not None and level + 1 < len(_FORMATS):
-                    level += 1
-                    self._format_level[model] = level
-                    continue
-                raise
+                lower = self._step_down(exc, model, level)
+                if lower is None:
+                    raise
+                level = lower
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
         """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
@@ -98,8 +109,24 @@ class OpenAIProvider:
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
     ) -> AsyncIterator[bytes]:
-        """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded."""
+        """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded. Module
+        calls ask for structured output as ``complete`` does; a refusal comes before any byte."""
         payload = {**body, "model": model, "stream": True}
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
-            async for chunk in resp.content.iter_any():
-                yield chunk
+        level = self._first_format(body, model, ctx)
+        sent = False
+        while True:
+            fmt = response_format(_FORMATS[level], ctx)
+            attempt = {**payload, "response_format": fmt} if fmt else payload
+            try:
+                async with post(
+                    self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media
+                ) as resp:
+                    async for chunk in resp.content.iter_any():
+                        sent = True
+                        yield chunk
+                    return
+            except ProviderError as exc:
+                lower = None if sent else self._step_down(exc, model, level)
+                if lower is None:
+                    raise
+                level = lower

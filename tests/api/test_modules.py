@@ -277,3 +277,22 @@ async def test_an_unknown_module_is_the_callers_mistake_and_other_methods_get_40
                 assert body["ok"] is False and body["error"]["code"] == "E1004", body
             else:
                 assert body["error"]["code"] == "method_not_allowed" and body["error"]["type"]
+
+
+async def test_a_streamed_module_call_asks_for_structured_output_and_falls_back_when_refused(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """Like the sync call (#29.7): json_schema first, the next form after a 400, before any byte."""
+    fake_upstream.script("cheap", Fault.http(400), envelope(0.9))
+    stream = await proxy.client().chat.completions.create(
+        model="module:code-reviewer",
+        messages=[{"role": "user", "content": json.dumps(REVIEW_INPUT)}],
+        stream=True,
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert json.loads(text)["ok"] is True
+    sent = [r.json for r in fake_upstream.requests]
+    assert [(r.get("stream"), r.get("response_format", {}).get("type")) for r in sent] == [
+        (True, "json_schema"),
+        (True, "json_object"),
+    ]

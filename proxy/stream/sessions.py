@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import hmac
 import secrets
@@ -187,6 +188,8 @@ class SessionHub:
         self._queue: asyncio.Queue[tuple[Session, Event | str]] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._unmirrored: set[str] = set()
+        self._failed_writes = 0
+        """Mirror writes failed since the last one that went through (0: Redis answers)."""
 
     @property
     def live(self) -> int:
@@ -278,7 +281,11 @@ class SessionHub:
     def _mirror(self, session: Session, event: Event | None, *, created: bool = False) -> None:
         if self._queue is None:
             self._queue = asyncio.Queue(MIRROR_QUEUE_MAX)
-            self._writer = asyncio.ensure_future(self._write_loop())
+            # A context of its own: the writer serves every request, so its lines must not carry
+            # the trace id of the request that happened to start it.
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_loop(), context=contextvars.Context()
+            )
         item: Event | str = event if event is not None else ("created" if created else "done")
         try:
             self._queue.put_nowait((session, item))
@@ -294,6 +301,7 @@ class SessionHub:
             try:
                 if session.id in self._unmirrored:
                     await self._redis.delete(info, events)  # a gap: never resumable elsewhere
+                    self._mirror_answered()
                     if session.done:
                         self._unmirrored.discard(session.id)
                     continue
@@ -308,8 +316,21 @@ class SessionHub:
                 pipe.expire(info, ttl)
                 await pipe.execute()
             except (RedisError, OSError) as exc:
-                log.warning("proxy.stream_mirror_failed", session=session.id[:12], error=str(exc))
-                self._unmirrored.add(session.id)
+                self._mirror_failed(session, exc)
+            else:
+                self._mirror_answered()
+
+    def _mirror_failed(self, session: Session, exc: Exception) -> None:
+        """One warning per outage (the first failed write), not one per chunk."""
+        if self._failed_writes == 0:
+            log.warning("proxy.stream_mirror_failed", session=session.id[:12], error=str(exc))
+        self._failed_writes += 1
+        self._unmirrored.add(session.id)
+
+    def _mirror_answered(self) -> None:
+        if self._failed_writes:
+            log.info("proxy.stream_mirror_recovered", failed_writes=self._failed_writes)
+            self._failed_writes = 0
 
     async def aclose(self) -> None:
         for task in list(self.tasks):

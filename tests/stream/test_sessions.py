@@ -82,3 +82,25 @@ async def test_a_reader_waits_for_the_next_chunk_and_sees_the_end() -> None:
 @pytest.mark.parametrize("bad", ["sess_abc", "sess_" + "G" * 32, "x" * 37, 42, None, "sess_" + "0" * 33])
 def test_malformed_session_ids_are_not_ids(bad: object) -> None:
     assert not is_session_id(bad)
+
+
+async def test_mirror_failures_name_no_request_and_are_logged_once_per_outage() -> None:
+    """The mirror's writer is nobody's request: its lines carry no trace id of the request that
+    happened to start it, and an outage is one warning (with the count when it ends), not one per
+    chunk (#29.7: 1,386 warnings, each with an unrelated request's trace id)."""
+    from structlog.testing import capture_logs
+
+    from proxy.observability.logging import add_request, bind_request
+    from tests.proxy_server import free_port
+
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    bind_request("trace-of-alice", "/v1/chat/completions")
+    with capture_logs(processors=[add_request]) as logs:
+        for _ in range(5):
+            session = hub.create("anonymous", "m")
+            session.append(delta_chunk(1, "data.rationale", "x", "x"))
+            session.finish()
+        await hub.aclose()  # drains the mirror queue: every write is tried (and fails)
+    failures = [e for e in logs if e["event"] == "proxy.stream_mirror_failed"]
+    assert len(failures) == 1, logs
+    assert "trace_id" not in failures[0] and "route" not in failures[0]

@@ -44,6 +44,12 @@ def response_format(kind: str | None, ctx: CallContext) -> dict[str, Any] | None
     }
 
 
+def _with_format(payload: dict[str, Any], level: int, ctx: CallContext) -> dict[str, Any]:
+    """``payload`` asking for the structured-output form at ``level`` of ``_FORMATS`` (if any)."""
+    fmt = response_format(_FORMATS[level], ctx)
+    return {**payload, "response_format": fmt} if fmt else payload
+
+
 class OpenAIProvider:
     """Talks the OpenAI wire format; the proxy's own retry loop is the only one (no retries here)."""
 
@@ -87,8 +93,7 @@ class OpenAIProvider:
         payload = {**body, "model": model, "stream": False}
         level = self._first_format(body, model, ctx)
         while True:
-            fmt = response_format(_FORMATS[level], ctx)
-            attempt = {**payload, "response_format": fmt} if fmt else payload
+            attempt = _with_format(payload, level, ctx)
             try:
                 async with post(
                     self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media
@@ -115,8 +120,7 @@ class OpenAIProvider:
         level = self._first_format(body, model, ctx)
         sent = False
         while True:
-            fmt = response_format(_FORMATS[level], ctx)
-            attempt = {**payload, "response_format": fmt} if fmt else payload
+            attempt = _with_format(payload, level, ctx)
             try:
                 async with post(
                     self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
-.PHONY: run test test-fast lint install redis-server node-clients conformance bench mutation clean
+.PHONY: run test test-fast lint install redis-server doc-tools node-clients conformance bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,18 @@ redis-server:
 		(apt-get install -y -qq redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }); } || \
 		{ echo "redis-server is missing: apt-get install -y redis-server"; exit 1; }
 
+## doc-tools: curl and jq, which the docs' shell snippets use (their tests run them); installed here when missing
+doc-tools:
+	@for tool in curl jq; do command -v $$tool >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq $$tool >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $$tool; }); } || \
+		{ echo "$$tool is missing: apt-get install -y $$tool"; exit 1; }; done
+
 ## test: set everything up and run the whole suite
-test: install redis-server node-clients
+test: install redis-server doc-tools node-clients
 	$(BIN)/python -m pytest
 
 ## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core
-test-fast: install redis-server node-clients
+test-fast: install redis-server doc-tools node-clients
 	$(BIN)/python -m pytest -m "not slow" -n auto -q
 
 ## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm

@@ -96,8 +96,7 @@ async def test_the_readme_tour_prints_what_the_readme_says(
 async def test_the_readme_curl_lines_answer(tmp_path: Path) -> None:
     """The tour's `curl` lines, against the same demo proxy."""
     curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    assert curl is not None, "curl is not installed (make doc-tools installs it)"
     lines = readme_block("The same without the SDK", "sh").strip().splitlines()
     policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
     outputs = []
@@ -119,8 +118,7 @@ async def test_the_readme_curl_lines_answer(tmp_path: Path) -> None:
 async def test_the_readme_session_example_carries_context_to_the_second_call(tmp_path: Path) -> None:
     """The two-call `interactive-reviewer` session of "Bundled modules", run by bash as written
     (but for the port): each call emits its session_state, the second one after the fix."""
-    if shutil.which("curl") is None or shutil.which("jq") is None:
-        pytest.skip("curl and jq are needed")
+    assert shutil.which("curl") and shutil.which("jq"), "curl and jq are needed (make doc-tools)"
     script = readme_block("## Bundled modules", "sh")
     policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
     async with running_proxy(tmp_path, policy) as px:

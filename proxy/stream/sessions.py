@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -175,7 +175,13 @@ class SessionHub:
     def __init__(self, *, ttl_s: float, max_bytes: int, redis_url: str | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: dict[str, Session] = {}
+        self._finished: OrderedDict[str, Session] = OrderedDict()
+        """Finished sessions in the order they finished: the order they expire in (one TTL)."""
+        self._finished_of: dict[str, OrderedDict[str, Session]] = {}
+        """client -> its finished sessions, oldest first (what the memory bound evicts)."""
+        self._held: dict[str, int] = {}
+        """client -> the bytes of its sessions, live ones included."""
         self._used = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self._redis: Any = (
@@ -193,7 +199,7 @@ class SessionHub:
 
     @property
     def live(self) -> int:
-        return sum(1 for s in self._sessions.values() if not s.done)
+        return len(self._sessions) - len(self._finished)
 
     @property
     def used_bytes(self) -> int:
@@ -244,37 +250,46 @@ class SessionHub:
     def _on_event(self, session: Session, event: Event | None) -> None:
         if event is not None:
             self._used += len(event[1])
-            if self._used > self.max_bytes:
-                self._evict()
+            self._held[session.client] = self._held.get(session.client, 0) + len(event[1])
+        elif session.id in self._sessions:  # finished (and not already dropped)
+            self._finished[session.id] = session
+            self._finished_of.setdefault(session.client, OrderedDict())[session.id] = session
+        if self._used > self.max_bytes:
+            self._evict()
         if self._redis is not None:
             self._mirror(session, event)
 
     def _purge(self) -> None:
+        """Drop expired sessions: the oldest finished first, so only the expired ones are read."""
         now = time.monotonic()
-        for session in [s for s in self._sessions.values() if s.done and s.expires <= now]:
-            self._drop(session)
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            if oldest.expires > now:
+                return
+            self._drop(oldest)
 
     def _evict(self) -> None:
         """Finished sessions until the bound holds again: the oldest of the client holding the
         most bytes (live sessions counted) first, so one client's streams never cost another
-        client its recovery (issue #26 attack pass)."""
-        held: dict[str, int] = {}
-        finished: dict[str, deque[Session]] = {}
-        for session in self._sessions.values():
-            held[session.client] = held.get(session.client, 0) + session.size
-            if session.done:
-                finished.setdefault(session.client, deque()).append(session)
-        while self._used > self.max_bytes and finished:
-            heaviest = max(finished, key=held.__getitem__)
-            session = finished[heaviest].popleft()
-            if not finished[heaviest]:
-                del finished[heaviest]
-            held[heaviest] -= session.size
-            self._drop(session)
+        client its recovery (issue #26 attack pass). Clients are the keys file's: few."""
+        while self._used > self.max_bytes and self._finished_of:
+            heaviest = max(self._finished_of, key=lambda client: self._held.get(client, 0))
+            self._drop(next(iter(self._finished_of[heaviest].values())))
 
     def _drop(self, session: Session) -> None:
-        if self._sessions.pop(session.id, None) is not None:
-            self._used -= session.size
+        if self._sessions.pop(session.id, None) is None:
+            return
+        self._used -= session.size
+        held = self._held.get(session.client, 0) - session.size
+        if held > 0:
+            self._held[session.client] = held
+        else:
+            self._held.pop(session.client, None)
+        if self._finished.pop(session.id, None) is not None:
+            mine = self._finished_of[session.client]
+            del mine[session.id]
+            if not mine:
+                del self._finished_of[session.client]
 
     # -- Redis mirror ------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
+import tracemalloc
 
 import pytest
 
@@ -156,3 +158,24 @@ def _found(hub: SessionHub, session_id: str) -> None:
         assert done.value is not None
         return
     raise AssertionError("find awaited for a local session")
+
+
+def test_the_memory_bound_counts_what_the_sessions_really_hold() -> None:
+    """Issue #29 finding 5: the bound counted each chunk's JSON length, but a chunk held at least
+    4 KiB (orjson's buffer, never shrunk) plus its bookkeeping, so 64 MiB of "chunks" were
+    gigabytes. What tracemalloc sees the kept sessions take is within what the bound counts."""
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(2000):
+            session = hub.create(f"client-{n % 3}", "m")
+            for seq in range(1, 6):
+                session.append(delta_chunk(seq, "data.rationale", "w", "w" * seq))
+            session.finish()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= hub.used_bytes, f"{held} bytes held, {hub.used_bytes} counted"

@@ -1,7 +1,7 @@
 """Soak (issue #29 findings 5 and 6): the proxy at its default bounds under steady load that fills
 them, for ``BENCH_SOAK_S`` seconds (default ``DEFAULT_SOAK_S``).
 
-Distinct module calls, half of them streamed, fill the stream sessions, the feedback store and
+Distinct module calls from three clients, half of them streamed, fill the stream sessions, the feedback store and
 the result cache (the context store) of one ``cogproxy serve``. After ``WARM_UP_S`` of the same
 load, not measured, the load runs in equal segments
 (a minute each, a fifth of the run when it is shorter); after each the bench reads the worker's
@@ -26,12 +26,14 @@ DEFAULT_SOAK_S = 120
 a trend; the 10-minute figure of docs/performance.md is ``BENCH_SOAK_S=600``."""
 CONNECTIONS = 16
 WARM_UP_S = 5
+CLIENT_KEYS = "soak-key-0,soak-key-1,soak-key-2"
+"""Three clients, each within its own quota (``cache.client_max_entries``), fill the whole store."""
 WRK_SCRIPT = """
 counter = 0
 request = function()
   counter = counter + 1
   local body = '{"input": {"code": "def f' .. counter .. '(x):\\\\n    return x\\\\n", "language": "python"}}'
-  local headers = {["Content-Type"] = "application/json"}
+  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer soak-key-" .. (counter % 3)}
   if counter % 2 == 0 then headers["Accept"] = "text/event-stream" end
   return wrk.format("POST", "/v1/modules/code-reviewer/execute", headers, body)
 end
@@ -131,7 +133,7 @@ def main() -> int:
         upstream = subprocess.Popen([sys.executable, str(bench), "--upstream", str(up_port)])
         log = (tmp / "proxy.log").open("wb")
         proxy = subprocess.Popen(
-            serve_command(policy, port, "--log-level", "warning"), cwd=ROOT, stderr=log
+            serve_command(policy, port, "--log-level", "warning", "--api-keys", CLIENT_KEYS), cwd=ROOT, stderr=log
         )
         try:
             wait_port(up_port)

@@ -1,9 +1,9 @@
 """Soak (issue #29 findings 5 and 6): the proxy at its default bounds under steady load that fills
 them, for ``BENCH_SOAK_S`` seconds (default ``DEFAULT_SOAK_S``).
 
-Distinct module calls from three clients, half of them streamed, fill the stream sessions, the feedback store and
-the result cache (the context store) of one ``cogproxy serve``. After ``WARM_UP_S`` of the same
-load, not measured, the load runs in equal segments
+Distinct module calls from three clients, half of them streamed, fill the stream sessions, the
+feedback store and the result cache (the context store) of one ``cogproxy serve``. After
+``WARM_UP_S`` of the same load, not measured, the load runs in equal segments
 (a minute each, a fifth of the run when it is shorter); after each the bench reads the worker's
 CPU time (``/proc/<pid>/stat``) and RSS. It prints CPU per request per segment and the last
 segment's over the first's (flat: 1.00), and the peak RSS (VmHWM) against the memory table of
@@ -33,7 +33,8 @@ counter = 0
 request = function()
   counter = counter + 1
   local body = '{"input": {"code": "def f' .. counter .. '(x):\\\\n    return x\\\\n", "language": "python"}}'
-  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer soak-key-" .. (counter % 3)}
+  local headers = {["Content-Type"] = "application/json"}
+  headers["Authorization"] = "Bearer soak-key-" .. (counter % 3)
   if counter % 2 == 0 then headers["Accept"] = "text/event-stream" end
   return wrk.format("POST", "/v1/modules/code-reviewer/execute", headers, body)
 end
@@ -132,9 +133,8 @@ def main() -> int:
         bench = Path(__file__).with_name("bench.py")
         upstream = subprocess.Popen([sys.executable, str(bench), "--upstream", str(up_port)])
         log = (tmp / "proxy.log").open("wb")
-        proxy = subprocess.Popen(
-            serve_command(policy, port, "--log-level", "warning", "--api-keys", CLIENT_KEYS), cwd=ROOT, stderr=log
-        )
+        command = serve_command(policy, port, "--log-level", "warning", "--api-keys", CLIENT_KEYS)
+        proxy = subprocess.Popen(command, cwd=ROOT, stderr=log)
         try:
             wait_port(up_port)
             wait_port(port)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.paths import ROOT
-from tests.test_grafana import GRAFANA_VARIABLE, walk_panels
+from tests.test_grafana import GRAFANA_VARIABLE, fill_variables, walk_panels
 
 DASHBOARDS = ROOT / "grafana" / "dashboards"
 IMAGES = ROOT / "docs" / "images"
@@ -109,14 +109,7 @@ def substitute(expr: str, variables: Mapping[str, str], window_s: int) -> str:
         "__interval": RATE_INTERVAL,
         "datasource": "",
     }
-
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        if name not in values:
-            raise ValueError(f"unknown Grafana variable ${name} in {expr}")
-        return values[name]
-
-    return GRAFANA_VARIABLE.sub(value, expr)
+    return fill_variables(expr, values)
 
 
 def title(panel: Panel) -> str:

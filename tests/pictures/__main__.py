@@ -88,6 +88,7 @@ async def main(duration_s: float, out: Path) -> int:
                     await traffic.run(load, policy, policy_path, duration_s)
                 finally:
                     await load.client.close()
+                print(f"{load.calls} module calls; {load.refused} passthrough calls answered 5xx", flush=True)
                 await wait_for_scrape_after(prom, time.time())
                 window = Window(start, time.time())
                 about = (

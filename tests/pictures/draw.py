@@ -290,23 +290,23 @@ def draw_bars(ax: Axes, data: PanelData, window: Window) -> None:
 
 
 def _grouped_bars(ax: Axes, series: Sequence[Series]) -> None:
-    keys = {k for s in series for k in s.labels}
-    axis = max(sorted(keys), key=lambda k: len({s.labels.get(k) for s in series}), default="")
+    """Bars along the label with the most values (the barchart's string field), one colour per
+    legend (the series' legend without that label's value)."""
+    keys = sorted({k for s in series for k in s.labels})
+    axis = max(keys, key=lambda k: len({s.labels.get(k) for s in series}), default="")
     xs = sorted({s.labels.get(axis, "") for s in series})
-    groups = sorted({tuple((k, v) for k, v in sorted(s.labels.items()) if k != axis) for s in series})
-    width = 0.8 / max(len(groups), 1)
-    for g, group in enumerate(groups):
-        values = {
-            s.labels.get(axis, ""): last(s)
-            for s in series
-            if tuple((k, v) for k, v in sorted(s.labels.items()) if k != axis) == group
-        }
+    bars: dict[str, dict[str, float]] = {}
+    for s in series:
+        x = s.labels.get(axis, "")
+        bars.setdefault(" ".join(word for word in s.name.split() if word != x), {})[x] = last(s)
+    width = 0.8 / max(len(bars), 1)
+    for g, (group, values) in enumerate(sorted(bars.items())):
         ax.bar(
             [i + g * width for i in range(len(xs))],
             [values.get(x, 0) for x in xs],
             width,
             color=PALETTE[g % len(PALETTE)],
-            label=" ".join(v for _, v in group),
+            label=group,
         )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))], xs)
     ax.set_xlabel(axis, color=TEXT, fontsize=7)

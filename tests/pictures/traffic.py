@@ -3,8 +3,8 @@
 Module calls of every decision (accept, escalated, review, reject), repairs, contract errors and
 risk disagreements, each judged over ``POST /v1/feedback`` (the fast rung over-confident, the
 strong one calibrated; some verdicts replaced); plain, streamed and cut passthrough; a client
-over its rate limit; a policy reload refused then applied; and, when the fast rung degrades, a
-failover that opens ``up/cheap``'s breaker until a trial closes it.
+over its rate limit; a policy reload refused then applied (twice); and, as the fast rung
+degrades, a failover that opens ``up/cheap``'s breaker until a trial closes it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import openai
 import yaml
 
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.test_grafana import LIMITED_KEY, PATCH_INPUT, REVIEW_INPUT, e2e_policy, patch_answer
+from tests.test_grafana import LIMITED_KEY, PATCH_INPUT, REVIEW_INPUT, e2e_policy, patch_answer, review_answer
 
 TICK_S = 0.2
-"""Pause between rounds: a steady load of some 15 module calls a second, not a stress test."""
+"""Pause between rounds: a steady load (some 6 module calls a second here), not a stress test."""
 BREAKER_OPEN_S = 10
 RELOAD_INTERVAL_S = 0.2
 APP_KEY = "sk-pictures"
@@ -60,13 +60,7 @@ def policy_yaml(policy: dict[str, Any]) -> str:
 
 
 def review_reply(confidence: float, risk: str = "low") -> str:
-    return json.dumps(
-        {
-            "ok": True,
-            "meta": {"confidence": round(confidence, 3), "risk": risk, "explain": "e"},
-            "data": {"issues": [], "summary": "s", "verdict": "approve", "rationale": "r"},
-        }
-    )
+    return review_answer(round(confidence, 3), risk)
 
 
 class Load:

@@ -196,14 +196,9 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[Query]:
     ]
 
 
-def substitute(expr: str, rate_interval: str) -> str:
-    """Grafana variables -> valid PromQL (all values selected, fixed intervals)."""
-    values = {
-        "__rate_interval": rate_interval,
-        "__interval": "1m",
-        "datasource": "",
-        **dict.fromkeys(TEMPLATE_VARIABLES, ".*"),
-    }
+def fill_variables(expr: str, values: dict[str, str]) -> str:
+    """``expr`` with each Grafana variable (``$name``, ``${name}``, ``${name:format}``) replaced
+    by its value; AssertionError naming one that ``values`` lacks."""
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
@@ -212,6 +207,17 @@ def substitute(expr: str, rate_interval: str) -> str:
         return values[name]
 
     return GRAFANA_VARIABLE.sub(replace, expr)
+
+
+def substitute(expr: str, rate_interval: str) -> str:
+    """Grafana variables -> valid PromQL (all values selected, fixed intervals)."""
+    values = {
+        "__rate_interval": rate_interval,
+        "__interval": "1m",
+        "datasource": "",
+        **dict.fromkeys(TEMPLATE_VARIABLES, ".*"),
+    }
+    return fill_variables(expr, values)
 
 
 def base_metric(name: str) -> str:

@@ -36,12 +36,12 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, run
 from tests.test_grafana import (
     DS,
     GRAFANA,
-    GRAFANA_VARIABLE,
     METRIC_NAME,
     NEEDS_PROMETHEUS,
     SELECTOR,
     PrometheusTools,
     dashboard_queries,
+    fill_variables,
     patch_answer,
     prometheus_tools,
     promtool,
@@ -93,13 +93,7 @@ def load_dashboard() -> dict[str, Any]:
 
 def substitute(expr: str, window: str = "10m") -> str:
     values = {"__range": window, "__rate_interval": "1m", **dict.fromkeys(VARIABLES, ".*")}
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        assert name in values, f"unknown Grafana variable ${name} in {expr}"
-        return values[name]
-
-    return GRAFANA_VARIABLE.sub(replace, expr)
+    return fill_variables(expr, values)
 
 
 def base_metric(name: str) -> str:

@@ -4,12 +4,9 @@ module input the proxy sent upstream out of the fake's request log."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
-import redis.asyncio as aioredis
 
 from tests.fake_upstream import FakeUpstream
 from tests.support.redis_server import redis_url
@@ -58,13 +55,3 @@ async def execute(
             f"{base}/v1/modules/{module}/execute", json={"input": value}, headers=headers or {}
         )
         return resp.status, dict(resp.headers), await resp.json()
-
-
-@pytest.fixture
-async def redis_db() -> AsyncIterator[Any]:
-    """The test's own Redis database, emptied before and after."""
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()

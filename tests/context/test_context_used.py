@@ -3,11 +3,9 @@ and where each came from, visible offline (#31.9)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,13 @@ import pytest
 import yaml
 
 from proxy.context.used import CONTEXT_HEADER, MAX_LISTED, MAX_NAME_CHARS, ContextUsed, Used, context_used
+from tests.api.test_modules import envelope
 from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.proxy_server import RunningProxy, running_proxy
 from tests.stream.client import read_sse
+from tests.support.snippets import block_after, run_snippet
 
 SESSION = {"X-Cognitive-Session": "seen-1"}
 HISTORY = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -75,15 +75,6 @@ def test_the_header_carries_no_value_and_stays_bounded() -> None:
     assert len(items) == MAX_LISTED + 1 and items[-1] == "*omitted=5"
     huge = ContextUsed(tuple(Used("y" * 500, "session+client", 10**6) for _ in range(1000)))
     assert len(huge.header()) < 2048
-
-
-@pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, upstream_policy(fake_upstream)) as running:
-        yield running
 
 
 async def test_the_second_call_of_a_session_names_what_the_first_left(
@@ -145,24 +136,9 @@ async def test_streamed_calls_name_their_context_on_the_last_chunk(
 
 
 async def test_a_module_without_context_says_none(px: RunningProxy, fake_upstream: FakeUpstream) -> None:
-    fake_upstream.script(
-        "cheap",
-        json.dumps(
-            {
-                "ok": True,
-                "meta": {"confidence": 0.9, "risk": "low", "explain": "e"},
-                "data": {"issues": [], "summary": "s", "verdict": "approve", "rationale": "r"},
-            }
-        ),
-    )
-    _, headers, envelope = await execute(px.url, "code-reviewer", {"code": "x = 1"}, SESSION)
-    assert envelope["ok"] is True and headers[CONTEXT_HEADER] == "none"
-
-
-def docs_block(marker: str, lang: str) -> str:
-    """The first ```lang block of docs/context.md after ``marker``."""
-    text = (ROOT / "docs" / "context.md").read_text(encoding="utf-8")
-    return text.split(marker, 1)[1].split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+    fake_upstream.script("cheap", envelope(0.9))
+    _, headers, answer = await execute(px.url, "code-reviewer", {"code": "x = 1"}, SESSION)
+    assert answer["ok"] is True and headers[CONTEXT_HEADER] == "none"
 
 
 async def test_the_docs_session_example_shows_the_context_the_second_call_used(tmp_path: Path) -> None:
@@ -170,20 +146,10 @@ async def test_the_docs_session_example_shows_the_context_the_second_call_used(t
     demo policy's offline provider, prints the documented headers: the second call names the
     session_state and previous_result the first one left."""
     assert shutil.which("curl"), "curl is needed (make doc-tools)"
-    script = docs_block("**Seeing the context a call used.**", "sh")
-    documented = docs_block("<!-- context-output -->", "text").splitlines()
+    page = ROOT / "docs" / "context.md"
+    script = block_after(page, "**Seeing the context a call used.**", "sh")
+    documented = block_after(page, "<!-- context-output -->", "text").splitlines()
     policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
     async with running_proxy(tmp_path, policy) as px:
-        assert "localhost:8080" in script
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            script.replace("localhost:8080", px.url.removeprefix("http://")),
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0, out
+        out = await run_snippet(script, px.url)
     assert out.decode().replace("\r", "").splitlines() == documented

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,6 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, run
 from tests.stream.client import read_sse
 
 SESSION = {"X-Cognitive-Session": "review-1"}
-
-
-@pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, upstream_policy(fake_upstream)) as running:
-        yield running
 
 
 async def test_second_call_in_a_session_gets_the_first_calls_result_and_state(

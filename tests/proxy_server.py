@@ -171,7 +171,10 @@ async def wait_ready(url: str, proc: subprocess.Popen[str], *drains: Drain) -> N
 
         try:
             await eventually(
-                serving, "the proxy ready (/readyz 200)", timeout=READY_TIMEOUT_S, ignore=(aiohttp.ClientError,)
+                serving,
+                "the proxy ready (/readyz 200)",
+                timeout=READY_TIMEOUT_S,
+                ignore=(aiohttp.ClientError,),
             )
         except _Exited:
             for drain in drains:

@@ -55,3 +55,21 @@ async def execute(
             f"{base}/v1/modules/{module}/execute", json={"input": value}, headers=headers or {}
         )
         return resp.status, dict(resp.headers), await resp.json()
+
+
+EARLIER = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(7)]
+"""Seven earlier chat messages: more than interactive-reviewer's ``max_turns: 5``."""
+
+
+async def chat_after_earlier_turns(base: str) -> tuple[aiohttp.ClientResponse, dict[str, Any]]:
+    """A chat-completions call of interactive-reviewer whose messages hold ``EARLIER`` then the
+    module input; the response and its body."""
+    body = {
+        "model": f"module:{REVIEWER}",
+        "messages": [*EARLIER, {"role": "user", "content": json.dumps(FIX)}],
+    }
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(base + "/chat/completions", json=body)
+        assert resp.status == 200, await resp.text()
+        reply: dict[str, Any] = await resp.json()
+    return resp, reply

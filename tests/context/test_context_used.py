@@ -15,7 +15,7 @@ import yaml
 
 from proxy.context.used import CONTEXT_HEADER, MAX_LISTED, MAX_NAME_CHARS, ContextUsed, Used, context_used
 from tests.api.test_modules import envelope
-from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer
+from tests.context.helpers import FIX, LOGIN, REVIEWER, chat_after_earlier_turns, execute, reviewer_answer
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
 from tests.proxy_server import RunningProxy, running_proxy
@@ -91,15 +91,7 @@ async def test_a_chat_call_names_its_history_in_the_header_and_the_cognitive_blo
     px: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", reviewer_answer(1, "verify_fix"))
-    earlier = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(7)]
-    body = {
-        "model": f"module:{REVIEWER}",
-        "messages": [*earlier, {"role": "user", "content": json.dumps(FIX)}],
-    }
-    async with aiohttp.ClientSession() as session:
-        resp = await session.post(px.base + "/chat/completions", json=body)
-        assert resp.status == 200, await resp.text()
-        reply = await resp.json()
+    resp, reply = await chat_after_earlier_turns(px.base)
     assert resp.headers[CONTEXT_HEADER] == "conversation_history=messages;turns=5"
     assert reply["cognitive"]["context"] == [
         {"type": "conversation_history", "source": "messages", "turns": 5}

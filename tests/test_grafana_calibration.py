@@ -33,6 +33,7 @@ from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream
 from tests.prometheus_e2e import PrometheusServer, run_prometheus
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.support.polling import eventually
 from tests.test_grafana import (
     DS,
     GRAFANA,
@@ -301,11 +302,7 @@ async def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def wait_for(prom: PrometheusServer, expr: str, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await prom.query(expr):
-        assert loop.time() < deadline, f"Prometheus never saw {expr}"
-        await asyncio.sleep(0.2)
+    await eventually(lambda: prom.query(expr), f"Prometheus seeing {expr}", timeout=timeout, step=0.2)
 
 
 async def exec_tier_decisions(
@@ -418,11 +415,11 @@ async def wait_until_reloaded(
     session: aiohttp.ClientSession, px: RunningProxy, before: dict[tuple[str, ...], float]
 ) -> None:
     count = sum(before.values())
-    for _ in range(200):
+
+    async def reloads() -> float:
         async with session.get(px.url + "/metrics") as resp:
             text = await resp.text()
         match = re.search(r'^cognitive_policy_reloads_total\{result="ok"\} (\S+)$', text, re.M)
-        if match and float(match.group(1)) > count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the policy was never reloaded")
+        return float(match.group(1)) if match else 0.0
+
+    await eventually(reloads, "the policy reloaded", ready=lambda n: n > count, timeout=10)

@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from proxy.state.feedback import (
     KEY_PREFIX,
@@ -19,6 +18,7 @@ from proxy.state.feedback import (
     RedisFeedbackStore,
     scan_records,
 )
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -97,12 +97,8 @@ async def test_memory_store_judged_keeps_the_expiry_and_ignores_evicted() -> Non
 async def redis_keys() -> AsyncIterator[tuple[str, Any]]:
     """A unique trace-id prefix; the keys written under it are deleted afterwards."""
     prefix = f"test-{uuid.uuid4().hex[:8]}-"
-    client: Any = aioredis.Redis.from_url(REDIS_URL)
-    yield prefix, client
-    keys = [k async for k in client.scan_iter(match=f"{KEY_PREFIX}{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    async with fresh_db(15, match=f"{KEY_PREFIX}{prefix}*") as client:
+        yield prefix, client
 
 
 async def test_redis_store_shares_answers_between_replicas_and_expires_them(

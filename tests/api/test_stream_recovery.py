@@ -3,7 +3,6 @@ checkpoint mismatch, unknown session, another client key, recovery disabled; hea
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tests.api.test_streaming import RATIONALE, answer
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
 from tests.stream.client import read_sse, rendered, seq, sequenced
+from tests.support.polling import until
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(11)
@@ -259,11 +259,12 @@ async def test_without_recovery_a_client_that_leaves_cancels_the_upstream_call(
         response = await _post(session, _execute_url(proxy.url), SSE)
         await read_sse(response, stop_after=2)
         response.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while slow_fake.cancelled == 0:
-            assert loop.time() < deadline, "the upstream call went on after the client left"
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: slow_fake.cancelled,
+            "the upstream call cancelled after the client left",
+            timeout=10,
+            step=0.01,
+        )
 
 
 @pytest.mark.parametrize("last_seq", ["9223372036854775808", "99999999999999999999999"])

@@ -2,8 +2,8 @@
 
 For each target (skipped while its breaker is open):
   try -> success: return | failure: retry on the same target when the failure kind is in
-  ``retry_on``, retries are left, the retry budget allows it (the request's first
-  ``min_per_request`` retries always; later ones while the shared budget has room) and the wait
+  ``retry_on``, retries are left, the retry budget allows it (the first ``min_per_target``
+  retries on the target always; later ones while the shared budget has room) and the wait
   fits the deadline (wait = exponential backoff with full jitter, or the provider's Retry-After if
   longer, read on every failed attempt) -> otherwise the next target. Targets are visited once, in order: a
   fallback never restarts anything. Provider clients never retry on their own.
@@ -71,9 +71,10 @@ class Routed(Generic[T]):
 
 
 class RetryBudgetTracker:
-    """The retry budget: a request's first ``min_per_request`` retries are its own (a floor that a
-    burst of failures cannot use up: each failing request brings its own); beyond them, Envoy's
-    shared budget: such retries in flight <= max(min_concurrency, percent of requests in flight)."""
+    """The retry budget: a request's first ``min_per_target`` retries on a target are its own (a
+    floor that a burst of failures cannot use up: each failing request brings its own); beyond
+    them, Envoy's shared budget: such retries in flight <= max(min_concurrency, percent of requests
+    in flight)."""
 
     def __init__(self) -> None:
         self.requests = 0
@@ -81,8 +82,8 @@ class RetryBudgetTracker:
         """Shared-budget retries in flight (the floor's are not counted)."""
 
     def allows_retry(self, budget: RetryBudget, granted: int) -> bool:
-        """May a request that was granted ``granted`` retries so far retry once more?"""
-        if granted < budget.min_per_request:
+        """May a request that was granted ``granted`` retries on this target retry it once more?"""
+        if granted < budget.min_per_target:
             return True
         return self.retries < max(budget.min_concurrency, budget.percent / 100 * self.requests)
 
@@ -142,8 +143,6 @@ class _RungCall(Generic[T]):
     stop_on_client_error: bool
     bound_attempts: bool
     failures: list[ProviderError] = field(default_factory=list)
-    retries: int = 0
-    """Retries granted so far, over all targets (the budget's floor is per request)."""
 
 
 class RouterObserver(Protocol):
@@ -246,7 +245,7 @@ class Router:
                 raise RungFailed(run.failures, deadline_spent=True)
             started = self._clock()
             retrying = retries > 0
-            shared = retrying and run.retries > run.failover.budget.min_per_request
+            shared = retries > run.failover.budget.min_per_target
             if shared:
                 self.budget.retries += 1
             try:
@@ -268,7 +267,6 @@ class Router:
                     return None  # the breaker opened meanwhile: no retry into it
                 waited = wait
                 retries += 1
-                run.retries += 1
                 continue
             finally:
                 if shared:
@@ -303,6 +301,6 @@ class Router:
         if trial or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on or retries >= failover.retries:
             return None
         wait = retry_wait_s(failover, retries, exc.retry_after, self._rng)
-        if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget, run.retries):
+        if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget, retries):
             return None
         return wait

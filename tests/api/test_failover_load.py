@@ -70,8 +70,10 @@ class LoadResult:
         )
 
 
-async def load(url: str, fake: FakeUpstream, requests: int = REQUESTS) -> LoadResult:
-    """``requests`` chat completions, ``CONCURRENCY`` at a time; breaker transitions from the log."""
+async def load(
+    url: str, fake: FakeUpstream, requests: int = REQUESTS, concurrency: int = CONCURRENCY
+) -> LoadResult:
+    """``requests`` chat completions, ``concurrency`` at a time; breaker transitions from the log."""
     statuses: dict[int, int] = {}
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
@@ -88,7 +90,7 @@ async def load(url: str, fake: FakeUpstream, requests: int = REQUESTS) -> LoadRe
 
     with capture_logs() as logs:
         async with aiohttp.ClientSession(headers={"Authorization": "Bearer sk-client"}) as session:
-            await asyncio.gather(*(client(session) for _ in range(CONCURRENCY)))
+            await asyncio.gather(*(client(session) for _ in range(concurrency)))
     transitions = sum(1 for e in logs if e["event"] in ("proxy.breaker_opened", "proxy.breaker_closed"))
     return LoadResult(
         requests, statuses.get(200, 0), fake.count("/v1/chat/completions") - before, transitions, statuses
@@ -130,7 +132,7 @@ async def test_a_burst_of_503s_with_the_same_retry_after_keeps_99_percent_succes
 ) -> None:
     """#29.3: 30% of answers on both providers are 503 with ``Retry-After: 1``, 16 clients at once,
     every default. Retries the configured policy allows must not be refused by the retry budget
-    because a burst of them is in flight (96-98% success before its per-request floor)."""
+    because a burst of them is in flight (96-98% success before its per-target floor)."""
     url, fake = chaos
     fake.set_fault_mix("m-a", FaultMix(((UNAVAILABLE_RETRY_AFTER, 0.3),), seed=SEED))
     fake.set_fault_mix("m-b", FaultMix(((UNAVAILABLE_RETRY_AFTER, 0.3),), seed=SEED + 1))
@@ -150,7 +152,7 @@ async def test_a_provider_failing_every_request_is_skipped_within_min_requests_c
     dead_calls = fake.count("/v1/chat/completions", model="m-a")
     print("\n" + result.report("provider a answers 503 to everything") + f"; a called {dead_calls} times")
     assert result.success_rate == 1.0, result.report("")
-    # min_requests outcomes open the breaker (retries included: the budget's per-request floor adds
+    # min_requests outcomes open the breaker (retries included: the budget's per-target floor adds
     # none past it); only tries already sent when it opens, one per other client at most, may follow.
     assert dead_calls <= MIN_REQUESTS + CONCURRENCY - 1, dead_calls
     assert result.transitions == 1, result.report("")

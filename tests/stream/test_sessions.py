@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from proxy.stream.chunks import delta_chunk, final_chunk
-from proxy.stream.sessions import SessionHub, client_hash, is_session_id
+from proxy.stream.sessions import MirrorGap, SessionHub, client_hash, is_session_id
 from tests.support.redis_server import redis_url, server_pid
 
 REDIS_DB = 12
@@ -203,3 +203,32 @@ async def test_a_redis_copy_with_a_gap_is_not_found_on_another_replica(
         await replica.aclose()
         await store.flushdb()
         await store.aclose()
+
+
+async def test_a_follower_on_another_replica_stops_when_the_mirror_is_lost() -> None:
+    """A replica replaying a live session's copy when a write of it fails (the copy is deleted)
+    stops with ``MirrorGap`` (the client gets E2010, and its retry a new stream) instead of
+    waiting a TTL for chunks that will never come or reading a later copy with a hole."""
+    url = redis_url(REDIS_DB)
+    store = aioredis.Redis.from_url(url)
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    session = producer.create("sk-a", "m")
+    for seq in (1, 2):
+        session.append(delta_chunk(seq, "data.rationale", "x", "x" * seq))
+    events_key = f"cogproxy:stream:{session.id}:events"
+    await _until(lambda: _equals(store.llen(events_key), 2), "two chunks mirrored")
+    found = await replica.find(session.id)
+    assert found is not None
+    events, done = await found.source.read(0, 0.5)
+    assert len(events) == 2 and not done
+    session.mirror_lost = True  # as a failed write leaves it
+    session.append(delta_chunk(3, "data.rationale", "x", "xxx"))
+    await _until(lambda: _equals(store.exists(events_key), 0), "the copy deleted")
+    with pytest.raises(MirrorGap):
+        await found.source.read(2, 0.5)
+    assert await replica.find(session.id) is None
+    for hub in (producer, replica):
+        await hub.aclose()
+    await store.flushdb()
+    await store.aclose()

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,14 @@ import yaml
 from tests.api.test_modules import REVIEW_INPUT
 from tests.api.test_streaming import RATIONALE, answer
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    ServedProcess,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+)
 from tests.stream.client import read_sse, rendered, seq, sequenced
 from tests.support.redis_server import redis_url, server_pid
 
@@ -60,18 +68,25 @@ def _clean_redis() -> None:
         client.close()
 
 
+@asynccontextmanager
+async def _replicas(fake: FakeUpstream, tmp_path: Path) -> AsyncIterator[tuple[ServedProcess, ServedProcess]]:
+    """Two ``cogproxy serve`` replicas sharing the suite's Redis, in front of ``fake`` (which streams
+    the long rationale), their stream keys cleaned first."""
+    _clean_redis()
+    fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(fake)))
+    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+    async with proxy_process(*args, env=env) as one, proxy_process(*args, env=env) as two:
+        yield one, two
+
+
 async def test_a_drop_after_seq_n_resumes_on_another_replica_with_the_same_final(
     slow_fake: FakeUpstream, tmp_path: Path
 ) -> None:
-    _clean_redis()
-    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(upstream_policy(slow_fake)))
-    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
-    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
     async with (
-        proxy_process(*args, env=env) as one,
-        proxy_process(*args, env=env) as two,
+        _replicas(slow_fake, tmp_path) as (one, two),
         aiohttp.ClientSession() as session,
     ):
         async with await _post(session, _execute_url(one.url), SSE) as whole:
@@ -318,7 +333,7 @@ def _half_written_sessions() -> list[str]:
         client.close()
 
 
-async def _logged(served: Any, event: str) -> bool:
+async def _logged(served: ServedProcess, event: str) -> bool:
     return event in served.stdout.text() + served.stderr.text()
 
 
@@ -329,15 +344,8 @@ async def test_a_redis_freeze_mid_stream_never_leaves_a_partial_session_marked_d
     streams a module answer, until its mirror reports a failed write, then resumed. Recovery on
     replica two then gets the rest of the same answer, a new whole stream, or an E2010 error chunk;
     never a partial one ending as if complete, and Redis holds no half-written session marked done."""
-    _clean_redis()
-    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(upstream_policy(slow_fake)))
-    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
-    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
     async with (
-        proxy_process(*args, env=env) as one,
-        proxy_process(*args, env=env) as two,
+        _replicas(slow_fake, tmp_path) as (one, two),
         aiohttp.ClientSession() as session,
     ):
         dropped = await _post(session, _execute_url(one.url), SSE)

@@ -4,32 +4,18 @@ key names are credentials, how deep a value is walked and how many key verdicts 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from proxy import redact
 from proxy.redact import REDACTED, is_secret_key, redact_text, scrub
+from tests.support.nesting import leaf_of, nested
 
 KEY = "sk-" + "a" * 24
 
 
 class Text(str):
     """A ``str`` subclass, as a library may hand one over."""
-
-
-def nested(levels: int, leaf: Any) -> Any:
-    """``leaf`` under ``levels`` dicts: it is walked at depth ``levels``."""
-    value = leaf
-    for _ in range(levels):
-        value = {"a": value}
-    return value
-
-
-def leaf_of(value: Any) -> Any:
-    while isinstance(value, dict):
-        value = value["a"]
-    return value
 
 
 @pytest.mark.parametrize(

@@ -25,11 +25,18 @@ async def closed(store: MemoryBreakerStore, policy: BreakerPolicy, *failed: bool
     return state
 
 
-async def opened(store: MemoryBreakerStore, policy: BreakerPolicy = RATE, now: float = 0.0) -> BreakerState:
+async def trial(
+    store: MemoryBreakerStore, policy: BreakerPolicy, epoch: int, failed: bool, now: float
+) -> BreakerState:
+    return await store.record(T, Outcome(epoch, True, failed), now, policy)
+
+
+async def opened(policy: BreakerPolicy = RATE, store: MemoryBreakerStore | None = None) -> MemoryBreakerStore:
+    """A store whose target the policy has just opened at 0.0 (epoch 1)."""
+    store = store or MemoryBreakerStore()
     failures = max(policy.min_requests, policy.consecutive_failures or 0)
-    state = await closed(store, policy, *[True] * failures, now=now)
-    assert state == BreakerState(1, now + policy.open_s)
-    return state
+    assert await closed(store, policy, *[True] * failures) == BreakerState(1, policy.open_s)
+    return store
 
 
 async def test_an_unknown_target_is_closed_at_epoch_zero() -> None:
@@ -85,34 +92,31 @@ async def test_outcomes_of_another_epoch_or_out_of_place_trials_move_nothing() -
     store = MemoryBreakerStore()
     policy = BreakerPolicy(failure_rate=0.5, min_requests=1, open_s=5.0)
     assert await store.record(T, Outcome(3, False, True), 0.0, policy) == BreakerState()  # stale epoch
-    assert await store.record(T, Outcome(0, True, True), 0.0, policy) == BreakerState()  # closed: a trial
+    assert await trial(store, policy, 0, True, 0.0) == BreakerState()  # closed: a trial
     assert await store.record(T, Outcome(0, False, True), 1.0, policy) == BreakerState(1, 6.0)
     assert await store.record(T, Outcome(1, False, True), 7.0, policy) == BreakerState(1, 6.0)  # not a trial
     assert await store.record(T, Outcome(1, False, False), 7.0, policy) == BreakerState(1, 6.0)
-    assert await store.record(T, Outcome(0, True, False), 7.0, policy) == BreakerState(1, 6.0)  # old epoch
+    assert await trial(store, policy, 0, False, 7.0) == BreakerState(1, 6.0)  # old epoch
 
 
 async def test_a_failed_trial_reopens_from_now_in_a_new_epoch() -> None:
-    store = MemoryBreakerStore()
-    await opened(store)
-    assert await store.record(T, Outcome(1, True, True), 9.0, RATE) == BreakerState(2, 14.0)
+    store = await opened()
+    assert await trial(store, RATE, 1, True, 9.0) == BreakerState(2, 14.0)
 
 
 async def test_all_half_open_requests_must_succeed_to_close() -> None:
     policy = BreakerPolicy(failure_rate=0.5, min_requests=4, open_s=5.0, half_open_requests=2)
-    store = MemoryBreakerStore()
-    await opened(store, policy)
-    assert await store.record(T, Outcome(1, True, False), 6.0, policy) == BreakerState(1, 5.0)
-    assert await store.record(T, Outcome(1, True, True), 6.0, policy) == BreakerState(2, 11.0)
-    assert await store.record(T, Outcome(2, True, False), 12.0, policy) == BreakerState(2, 11.0)  # 1 of 2
-    assert await store.record(T, Outcome(2, True, False), 12.0, policy) == BreakerState(2, 0.0)
+    store = await opened(policy)
+    assert await trial(store, policy, 1, False, 6.0) == BreakerState(1, 5.0)
+    assert await trial(store, policy, 1, True, 6.0) == BreakerState(2, 11.0)
+    assert await trial(store, policy, 2, False, 12.0) == BreakerState(2, 11.0)  # 1 of 2
+    assert await trial(store, policy, 2, False, 12.0) == BreakerState(2, 0.0)
 
 
 async def test_closing_starts_the_counts_afresh() -> None:
     policy = BreakerPolicy(failure_rate=0.5, min_requests=4, open_s=5.0, consecutive_failures=2)
-    store = MemoryBreakerStore()
-    await opened(store, policy)
-    assert await store.record(T, Outcome(1, True, False), 6.0, policy) == BreakerState(1, 0.0)
+    store = await opened(policy)
+    assert await trial(store, policy, 1, False, 6.0) == BreakerState(1, 0.0)
     assert await closed(store, policy, True, now=7.0, epoch=1) == BreakerState(1, 0.0)  # streak of 1, 1 of 1
     assert await closed(store, policy, False, now=7.0, epoch=1) == BreakerState(1, 0.0)
     assert await closed(store, policy, True, now=7.0, epoch=1) == BreakerState(1, 0.0)  # 2 of 3, streak 1
@@ -121,7 +125,7 @@ async def test_closing_starts_the_counts_afresh() -> None:
 async def test_a_trial_is_handed_out_once_the_open_period_ends() -> None:
     store = MemoryBreakerStore()
     assert not await store.try_trial(T, 0, 100.0, 10.0, 1)  # closed: no trial
-    await opened(store)
+    await opened(store=store)
     assert not await store.try_trial(T, 0, 5.0, 10.0, 1)  # an old epoch
     assert not await store.try_trial(T, 1, 4.99, 10.0, 1)  # still open
     assert await store.try_trial(T, 1, 5.0, 10.0, 1)
@@ -131,22 +135,19 @@ async def test_a_trial_is_handed_out_once_the_open_period_ends() -> None:
 
 @pytest.mark.parametrize("slots", [1, 2, 3])
 async def test_trials_are_limited_to_the_slots(slots: int) -> None:
-    store = MemoryBreakerStore()
-    await opened(store)
+    store = await opened()
     granted = [await store.try_trial(T, 1, 6.0, 10.0, slots) for _ in range(slots + 2)]
     assert granted == [True] * slots + [False, False]
 
 
 async def test_reopening_releases_the_trial_slots() -> None:
-    store = MemoryBreakerStore()
-    await opened(store)
+    store = await opened()
     assert await store.try_trial(T, 1, 5.0, 100.0, 1)
-    await store.record(T, Outcome(1, True, True), 6.0, RATE)
+    await trial(store, RATE, 1, True, 6.0)
     assert await store.try_trial(T, 2, 11.0, 100.0, 1)
 
 
 async def test_targets_are_kept_apart() -> None:
-    store = MemoryBreakerStore()
-    await opened(store)
+    store = await opened()
     assert await store.state("q/m") == BreakerState()
     assert await closed(store, RATE, True, True) == BreakerState(1, 5.0)  # the open one ignores epoch 0

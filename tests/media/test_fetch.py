@@ -18,7 +18,15 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.media.cache import ClientCache, Fetched, MediaCache
-from proxy.media.fetch import MAX_URL_CHARS, fetch, host_allowed, is_trusted, trusted_entry, vet
+from proxy.media.fetch import (
+    MAX_URL_CHARS,
+    PinnedResolver,
+    fetch,
+    host_allowed,
+    is_trusted,
+    trusted_entry,
+    vet,
+)
 from proxy.media.types import MediaError
 from proxy.policy.model import MediaPolicy
 
@@ -34,7 +42,7 @@ class Origin:
     seen: list[dict[str, str]] = field(default_factory=list)
 
     def settings(self, **overrides: Any) -> MediaPolicy:
-        return MediaPolicy(**{"allow_http": True, "trusted_hosts": (f"127.0.0.1:{self.port}",), **overrides})
+        return MediaPolicy(**{"allow_http": True, "trusted_hosts": (f"localhost:{self.port}",), **overrides})
 
 
 def _routes(seen: list[dict[str, str]], stall: asyncio.Event) -> web.Application:
@@ -62,7 +70,7 @@ def _routes(seen: list[dict[str, str]], stall: asyncio.Event) -> web.Application
             "identity": web.Response(body=BODY, headers={"Content-Encoding": "IDENTITY"}),
             "untyped": web.Response(body=BODY),
             "elsewhere": web.Response(
-                status=302, headers={"Location": f"http://localhost:{request.url.port}/image.png"}
+                status=302, headers={"Location": f"http://127.0.0.1:{request.url.port}/image.png"}
             ),
         }
         return answers[name]
@@ -99,7 +107,7 @@ async def origin() -> AsyncIterator[Origin]:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
     try:
-        yield Origin(f"http://127.0.0.1:{port}", port, seen)
+        yield Origin(f"http://localhost:{port}", port, seen)  # a name: the pinned resolver answers it
     finally:
         stall.set()
         await runner.cleanup()
@@ -196,6 +204,11 @@ async def test_a_host_off_the_allow_list_is_refused_before_its_lookup() -> None:
         ("[::1]:8081", ("::1", (8081,))),
         ("[::1]", ("::1", (80, 443))),  # the last colon is inside the brackets
         ("[fd00::1]", ("fd00::1", (80, 443))),
+        ("Assets.Internal.", ("assets.internal", (80, 443))),
+        ("[fd00::8080", ("fd00::8080", (80, 443))),  # an unclosed bracket: no port is read
+        ("2130706433", ("2130706433", (80, 443))),  # digits alone are a name, not a port
+        ("XBOX:8080", ("xbox", (8080,))),
+        ("MAILBOX", ("mailbox", (80, 443))),
     ],
 )
 def test_a_trusted_entry_is_a_host_and_its_ports(entry: str, parsed: tuple[str, tuple[int, ...]]) -> None:
@@ -204,6 +217,8 @@ def test_a_trusted_entry_is_a_host_and_its_ports(entry: str, parsed: tuple[str, 
 
 def test_is_trusted_strips_brackets_and_the_root_dot() -> None:
     assert is_trusted("[::1]", 8081, ("[::1]:8081",)) is True
+    assert is_trusted("XBOX", 443, ("xbox",)) is True and is_trusted("MAILBOX.", 80, ("mailbox",)) is True
+    assert host_allowed("XBOX.EXAMPLE.", ("xbox.example",)) and host_allowed("MAILBOX", ("mailbox",))
     assert is_trusted("Assets.Internal.", 443, ("assets.internal",)) is True
     assert is_trusted("assets.internal", 8443, ("assets.internal",)) is False
 
@@ -243,10 +258,10 @@ async def test_a_name_that_cannot_be_resolved_is_refused() -> None:
 
 
 async def test_a_trusted_host_passes_with_its_addresses(origin: Origin) -> None:
-    assert await vet(URL(f"{origin.base}/a.png"), origin.settings()) == (
-        "127.0.0.1",
-        [(socket.AF_INET, "127.0.0.1")],
-    )
+    host, addresses = await vet(URL(f"{origin.base}/a.png"), origin.settings())
+    assert host == "localhost" and (socket.AF_INET, "127.0.0.1") in addresses
+    assert {family for family, _ in addresses} <= {socket.AF_INET, socket.AF_INET6}
+    assert len(set(addresses)) == len(addresses)  # one stream address each, not one per socket type
 
 
 # --- fetch: the URL text, the deadline and the cache ----------------------------------------------
@@ -311,11 +326,40 @@ async def test_a_hit_whose_redirect_hop_is_no_longer_allowed_is_dropped(origin: 
     cache = ClientCache(MediaCache(1 << 20, 300), "alice")
     url = f"{origin.base}/hop/1"
     await get(url, origin.settings(), cache=cache)
-    other = f"http://localhost:{origin.port}/image.png"
+    other = f"http://127.0.0.1:{origin.port}/image.png"
     cache.put(url, Fetched(other, BODY, "image/png", None, (url, other)))
     error = await refused(lambda: get(url, origin.settings(), cache=cache))
     assert error.details["url"] == other and "Loopback" in error.details["reason"]
     assert cache.get(url) is None
+
+
+async def test_the_connection_goes_to_the_vetted_addresses_only() -> None:
+    """The DNS-rebinding pin: the session's resolver answers from the vet's list, never from DNS."""
+    resolver = PinnedResolver()
+    with pytest.raises(OSError, match=r"^localhost was not vetted for this fetch$"):
+        await resolver.resolve("localhost", 80)
+    resolver.vetted["localhost"] = [(socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")]
+    assert await resolver.resolve("localhost", 8080, socket.AF_UNSPEC) == [
+        {"hostname": "localhost", "host": "::1", "port": 8080, "family": socket.AF_INET6, "proto": 0,
+         "flags": socket.AI_NUMERICHOST},
+        {"hostname": "localhost", "host": "127.0.0.1", "port": 8080, "family": socket.AF_INET, "proto": 0,
+         "flags": socket.AI_NUMERICHOST},
+    ]  # fmt: skip
+    resolver.vetted["empty"] = []
+    with pytest.raises(OSError, match="not vetted"):
+        await resolver.resolve("empty", 80)
+    await resolver.close()
+
+
+async def test_the_environment_proxy_is_not_used(origin: Origin, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:  # a proxy address nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{dead}")
+    assert (await get(f"{origin.base}/image.png", origin.settings())).data == BODY
 
 
 # --- following redirects ----------------------------------------------------------------------------
@@ -379,8 +423,9 @@ async def test_an_answer_other_than_a_plain_200_is_refused(
 
 
 async def test_a_location_that_is_not_a_url_is_refused(origin: Origin) -> None:
-    error = await refused(lambda: get(f"{origin.base}/fixed/bad-location", origin.settings()))
-    assert error.details["reason"].startswith("bad redirect Location: ")
+    url = f"{origin.base}/fixed/bad-location"
+    error = await refused(lambda: get(url, origin.settings()))
+    assert error.details["reason"].startswith("bad redirect Location: ") and error.details["url"] == url
 
 
 async def test_an_identity_encoding_in_any_case_is_read(origin: Origin) -> None:
@@ -401,7 +446,7 @@ async def test_an_untyped_body_is_capped_with_no_content_type(origin: Origin) ->
 
 async def test_a_redirect_to_an_untrusted_host_is_refused_before_it_is_asked(origin: Origin) -> None:
     error = await refused(lambda: get(f"{origin.base}/fixed/elsewhere", origin.settings()))
-    assert error.details["url"] == f"http://localhost:{origin.port}/image.png"
+    assert error.details["url"] == f"http://127.0.0.1:{origin.port}/image.png"
     assert "Loopback" in error.details["reason"]
     assert origin.seen == []  # the image handler was never asked
 
@@ -411,17 +456,17 @@ async def test_a_redirect_to_an_untrusted_host_is_refused_before_it_is_asked(ori
 
 async def test_a_declared_length_over_the_cap_is_refused_before_reading(origin: Origin) -> None:
     budget = Budget(cap=len(BODY) - 1)
-    url = f"{origin.base}/image.png"
+    url = f"{origin.base}/image.png?pad={'p' * 300}"  # the message quotes its first 200 characters
     error = await refused(lambda: get(url, origin.settings(), budget), "E1011")
     assert error.details == {"size_bytes": len(BODY), "max_bytes": len(BODY) - 1}
-    assert error.message == f"{url} is {len(BODY)} bytes (Content-Length); the limit is {len(BODY) - 1}"
+    assert error.message == f"{url[:200]} is {len(BODY)} bytes (Content-Length); the limit is {len(BODY) - 1}"
     assert budget.chunks == [] and budget.types == ["image/png"]
     assert (await get(url, origin.settings(), Budget(cap=len(BODY)))).data == BODY  # at the cap: read
 
 
 @pytest.mark.parametrize("size", [10_000, 600_000])
 async def test_a_streamed_body_is_stopped_as_it_passes_the_cap(origin: Origin, size: int) -> None:
-    url = f"{origin.base}/chunked/{size}"
+    url = f"{origin.base}/chunked/{size}?pad={'p' * 300}"
     budget = Budget(cap=size)
     got = await get(url, origin.settings(), budget)
     assert got.data == b"x" * size and sum(budget.chunks) == size
@@ -429,5 +474,5 @@ async def test_a_streamed_body_is_stopped_as_it_passes_the_cap(origin: Origin, s
     over = Budget(cap=size - 1)
     error = await refused(lambda: get(url, origin.settings(), over), "E1011")
     assert error.details == {"max_bytes": size - 1}
-    assert error.message == f"{url} is larger than the limit of {size - 1} bytes (stopped reading)"
+    assert error.message == f"{url[:200]} is larger than the limit of {size - 1} bytes (stopped reading)"
     assert sum(over.chunks) < size

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
-.PHONY: run test test-fast lint install redis-server doc-tools node-clients conformance bench mutation clean
+.PHONY: run test test-fast lint install redis-server doc-tools node-clients conformance bench mutation dashboard-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,15 @@ mutation: install redis-server
 bench: install redis-server
 	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get install -y -qq wrk; }
 	$(BIN)/python tests/perf/bench.py
+
+## dashboard-pictures: docs/images/dashboard-*.png, each Grafana dashboard's panels drawn (matplotlib) from a
+## real Prometheus (Debian's `prometheus`, installed here when missing) scraping ~100 s of load on the proxy
+dashboard-pictures: install
+	@command -v prometheus >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }); } || \
+		{ echo "prometheus is missing: apt-get install -y --no-install-recommends prometheus"; exit 1; }
+	$(BIN)/python -m tests.pictures
 
 conformance: install
 	$(BIN)/cogproxy conformance

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from proxy.context import cache
 from proxy.context.step import ContextCall, Prepared, emit, prepare
+from proxy.context.used import CONTEXT_HEADER, ContextUsed
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
@@ -201,6 +202,8 @@ class ModuleAnswer:
     """A composite's step answers (composition, ``@call``), in the order they ran."""
     stripped_tools: tuple[str, ...] = ()
     """Client tools the module's ``tools`` policy kept out of the provider request."""
+    context: ContextUsed | None = None
+    """The context types the model was shown and their sources (None: the call stopped before)."""
 
     @property
     def status(self) -> int:
@@ -223,7 +226,7 @@ class ModuleAnswer:
     def cognitive(self) -> dict[str, Any]:
         """The ``cognitive`` block (docs/http-api.md, *Module mode over chat*); a composite's
         steps nest in its attempts."""
-        return {
+        block = {
             "module": self.module.name,
             "tier": self.module.tier,
             "decision": self.decision,
@@ -232,6 +235,9 @@ class ModuleAnswer:
             + [{"step": s.name, **s.answer.cognitive()} for s in self.steps],
             "cost": {**self.cost.as_dict(), "downgraded": self.downgraded},
         }
+        if self.context is not None:
+            block["context"] = self.context.as_list()
+        return block
 
     @property
     def answered_by(self) -> str:
@@ -270,6 +276,8 @@ class ModuleAnswer:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         if self.cache is not None:
             headers[CACHE_HEADER] = self.cache
+        if self.context is not None:
+            headers[CONTEXT_HEADER] = self.context.header()
         return headers
 
 
@@ -569,12 +577,12 @@ async def run_module(call: Call) -> ModuleAnswer:
     error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
-        return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
+        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     refused = unsupported(policy, media, policy.start_rung(thresholds))
     if refused is not None:
         answer = ModuleAnswer(module, refused, "reject", Origin.RUNTIME)
-        return _finish(_with_warnings(answer, prepared.warnings), started, call.trace_id)
+        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
     rule = cache.rule_for(policy, module) if call.context is not None and prepared.identity else None
     key = version = ""
     state: str | None = None
@@ -622,9 +630,15 @@ async def _checked_input(
     return (found, ()) if isinstance(found, dict) else (None, found)
 
 
-def _with_warnings(answer: ModuleAnswer, warnings: list[str]) -> ModuleAnswer:
-    if warnings:
-        answer.envelope["_warnings"] = list(warnings)
+def _with_prepared(
+    answer: ModuleAnswer, prepared: Prepared, warnings: list[str] | None = None
+) -> ModuleAnswer:
+    """The answer with what the context step found: its warnings (and ``warnings``) and the
+    context used."""
+    answer = replace(answer, context=prepared.used)
+    every = prepared.warnings + (warnings or [])
+    if every:
+        answer.envelope["_warnings"] = every
     return answer
 
 
@@ -639,7 +653,7 @@ async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleA
         if emitted:
             envelope["_emitted_context"] = emitted
     answer = replace(answer, envelope=envelope, redacted=tuple(prepared.redacted))
-    return _with_warnings(answer, prepared.warnings + warnings)
+    return _with_prepared(answer, prepared, warnings)
 
 
 Asked = Routed[tuple[dict[str, Any], str]]

@@ -22,6 +22,7 @@ from tests.fake_upstream import fake_upstream as fake_upstream
 from tests.paths import MODULES as MODULES
 from tests.paths import ROOT as ROOT
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.support.redis_db import redis_db as redis_db
 
 VECTORS = OFFICIAL_VECTORS
 

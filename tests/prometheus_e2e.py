@@ -24,6 +24,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from tests.support.polling import settled
+
 JOB = "cognitive-proxy"
 
 
@@ -78,14 +80,17 @@ class PrometheusServer:
 
     async def wait_until_up(self, timeout: float = 15.0) -> None:
         """Until every scrape target has been scraped successfully (health "up")."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        targets: list[dict[str, Any]] = []
-        while loop.time() < deadline:
-            targets = (await self.api("targets"))["activeTargets"]
-            if targets and all(t["health"] == "up" for t in targets):
-                return
-            await asyncio.sleep(0.2)
+
+        async def active() -> list[dict[str, Any]]:
+            targets: list[dict[str, Any]] = (await self.api("targets"))["activeTargets"]
+            return targets
+
+        def up(targets: list[dict[str, Any]]) -> bool:
+            return bool(targets) and all(t["health"] == "up" for t in targets)
+
+        targets = await settled(active, ready=up, timeout=timeout, step=0.2)
+        if up(targets):
+            return
         states = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in targets]
         raise PrometheusError(f"targets never came up: {states}\n{self.log_tail()}")
 
@@ -148,15 +153,14 @@ async def run_prometheus(
 
 
 async def _wait_ready(server: PrometheusServer, timeout: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
+    async def ready() -> bool:
         server._check_alive()
         try:
             async with server.session.get(server.url + "/-/ready") as resp:
-                if resp.status == 200:
-                    return
+                return resp.status == 200
         except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
+            return False
+
+    if await settled(ready, timeout=timeout, step=0.1):
+        return
     raise PrometheusError(f"prometheus not ready after {timeout} s:\n{server.log_tail()}")

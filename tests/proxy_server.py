@@ -30,6 +30,7 @@ from proxy.server import SERVER_OPTIONS
 from proxy.settings import Settings
 from tests.fake_upstream import FakeUpstream
 from tests.paths import MODULES
+from tests.support.polling import eventually
 
 UPSTREAM_KEY = "sk-upstream-secret"
 UPSTREAM_KEY_ENV = "COGPROXY_TEST_UPSTREAM_KEY"
@@ -150,21 +151,35 @@ class Drain:
         self._thread.join(timeout)
 
 
+READY_TIMEOUT_S = 30.0
+"""How long a started ``cogproxy serve`` may take to answer /readyz: seconds on a loaded machine."""
+
+
+class _Exited(Exception):
+    """The process being waited for exited."""
+
+
 async def wait_ready(url: str, proc: subprocess.Popen[str], *drains: Drain) -> None:
     """Poll /readyz until the process serves; fail with its output (``drains``) if it exits first."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(200):
+
+        async def serving() -> bool:
             if proc.poll() is not None:
-                for drain in drains:
-                    await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
-                raise AssertionError(f"serve exited {proc.returncode}: {[d.text() for d in drains]}")
-            try:
-                if (await session.get(url + "/readyz")).status == 200:
-                    return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("proxy never became ready")
+                raise _Exited
+            async with session.get(url + "/readyz") as resp:
+                return resp.status == 200
+
+        try:
+            await eventually(
+                serving,
+                "the proxy ready (/readyz 200)",
+                timeout=READY_TIMEOUT_S,
+                ignore=(aiohttp.ClientError,),
+            )
+        except _Exited:
+            for drain in drains:
+                await asyncio.to_thread(drain.join, PIPE_CLOSE_S)
+            raise AssertionError(f"serve exited {proc.returncode}: {[d.text() for d in drains]}") from None
 
 
 @dataclass

@@ -8,16 +8,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 import yaml
 
 from proxy.policy.loader import parse_policy
 from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
 from tests.policy.test_loader import MINIMAL
 from tests.prometheus_e2e import free_port
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -38,41 +37,37 @@ async def judged_module() -> AsyncIterator[str]:
     """400 judged answers of p/m (right with probability confidence - 0.3) under a unique module
     name in Redis; its keys are deleted afterwards."""
     module = f"calib-{uuid.uuid4().hex[:8]}"
-    rng = random.Random(3)
-    store = RedisFeedbackStore(REDIS_URL)
-    store.start()
-    for i in range(400):
-        c = round(rng.uniform(0.5, 1.0), 4)
-        correct = rng.random() < c - 0.3
-        store.remember(
-            AnswerRecord(
-                f"{module}-{i}",
-                module,
-                "exec",
-                "fast",
-                "p",
-                "m",
-                c,
-                c,
-                "low",
-                "accept",
-                0.9,
-                0.0,
-                4e9,
-                verdict="correct" if correct else "incorrect",
-                score=float(correct),
-                verdicts=1,
-            ),
-            1000,
-        )
-    await store.flush()
-    await store.aclose()
-    yield module
-    client: Any = aioredis.Redis.from_url(REDIS_URL)
-    keys = [k async for k in client.scan_iter(match=f"{KEY_PREFIX}{module}-*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    async with fresh_db(15, match=f"{KEY_PREFIX}{module}-*"):  # its answers go afterwards
+        rng = random.Random(3)
+        store = RedisFeedbackStore(REDIS_URL)
+        store.start()
+        for i in range(400):
+            c = round(rng.uniform(0.5, 1.0), 4)
+            correct = rng.random() < c - 0.3
+            store.remember(
+                AnswerRecord(
+                    f"{module}-{i}",
+                    module,
+                    "exec",
+                    "fast",
+                    "p",
+                    "m",
+                    c,
+                    c,
+                    "low",
+                    "accept",
+                    0.9,
+                    0.0,
+                    4e9,
+                    verdict="correct" if correct else "incorrect",
+                    score=float(correct),
+                    verdicts=1,
+                ),
+                1000,
+            )
+        await store.flush()
+        await store.aclose()
+        yield module
 
 
 def test_report_from_redis(judged_module: str) -> None:

@@ -26,6 +26,7 @@ from tests.fake_upstream import (
     embedding_vector,
 )
 from tests.fake_upstream import fake_upstream as fake_upstream  # the fixture, re-exported
+from tests.support.polling import until
 
 ANTHROPIC_HEADERS = {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01"}
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello to the proxy"}]
@@ -159,8 +160,7 @@ async def test_slow_reply_answers_normally_after_the_delay(fake_upstream: FakeUp
     fake_upstream.script("m", Fault.slow(0.2, content="late"))
     async with client(fake_upstream) as sdk:
         task = asyncio.create_task(sdk.chat.completions.create(model="m", messages=MESSAGES))
-        while not fake_upstream.in_flight and not task.done():  # pytest-timeout bounds the wait
-            await asyncio.sleep(0.01)
+        await until(lambda: fake_upstream.in_flight or task.done(), "the reply held", step=0.01)
         assert fake_upstream.in_flight == 1, "the reply is held for its delay"
         completion = await task
     assert completion.choices[0].message.content == "late"
@@ -362,10 +362,7 @@ async def test_client_disconnect_mid_stream_counts_as_cancelled() -> None:
             await resp.content.readline()
             assert fake.in_flight == 1
             resp.close()
-        for _ in range(100):
-            if fake.cancelled:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: fake.cancelled, "the streamed reply cancelled", step=0.02)
         assert fake.cancelled == 1
         assert fake.in_flight == 0
 
@@ -527,16 +524,10 @@ async def test_upload_aborted_by_the_client_counts_as_cancelled(fake_upstream: F
     )
     writer.write(head.encode() + b"x" * 5000)
     await writer.drain()
-    for _ in range(100):
-        if fake_upstream.in_flight:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: fake_upstream.in_flight, "the upload in flight", step=0.01)
     writer.close()
     await writer.wait_closed()
-    for _ in range(100):
-        if not fake_upstream.in_flight:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: not fake_upstream.in_flight, "the aborted upload finished", step=0.01)
     assert (fake_upstream.in_flight, fake_upstream.cancelled) == (0, 1)
     (recorded,) = fake_upstream.requests
     assert recorded.json["aborted"] is True  # with whatever had been read when the connection was lost

@@ -13,7 +13,6 @@ fixture when missing (the tests fail, never skip, when it cannot be installed).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.prometheus_e2e import PrometheusError, PrometheusServer, run_prometheus
 from tests.proxy_server import RunningProxy
+from tests.support.polling import eventually, has, settled
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"
@@ -196,14 +196,9 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[Query]:
     ]
 
 
-def substitute(expr: str, rate_interval: str) -> str:
-    """Grafana variables -> valid PromQL (all values selected, fixed intervals)."""
-    values = {
-        "__rate_interval": rate_interval,
-        "__interval": "1m",
-        "datasource": "",
-        **dict.fromkeys(TEMPLATE_VARIABLES, ".*"),
-    }
+def fill_variables(expr: str, values: dict[str, str]) -> str:
+    """``expr`` with each Grafana variable (``$name``, ``${name}``, ``${name:format}``) replaced
+    by its value; AssertionError naming one that ``values`` lacks."""
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
@@ -212,6 +207,17 @@ def substitute(expr: str, rate_interval: str) -> str:
         return values[name]
 
     return GRAFANA_VARIABLE.sub(replace, expr)
+
+
+def substitute(expr: str, rate_interval: str) -> str:
+    """Grafana variables -> valid PromQL (all values selected, fixed intervals)."""
+    values = {
+        "__rate_interval": rate_interval,
+        "__interval": "1m",
+        "datasource": "",
+        **dict.fromkeys(TEMPLATE_VARIABLES, ".*"),
+    }
+    return fill_variables(expr, values)
 
 
 def base_metric(name: str) -> str:
@@ -509,20 +515,11 @@ async def proxy_metrics(session: aiohttp.ClientSession, px: RunningProxy) -> str
 
 
 async def wait_for_metric(session: aiohttp.ClientSession, px: RunningProxy, line: str) -> None:
-    for _ in range(100):
-        if line in await proxy_metrics(session, px):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the proxy never exported {line!r}")
+    await eventually(lambda: proxy_metrics(session, px), f"the proxy exporting {line!r}", ready=has(line))
 
 
 async def wait_for_query(prom: PrometheusServer, expr: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await prom.query(expr):
-        if loop.time() > deadline:
-            raise AssertionError(f"Prometheus never saw {expr}")
-        await asyncio.sleep(0.2)
+    await eventually(lambda: prom.query(expr), f"Prometheus seeing {expr}", timeout=timeout, step=0.2)
 
 
 async def execute(session: aiohttp.ClientSession, px: RunningProxy, module: str, data: dict[str, Any]) -> str:
@@ -744,12 +741,9 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(
             assert got["failover"] == "accept", got
             assert got["limited"] == "429,429" and first["limited"] == "200,429", (first, got)
             # Wait for a scrape after round two, and one rule evaluation.
-            deadline = asyncio.get_running_loop().time() + 15
-            while True:
-                outcome = await evaluate(prom, queries, dashboard)
-                if outcome.ok or asyncio.get_running_loop().time() > deadline:
-                    break
-                await asyncio.sleep(0.25)  # poll step: Prometheus scrapes every second
+            outcome = await settled(  # poll step: Prometheus scrapes every second
+                lambda: evaluate(prom, queries, dashboard), ready=lambda o: o.ok, timeout=15, step=0.25
+            )
             exported = {
                 base_metric(line.split("{")[0].split(" ")[0])
                 for line in (await proxy_metrics(session, px)).splitlines()

@@ -33,15 +33,16 @@ from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream
 from tests.prometheus_e2e import PrometheusServer, run_prometheus
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.support.polling import eventually
 from tests.test_grafana import (
     DS,
     GRAFANA,
-    GRAFANA_VARIABLE,
     METRIC_NAME,
     NEEDS_PROMETHEUS,
     SELECTOR,
     PrometheusTools,
     dashboard_queries,
+    fill_variables,
     patch_answer,
     prometheus_tools,
     promtool,
@@ -93,13 +94,7 @@ def load_dashboard() -> dict[str, Any]:
 
 def substitute(expr: str, window: str = "10m") -> str:
     values = {"__range": window, "__rate_interval": "1m", **dict.fromkeys(VARIABLES, ".*")}
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        assert name in values, f"unknown Grafana variable ${name} in {expr}"
-        return values[name]
-
-    return GRAFANA_VARIABLE.sub(replace, expr)
+    return fill_variables(expr, values)
 
 
 def base_metric(name: str) -> str:
@@ -307,11 +302,7 @@ async def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def wait_for(prom: PrometheusServer, expr: str, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await prom.query(expr):
-        assert loop.time() < deadline, f"Prometheus never saw {expr}"
-        await asyncio.sleep(0.2)
+    await eventually(lambda: prom.query(expr), f"Prometheus seeing {expr}", timeout=timeout, step=0.2)
 
 
 async def exec_tier_decisions(
@@ -424,11 +415,11 @@ async def wait_until_reloaded(
     session: aiohttp.ClientSession, px: RunningProxy, before: dict[tuple[str, ...], float]
 ) -> None:
     count = sum(before.values())
-    for _ in range(200):
+
+    async def reloads() -> float:
         async with session.get(px.url + "/metrics") as resp:
             text = await resp.text()
         match = re.search(r'^cognitive_policy_reloads_total\{result="ok"\} (\S+)$', text, re.M)
-        if match and float(match.group(1)) > count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the policy was never reloaded")
+        return float(match.group(1)) if match else 0.0
+
+    await eventually(reloads, "the policy reloaded", ready=lambda n: n > count, timeout=10)

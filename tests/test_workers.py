@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,16 @@ from tests.proxy_server import (
     proxy_process,
     upstream_policy,
 )
+from tests.support.polling import eventually
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
 WORKERS = ("--workers", "2")
 ENV = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-POLL_S = 0.05
 POLL_ROUNDS = 400
+POLL_TIMEOUT_S = 20.0
+"""Workers start, copy their gauges and reload on their own clocks: waited for up to 20 s."""
 """Fresh connections tried before giving up on seeing every worker: each lands on a worker the
 kernel picks by hashing the connection, so 400 misses in a row with two workers is ~2^-400."""
 
@@ -66,14 +67,15 @@ async def answered_by(url: str) -> int:
 async def worker_pids(url: str, count: int = 2, *, besides: frozenset[int] = frozenset()) -> set[int]:
     """Poll ``/readyz`` on new connections until ``count`` workers not in ``besides`` answered."""
     seen: set[int] = set()
-    for _ in range(POLL_ROUNDS):
+
+    async def answering() -> set[int]:
         with_pid = await answered_by(url)
         if with_pid not in besides:
             seen.add(with_pid)
-        if len(seen) == count:
-            return seen
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"only workers {seen} answered")
+        return seen
+
+    what = f"{count} workers answering /readyz"
+    return await eventually(answering, what, ready=lambda pids: len(pids) == count, timeout=POLL_TIMEOUT_S)
 
 
 def total(text: str, name: str, **labels: str) -> float:
@@ -94,20 +96,15 @@ async def scrape(url: str) -> str:
 async def reaches(url: str, expected: float, name: str, **labels: str) -> str:
     """Scrape until ``name`` (with ``labels``) totals ``expected`` (a request may be counted just
     after its answer left); the last scrape."""
-    for _ in range(POLL_ROUNDS):
+
+    async def counted() -> tuple[float, str]:
         text = await scrape(url)
-        if total(text, name, **labels) == expected:
-            return text
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"{name}{labels} is {total(text, name, **labels)}, never {expected}")
+        return total(text, name, **labels), text
 
-
-async def until(check: Callable[[], Awaitable[bool]], rounds: int = POLL_ROUNDS) -> None:
-    for _ in range(rounds):
-        if await check():
-            return
-        await asyncio.sleep(POLL_S)
-    raise AssertionError("condition never became true")
+    what = f"{name}{labels} totalling {expected}"
+    return (await eventually(counted, what, ready=lambda seen: seen[0] == expected, timeout=POLL_TIMEOUT_S))[
+        1
+    ]
 
 
 def running(pid: int) -> bool:
@@ -172,7 +169,8 @@ async def test_open_connections_are_summed_over_the_workers(tmp_path: Path) -> N
                 text = await scrape(f"http://127.0.0.1:{admin}")
                 return total(text, "cognitive_open_connections", listener="api") == len(held)
 
-            await until(counted)  # each worker copies its gauge into the shared files every second
+            # each worker copies its gauge into the shared files every second
+            await eventually(counted, "every held connection counted", timeout=POLL_TIMEOUT_S)
         finally:
             for sock in held:
                 sock.close()
@@ -243,7 +241,7 @@ async def test_sighup_reloads_every_worker(tmp_path: Path) -> None:
                 text = await scrape(served.url)
                 return total(text, "cognitive_policy_reloads_total", result="ok") == 2
 
-            await until(both_reloaded)
+            await eventually(both_reloaded, "both workers reloaded", timeout=POLL_TIMEOUT_S)
             for _ in range(10):
                 async with aiohttp.ClientSession() as session, session.get(served.url + "/v1/models") as resp:
                     assert "after-sighup" in [m["id"] for m in (await resp.json())["data"]]
@@ -262,7 +260,7 @@ async def test_sigterm_drains_every_worker_then_exits_zero_leaving_no_process(tm
                 async def in_flight() -> bool:
                     return fake.in_flight > 0
 
-                await until(in_flight)
+                await eventually(in_flight, "the call in flight upstream", timeout=POLL_TIMEOUT_S)
                 served.proc.send_signal(signal.SIGTERM)
                 resp = await pending
                 body = await resp.json()
@@ -281,7 +279,7 @@ async def test_workers_whose_parent_dies_drain_and_exit() -> None:
         async def gone() -> bool:
             return not any(running(pid) for pid in pids)
 
-        await until(gone)
+        await eventually(gone, "the orphaned workers gone", timeout=POLL_TIMEOUT_S)
 
 
 def test_a_bad_policy_is_refused_before_any_worker_starts(tmp_path: Path) -> None:

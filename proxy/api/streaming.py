@@ -37,7 +37,7 @@ from proxy.pipeline import ModuleAnswer
 from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
 from proxy.stream.emitter import ChunkEmitter
 from proxy.stream.fields import RATIONALE, streamable_fields
-from proxy.stream.sessions import Session, SessionHub, Source
+from proxy.stream.sessions import MirrorGap, Session, SessionHub, Source
 
 log = structlog.get_logger("proxy.api")
 
@@ -179,7 +179,7 @@ async def follow(
             return
         try:
             events, done = await source.read(position.index, min(heartbeat_s, remaining))
-        except (TimeoutError, OSError, ConnectionError) as exc:
+        except (TimeoutError, OSError, ConnectionError, MirrorGap) as exc:
             await _interrupted(write, framer, session_id, position, Code.STREAM_INTERRUPTED, str(exc)[:200])
             return
         except Exception as exc:  # a Redis error while following another replica's session

@@ -21,6 +21,7 @@ import orjson
 
 from proxy.context.identity import Identity, expand
 from proxy.context.store import ContextStore, ContextUnavailable
+from proxy.context.used import MESSAGES, SESSION_SOURCE, STORE_SOURCE, USER_SOURCE
 from proxy.module.context_spec import (
     CONVERSATION_HISTORY,
     DEFAULT_KEY_PATTERNS,
@@ -41,10 +42,20 @@ def result_key(identity: Identity, module: str) -> str | None:
     return None if identity.session_id is None else identity.key(identity.session_id, "result", module)
 
 
+def source_of(pattern: str) -> str:
+    """Whose key a stored type is read from (``X-Cognitive-Context``): the user's, the session's,
+    or another one of the client's."""
+    if "${user_id}" in pattern:
+        return USER_SOURCE
+    return SESSION_SOURCE if "${session_id}" in pattern else STORE_SOURCE
+
+
 @dataclass
 class Built:
     context: dict[str, Any] = field(default_factory=dict)
     unavailable: set[str] = field(default_factory=set)
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each type in ``context`` came from (``proxy.context.used``)."""
 
 
 def history_of(messages: Sequence[Mapping[str, Any]], max_turns: int | None) -> list[dict[str, str]]:
@@ -65,14 +76,18 @@ async def build(
         if accept.type == CONVERSATION_HISTORY:
             if history:
                 built.context[accept.type] = history_of(history, accept.max_turns)
+                built.sources[accept.type] = MESSAGES
         elif accept.type == PREVIOUS_RESULT:
             key = result_key(identity, accept.from_module or "")
             if key is not None:
                 reads[accept.type] = key
+                built.sources[accept.type] = SESSION_SOURCE
         else:
-            name = expand(stored_key(accept.type), identity, "", "")
+            pattern = stored_key(accept.type)
+            name = expand(pattern, identity, "", "")
             if name is not None:
                 reads[accept.type] = identity.key(name)
+                built.sources[accept.type] = source_of(pattern)
     if not reads:
         return built
     results = await asyncio.gather(*(store.get(k) for k in reads.values()), return_exceptions=True)

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import structlog
 
-from proxy.context.builder import build, merge, result_key
+from proxy.context.builder import Built, build, merge, result_key
 from proxy.context.check import check_context
 from proxy.context.identity import (
     CONTEXT_FIELD,
@@ -25,6 +25,7 @@ from proxy.context.identity import (
 )
 from proxy.context.sanitise import DEFAULT_MATCHER, MAX_CONTEXT_BYTES, NameMatcher, sanitise
 from proxy.context.store import ContextStore
+from proxy.context.used import ContextUsed, context_used
 from proxy.contract.errors import EXPLAIN_MAX, Code, error_envelope
 from proxy.jsonshape import deeper_than
 from proxy.module.context_spec import TTL_REQUEST
@@ -62,6 +63,8 @@ class Prepared:
     warnings: list[str] = field(default_factory=list)
     redacted: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
+    used: ContextUsed | None = None
+    """The context types the model is shown and their sources; None when ``_context`` was refused."""
 
 
 def _invalid(message: str, **details: Any) -> dict[str, Any]:
@@ -94,17 +97,17 @@ async def prepare(module: Module, value: Any, call: ContextCall | None) -> Prepa
     prepared.identity = identity
     if not module.context.declared and not client:
         prepared.input_hash = input_hash(bare) if call is not None else ""
+        prepared.used = ContextUsed()
         return prepared  # the common case: nothing to build, check or show
     built = (
         await build(module.context, identity, call.store, call.history)
         if call is not None and identity is not None
-        else None
+        else Built()
     )
-    merged = merge(built.context if built else {}, client)
-    checked = check_context(
-        module.context, merged, built.unavailable if built else set(), module.name, module.validators.context
-    )
+    merged = merge(built.context, client)
+    checked = check_context(module.context, merged, built.unavailable, module.name, module.validators.context)
     prepared.warnings = checked.warnings
+    prepared.used = context_used(checked.context, built.context, built.sources, client, built.unavailable)
     if checked.error is not None:
         prepared.error = checked.error
         return prepared

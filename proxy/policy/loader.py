@@ -136,6 +136,7 @@ def _failover(raw: dict[str, Any], source: str) -> Failover:
         budget=RetryBudget(
             float(budget.get("percent", defaults.budget.percent)),
             int(budget.get("min_concurrency", defaults.budget.min_concurrency)),
+            int(budget.get("min_per_target", defaults.budget.min_per_target)),
         ),
     )
 

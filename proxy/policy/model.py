@@ -126,10 +126,14 @@ class BreakerPolicy:
 @dataclass(frozen=True, slots=True)
 class RetryBudget:
     """Envoy-style: retries in flight may be at most ``percent`` of requests in flight, but
-    ``min_concurrency`` retries are always allowed."""
+    ``min_concurrency`` retries are always allowed; and a request's first ``min_per_target``
+    retries on each target are outside the shared budget, so a burst of failures cannot use it
+    up (#29.3)."""
 
     percent: float = 20.0
     min_concurrency: int = 3
+    min_per_target: int = 1
+    """Retries a request may make on each target whatever the shared budget holds (0: none)."""
 
 
 RetryOn = Literal["connect", "timeout", "429", "5xx", "malformed"]

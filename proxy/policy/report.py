@@ -40,7 +40,7 @@ def summary(policy: Policy) -> list[str]:
         f"failover: {f.retries} retries per target on {', '.join(sorted(f.retry_on))}; backoff "
         f"{f.backoff.base_ms:g}-{f.backoff.max_ms:g} ms; per try {f.timeouts.per_try_s:g}s, total "
         f"{f.timeouts.total_s:g}s; breaker {_breaker(f.breaker)}; retry budget {f.budget.percent:g}% "
-        f"(min {f.budget.min_concurrency})"
+        f"(min {f.budget.min_concurrency}; {f.budget.min_per_target} per target outside it)"
     )
     lines.append(f"review: {policy.review.sink}")
     routes = "".join(f"; {r.prefix} -> {', '.join(r.providers)}" for r in policy.passthrough.routes)

@@ -8,6 +8,11 @@ chunk is also appended, in order, to a Redis list with the same TTL by one write
 that lands on another replica replays that list and follows its tail by polling it every
 ``POLL_S`` (polling, not pub/sub: no connection held per follower, and a follower that starts
 late needs the list anyway).
+
+A mirror is whole or absent, never partial (#29.7): once one write of a session fails (a write
+that timed out may still run when Redis wakes up) the session is never written again, only
+deleted; each list entry carries its position and the done mark the number of entries, so a
+reader refuses a list with a gap or an end that does not add up instead of serving it.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ class Session:
     expires: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     on_event: Callable[[Session, Event | None], None] | None = None
+    mirror_lost: bool = False
+    """A write to the Redis mirror failed (or was dropped): it is deleted, never written again."""
 
     def append(self, chunk: dict[str, Any]) -> None:
         event: Event = (kind_of(chunk), retained(orjson.dumps(chunk)))
@@ -137,8 +144,13 @@ class Session:
         return value
 
 
+class MirrorGap(Exception):
+    """The Redis copy of a session is not whole (a write was lost): it is not served."""
+
+
 class RedisSource:
-    """A session another replica runs, read from Redis."""
+    """A session another replica runs, read from Redis; raises ``MirrorGap`` rather than serve a
+    copy with a hole, a foreign entry or a done mark that does not add up."""
 
     def __init__(self, redis: Any, session_id: str) -> None:
         self._redis = redis
@@ -148,10 +160,16 @@ class RedisSource:
     async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
         deadline = time.monotonic() + timeout
         while True:
-            done = await self._redis.hget(self._info, "done") == b"1"
+            client, done, count = await self._redis.hmget(self._info, ["client", "done", "count"])
             raw = await self._redis.lrange(self._events, index, -1)
-            if raw or done or time.monotonic() >= deadline:
-                return [_decode(item) for item in raw], done
+            if client is None:
+                raise MirrorGap("the session is no longer in Redis")
+            events = [_decode(item, index + offset) for offset, item in enumerate(raw)]
+            finished = done == b"1"
+            if finished and (count is None or int(count) != index + len(events)):
+                raise MirrorGap(f"marked done with {count!r} chunks, {index + len(events)} stored")
+            if events or finished or time.monotonic() >= deadline:
+                return events, finished
             await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     async def chunk_at(self, seq: int) -> dict[str, Any] | None:
@@ -160,16 +178,28 @@ class RedisSource:
         raw = await self._redis.lindex(self._events, seq - 1)
         if raw is None:
             return None
-        value: dict[str, Any] = orjson.loads(_decode(raw)[1])
+        value: dict[str, Any] = orjson.loads(_decode(raw, seq - 1)[1])
         return value
 
+    async def whole(self) -> bool:
+        """Whether the copy so far has no gap (a finished one: all of it)."""
+        try:
+            await self.read(0, 0.0)
+        except MirrorGap:
+            return False
+        return True
 
-def _encode(event: Event) -> bytes:
-    return event[0].encode() + b" " + event[1]
+
+def _encode(index: int, event: Event) -> bytes:
+    return b"%d %s %s" % (index, event[0].encode(), event[1])
 
 
-def _decode(raw: bytes) -> Event:
-    kind, _, payload = raw.partition(b" ")
+def _decode(raw: bytes, index: int) -> Event:
+    """An entry written by ``_encode``, which must be the one of position ``index``."""
+    stored, _, rest = raw.partition(b" ")
+    if stored != b"%d" % index:
+        raise MirrorGap(f"position {index} holds entry {stored[:20]!r}")
+    kind, _, payload = rest.partition(b" ")
     return kind.decode(), payload  # type: ignore[return-value]  # written by _encode
 
 
@@ -205,9 +235,8 @@ class SessionHub:
             if redis_url
             else None
         )
-        self._queue: asyncio.Queue[tuple[Session, Event | str]] | None = None
+        self._queue: asyncio.Queue[tuple[Session, int, Event | str]] | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._unmirrored: set[str] = set()
         self._failed_writes = 0
         """Mirror writes failed since the last one that went through (0: Redis answers)."""
 
@@ -258,6 +287,14 @@ class SessionHub:
         if client is None or module is None:
             return None
         source = RedisSource(self._redis, session_id)
+        try:
+            whole = await source.whole()
+        except (RedisError, OSError) as exc:
+            log.warning("proxy.stream_recovery_lookup_failed", error=str(exc))
+            return None
+        if not whole:  # a write was lost: as good as unknown (the retry starts a new stream)
+            log.warning("proxy.stream_recovery_gap", session=session_id[:12])
+            return None
         return Found(client.decode(), module.decode(), source, source.chunk_at)
 
     @staticmethod
@@ -322,45 +359,51 @@ class SessionHub:
                 self._write_loop(), context=contextvars.Context()
             )
         item: Event | str = event if event is not None else ("created" if created else "done")
+        # The position the entry must hold in the Redis list (a "done" mark: how many there are).
+        position = len(session.events) - 1 if event is not None else len(session.events)
         try:
-            self._queue.put_nowait((session, item))
+            self._queue.put_nowait((session, position, item))
         except asyncio.QueueFull:
-            self._unmirrored.add(session.id)
+            session.mirror_lost = True  # its later items (the done mark at least) delete it
 
     async def _write_loop(self) -> None:
         assert self._queue is not None
         while True:
-            session, event = await self._queue.get()
+            session, position, event = await self._queue.get()
             info, events = _KEY.format(session.id, "info"), _KEY.format(session.id, "events")
-            ttl = max(1, int(self.ttl_s))
             try:
-                if session.id in self._unmirrored:
-                    await self._redis.delete(info, events)  # a gap: never resumable elsewhere
-                    self._mirror_answered()
-                    if session.done:
-                        self._unmirrored.discard(session.id)
-                    continue
-                pipe = self._redis.pipeline(transaction=False)
-                if event == "done":
-                    pipe.hset(info, "done", "1")
-                elif event == "created":
-                    pipe.hset(info, mapping={"client": session.client, "module": session.module, "done": "0"})
-                elif isinstance(event, tuple):
-                    pipe.rpush(events, _encode(event))
-                    pipe.expire(events, ttl)
-                pipe.expire(info, ttl)
-                await pipe.execute()
+                if session.mirror_lost:
+                    # Again for each of its items: a write that timed out may have run after the
+                    # last delete. Readers refuse what is left meanwhile (positions, count).
+                    await self._redis.delete(info, events)
+                else:
+                    await self._write(session, position, event, info, events)
             except (RedisError, OSError) as exc:
                 self._mirror_failed(session, exc)
             else:
                 self._mirror_answered()
+
+    async def _write(
+        self, session: Session, position: int, event: Event | str, info: str, events: str
+    ) -> None:
+        ttl = max(1, int(self.ttl_s))
+        pipe = self._redis.pipeline(transaction=False)
+        if event == "done":
+            pipe.hset(info, mapping={"done": "1", "count": position})
+        elif event == "created":
+            pipe.hset(info, mapping={"client": session.client, "module": session.module, "done": "0"})
+        elif isinstance(event, tuple):
+            pipe.rpush(events, _encode(position, event))
+            pipe.expire(events, ttl)
+        pipe.expire(info, ttl)
+        await pipe.execute()
 
     def _mirror_failed(self, session: Session, exc: Exception) -> None:
         """One warning per outage (the first failed write), not one per chunk."""
         if self._failed_writes == 0:
             log.warning("proxy.stream_mirror_failed", session=session.id[:12], error=str(exc))
         self._failed_writes += 1
-        self._unmirrored.add(session.id)
+        session.mirror_lost = True
 
     def _mirror_answered(self) -> None:
         if self._failed_writes:

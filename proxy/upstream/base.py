@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import datetime
+import email.utils
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -92,15 +95,26 @@ class Provider(Protocol):
         ...
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds form); None when absent or unusable."""
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP-date (RFC 9110 §10.2.3; a
+    date already past is 0); None when absent or unusable."""
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
+        return _seconds_until(value, now())
+    return seconds if seconds >= 0 else None  # NaN fails the comparison too
+
+
+def _seconds_until(date: str, now: float) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError, IndexError):
         return None
-    return seconds if seconds >= 0 else None
+    if when.tzinfo is None:  # the asctime form carries no zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 def content_of(completion: dict[str, Any]) -> str:

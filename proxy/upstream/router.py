@@ -2,9 +2,10 @@
 
 For each target (skipped while its breaker is open):
   try -> success: return | failure: retry on the same target when the failure kind is in
-  ``retry_on``, retries are left, the retry budget allows it and the wait fits the deadline
-  (wait = exponential backoff with full jitter, or the provider's Retry-After if longer, read on
-  every failed attempt) -> otherwise the next target. Targets are visited once, in order: a
+  ``retry_on``, retries are left, the retry budget allows it (the first ``min_per_target``
+  retries on the target always; later ones while the shared budget has room) and the wait
+  fits the deadline (wait = exponential backoff with full jitter, or the provider's Retry-After if
+  longer, read on every failed attempt) -> otherwise the next target. Targets are visited once, in order: a
   fallback never restarts anything. Provider clients never retry on their own.
 """
 
@@ -70,13 +71,20 @@ class Routed(Generic[T]):
 
 
 class RetryBudgetTracker:
-    """Envoy's retry budget: retries in flight <= max(min_concurrency, percent of requests)."""
+    """The retry budget: a request's first ``min_per_target`` retries on a target are its own (a
+    floor that a burst of failures cannot use up: each failing request brings its own); beyond
+    them, Envoy's shared budget: such retries in flight <= max(min_concurrency, percent of requests
+    in flight)."""
 
     def __init__(self) -> None:
         self.requests = 0
         self.retries = 0
+        """Shared-budget retries in flight (the floor's are not counted)."""
 
-    def allows_retry(self, budget: RetryBudget) -> bool:
+    def allows_retry(self, budget: RetryBudget, granted: int) -> bool:
+        """May a request that was granted ``granted`` retries on this target retry it once more?"""
+        if granted < budget.min_per_target:
+            return True
         return self.retries < max(budget.min_concurrency, budget.percent / 100 * self.requests)
 
 
@@ -237,7 +245,8 @@ class Router:
                 raise RungFailed(run.failures, deadline_spent=True)
             started = self._clock()
             retrying = retries > 0
-            if retrying:
+            shared = retries > run.failover.budget.min_per_target
+            if shared:
                 self.budget.retries += 1
             try:
                 timeout = min(run.failover.timeouts.per_try_s, remaining)
@@ -260,7 +269,7 @@ class Router:
                 retries += 1
                 continue
             finally:
-                if retrying:
+                if shared:
                     self.budget.retries -= 1
             elapsed = self._clock() - started
             run.on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
@@ -292,6 +301,6 @@ class Router:
         if trial or _RETRY_ON_KIND.get(exc.kind) not in failover.retry_on or retries >= failover.retries:
             return None
         wait = retry_wait_s(failover, retries, exc.retry_after, self._rng)
-        if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget):
+        if self._clock() + wait >= run.deadline or not self.budget.allows_retry(failover.budget, retries):
             return None
         return wait

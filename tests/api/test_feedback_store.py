@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 import pytest
-import redis.asyncio as aioredis
 
 from proxy.state.feedback import (
     KEY_PREFIX,
@@ -23,6 +22,7 @@ from proxy.state.feedback import (
     scan_records,
     with_verdict,
 )
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -101,12 +101,8 @@ async def test_memory_store_judged_keeps_the_expiry_and_ignores_evicted() -> Non
 async def redis_keys() -> AsyncIterator[tuple[str, Any]]:
     """A unique trace-id prefix; the keys written under it are deleted afterwards."""
     prefix = f"test-{uuid.uuid4().hex[:8]}-"
-    client: Any = aioredis.Redis.from_url(REDIS_URL)
-    yield prefix, client
-    keys = [k async for k in client.scan_iter(match=f"{KEY_PREFIX}{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+    async with fresh_db(15, match=f"{KEY_PREFIX}{prefix}*") as client:
+        yield prefix, client
 
 
 async def test_redis_store_shares_answers_between_replicas_and_expires_them(

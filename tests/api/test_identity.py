@@ -6,13 +6,13 @@ trace ids come from the OS's CSPRNG."""
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-import redis.asyncio as aioredis
 
 from proxy.clients import ClientIdentity
 from tests.api.test_feedback import feedback
@@ -21,6 +21,7 @@ from tests.api.test_stream_recovery import SSE, _call, _execute_url
 from tests.api.test_streaming import answer
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(9)
@@ -41,12 +42,9 @@ async def call(
 
 
 @pytest.fixture
-async def clean_redis() -> Any:
-    client: Any = aioredis.Redis.from_url(REDIS_URL)
-    await client.flushdb()
-    yield
-    await client.flushdb()
-    await client.aclose()
+async def clean_redis() -> AsyncIterator[None]:
+    async with fresh_db(9):
+        yield
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

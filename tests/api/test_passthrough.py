@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import openai
 import pytest
@@ -18,6 +16,7 @@ from tests.proxy_server import (
     record_router_sleeps,
     upstream_policy,
 )
+from tests.support.polling import until
 
 
 async def test_plain_chat_is_proxied_with_the_provider_key(
@@ -120,10 +119,7 @@ async def test_client_disconnect_cancels_the_upstream_stream(proxy_with: ProxyWi
             )
             await resp.content.readline()
             resp.close()  # hang up mid-stream
-        for _ in range(50):
-            if fake.cancelled:
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: fake.cancelled, "the upstream call cancelled", step=0.1)
         assert fake.cancelled == 1
         assert fake.in_flight == 0
 

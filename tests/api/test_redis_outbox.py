@@ -5,14 +5,12 @@ the stream once Redis is back, in order; the spool survives a restart of ``cogpr
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
 import yaml
 
 from proxy.state.outbox import SPOOL_FILE, KeyWrite, RedisOutbox, StreamWrite
@@ -21,6 +19,7 @@ from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 from tests.redis_relay import RedisRelay
+from tests.support.polling import eventually, settled, until
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -28,15 +27,6 @@ DB = int(REDIS_URL.rsplit("/", 1)[1])
 STREAM = "test:outbox"
 PER_PHASE = 50
 DELIVERY_DEADLINE_S = 30.0
-
-
-@pytest.fixture
-async def redis_db() -> AsyncIterator[Any]:
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
 
 
 @pytest.fixture
@@ -62,25 +52,23 @@ async def review(session: aiohttp.ClientSession, url: str) -> str:
 
 async def stream_trace_ids(redis_db: Any, expected: int) -> list[str]:
     """The stream's trace ids once it holds ``expected`` entries (or at the deadline)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DELIVERY_DEADLINE_S
-    while True:
-        entries = await redis_db.xrange(STREAM)
-        if len(entries) >= expected or loop.time() > deadline:
-            return [fields["trace_id"] for _, fields in entries]
-        await asyncio.sleep(0.05)
+    entries = await settled(
+        lambda: redis_db.xrange(STREAM), ready=lambda e: len(e) >= expected, timeout=DELIVERY_DEADLINE_S
+    )
+    return [fields["trace_id"] for _, fields in entries]
 
 
 async def readiness(session: aiohttp.ClientSession, url: str, redis: str) -> dict[str, Any]:
     """Poll /readyz until it reports ``redis`` (it stays 200 throughout)."""
-    for _ in range(200):
+
+    async def ready_body() -> dict[str, Any]:
         resp = await session.get(url + "/readyz")
         assert resp.status == 200
         body: dict[str, Any] = await resp.json()
-        if body.get("redis") == redis:
-            return body
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"/readyz never said redis {redis}: {body}")
+        return body
+
+    what = f"/readyz saying redis {redis}"
+    return await eventually(ready_body, what, ready=lambda body: body.get("redis") == redis, timeout=10)
 
 
 async def test_review_records_written_while_redis_is_cut_or_frozen_reach_the_stream_in_order(
@@ -124,10 +112,8 @@ async def test_the_spool_keeps_records_across_a_restart(
     relay.restore()
     async with proxy_process(*args, env=env) as served:
         delivered = await stream_trace_ids(redis_db, len(sent))
-        for _ in range(200):  # the spool is truncated once everything is delivered
-            if not (spool / SPOOL_FILE).read_bytes():
-                break
-            await asyncio.sleep(0.05)
+        # the spool is truncated once everything is delivered
+        await until((spool / SPOOL_FILE).read_bytes, "the spool emptied", ready=lambda b: not b, timeout=10)
     assert delivered == sent
     assert (spool / SPOOL_FILE).read_bytes() == b""
 

@@ -9,7 +9,6 @@ import shutil
 import signal
 import weakref
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import yaml
@@ -25,6 +24,7 @@ from proxy.settings import Settings
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import free_port, proxy_process, running_proxy, upstream_policy
+from tests.support.polling import eventually, has, until
 from tests.support.unreadable import UNREADABLE_SHAPES
 
 
@@ -32,16 +32,6 @@ async def models(url: str) -> list[str]:
     async with aiohttp.ClientSession() as session:
         body = await (await session.get(url + "/v1/models")).json()
     return [m["id"] for m in body["data"]]
-
-
-async def eventually(check: Any, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        if await check():
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.05)
 
 
 async def reload_counts(url: str) -> str:
@@ -56,21 +46,16 @@ async def test_bad_policy_is_refused_and_the_last_good_one_keeps_serving(
     async with running_proxy(tmp_path, policy, reload_interval_s=0.05) as px:
         path = tmp_path / "policy.yaml"
         path.write_text("version: 1\nproviders: {p: {kind: openai}}\nladder: []\n")
-        await eventually(
-            lambda: _contains(reload_counts(px.url), 'cognitive_policy_reloads_total{result="error"} 1.0')
-        )
+        counted = 'cognitive_policy_reloads_total{result="error"} 1.0'
+        await eventually(lambda: reload_counts(px.url), "the failed reload counted", ready=has(counted))
         reply = await px.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
         assert reply.choices[0].message.content
         policy["aliases"]["brand-new"] = "strong"
         path.write_text(yaml.safe_dump(policy))
-        await eventually(lambda: _contains(models(px.url), "brand-new"))
+        await eventually(lambda: models(px.url), "the reloaded policy served", ready=has("brand-new"))
         assert 'cognitive_policy_reloads_total{result="ok"} 1.0' in await reload_counts(px.url)
-
-
-async def _contains(awaitable: Any, item: str) -> bool:
-    return item in await awaitable
 
 
 async def test_configmap_symlink_swap_is_picked_up(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
@@ -100,7 +85,7 @@ async def test_configmap_symlink_swap_is_picked_up(fake_upstream: FakeUpstream, 
         tmp_link.symlink_to(second.name)
         tmp_link.replace(config / "..data")  # the atomic rename kubelet does
         shutil.rmtree(first)
-        await eventually(lambda: _contains(models(url), "swapped-in"))
+        await eventually(lambda: models(url), "the reloaded policy served", ready=has("swapped-in"))
     finally:
         await runner.cleanup()
 
@@ -119,7 +104,9 @@ async def test_broken_module_edit_keeps_the_last_good_version(
         (modules / "idea-explorer-2" / "module.yaml").write_text(
             text.replace("name: idea-explorer", "name: idea-explorer-2")
         )
-        await eventually(lambda: _contains(models(px.url), "module:idea-explorer-2"))
+        await eventually(
+            lambda: models(px.url), "the reloaded policy served", ready=has("module:idea-explorer-2")
+        )
         assert "module:code-reviewer" in await models(px.url)  # last good version still served
         async with aiohttp.ClientSession() as session:
             ready = await (await session.get(px.url + "/readyz")).json()
@@ -137,20 +124,16 @@ async def test_in_flight_requests_finish_on_the_policy_they_started_with(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
             )
         )
-        await eventually(lambda: _async(fake_upstream.in_flight == 1))
+        await until(lambda: fake_upstream.in_flight, "the call in flight", ready=lambda n: n == 1)
         policy["aliases"]["gpt-4o-mini"] = "strong"
         (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-        await eventually(lambda: _contains(reload_counts(px.url), 'result="ok"} 1.0'))
+        await eventually(lambda: reload_counts(px.url), "the reload counted", ready=has('result="ok"} 1.0'))
         reply = await pending
         assert reply.choices[0].message.content == "old policy answer"
         await px.client().chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
         )
     assert fake_upstream.requests[-1].model == "strong"
-
-
-async def _async(value: bool) -> bool:
-    return value
 
 
 async def test_sighup_reloads_the_policy(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
@@ -162,7 +145,7 @@ async def test_sighup_reloads_the_policy(fake_upstream: FakeUpstream, tmp_path: 
         policy["aliases"]["after-sighup"] = "fast"
         path.write_text(yaml.safe_dump(policy))
         served.proc.send_signal(signal.SIGHUP)
-        await eventually(lambda: _contains(models(served.url), "after-sighup"))
+        await eventually(lambda: models(served.url), "the reloaded policy served", ready=has("after-sighup"))
     logged = (served.output[0] + served.output[1]).splitlines()
     events = [json.loads(line) for line in logged if line.startswith("{")]
     # One reload, and the signal made it: with --reload-interval 0 nothing polls the file.
@@ -190,13 +173,13 @@ async def test_a_retired_runtime_is_collected_though_start_up_froze_it(
             settle_heap()  # as the server does once it listens
             policy["aliases"]["brand-new"] = "strong"
             (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-            await eventually(lambda: _contains(models(px.url), "brand-new"))
+            await eventually(lambda: models(px.url), "the reloaded policy served", ready=has("brand-new"))
 
             async def collected() -> bool:
                 gc.collect()  # cycles go at the next full collection; frozen ones never do
                 return first() is None
 
-            await eventually(collected)
+            await eventually(collected, "the old runtime's validator collected")
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
@@ -220,11 +203,8 @@ async def test_every_unreadable_policy_file_is_a_counted_logged_reload_failure(
                 path.unlink()
             make(path)
             served.proc.send_signal(signal.SIGHUP)
-            await eventually(
-                lambda n=count: _contains(
-                    reload_counts(served.url), f'cognitive_policy_reloads_total{{result="error"}} {n}.0'
-                )
-            )
+            counted = f'cognitive_policy_reloads_total{{result="error"}} {count}.0'
+            await eventually(lambda: reload_counts(served.url), "a failed reload counted", ready=has(counted))
         async with aiohttp.ClientSession() as session:
             reply = await session.post(
                 served.url + "/v1/chat/completions",

@@ -30,6 +30,7 @@ from tests.proxy_server import (
     wait_ready,
 )
 from tests.security.harness import raw_http
+from tests.support.polling import until
 
 
 async def test_auth_is_off_by_default(proxy: RunningProxy) -> None:
@@ -172,8 +173,7 @@ async def test_sigterm_drains_in_flight_requests_then_exits_zero(tmp_path: Path)
                         json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
                     )
                 )
-                while fake.in_flight == 0:
-                    await asyncio.sleep(0.02)
+                await until(lambda: fake.in_flight, "the call in flight upstream", timeout=10, step=0.02)
                 served.proc.send_signal(signal.SIGTERM)
                 resp = await pending
                 body = await resp.json()

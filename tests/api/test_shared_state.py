@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
 import yaml
 from aiohttp import web
 
 from tests.api.test_routing import REVIEW_INPUT, answer, attempts_of, routing_policy
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import free_port, proxy_process, running_proxy
+from tests.support.polling import eventually, until
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
-
-
-@pytest.fixture
-async def redis_db() -> AsyncIterator[Any]:
-    """A clean Redis database for the test (db 15 of the local server)."""
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
 
 
 def review_policy(fake: FakeUpstream, **review: Any) -> dict[str, Any]:
@@ -56,11 +44,7 @@ async def test_review_goes_to_the_redis_stream(
     policy = review_policy(fake_upstream, sink="redis-stream", stream="test:review", maxlen=100)
     async with running_proxy(tmp_path, policy, redis_url=REDIS_URL) as px:
         envelope = await send_to_review(px, fake_upstream)
-        for _ in range(50):
-            entries = await redis_db.xrange("test:review")
-            if entries:
-                break
-            await asyncio.sleep(0.05)
+        entries = await eventually(lambda: redis_db.xrange("test:review"), "the review record in the stream")
     ((_, fields),) = entries
     assert fields["module"] == "code-reviewer" and fields["decision"] == "review"
     assert fields["trace_id"] == envelope["_trace"]
@@ -101,10 +85,7 @@ async def test_review_goes_to_the_webhook_in_the_background(
         policy = review_policy(fake_upstream, sink="webhook", url=f"http://127.0.0.1:{port}/hook")
         async with running_proxy(tmp_path, policy) as px:
             envelope = await send_to_review(px, fake_upstream)
-            for _ in range(100):
-                if received:
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: received, "the review webhook called")
     finally:
         await runner.cleanup()
     (record,) = received

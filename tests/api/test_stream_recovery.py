@@ -3,8 +3,10 @@ checkpoint mismatch, unknown session, another client key, recovery disabled; hea
 
 from __future__ import annotations
 
-import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,17 @@ import yaml
 from tests.api.test_modules import REVIEW_INPUT
 from tests.api.test_streaming import RATIONALE, answer
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    ServedProcess,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+)
 from tests.stream.client import read_sse, rendered, seq, sequenced
-from tests.support.redis_server import redis_url
+from tests.support.polling import eventually, until
+from tests.support.redis_server import redis_url, server_pid
 
 REDIS_URL = redis_url(11)
 SSE = {"Accept": "text/event-stream"}
@@ -58,18 +68,25 @@ def _clean_redis() -> None:
         client.close()
 
 
+@asynccontextmanager
+async def _replicas(fake: FakeUpstream, tmp_path: Path) -> AsyncIterator[tuple[ServedProcess, ServedProcess]]:
+    """Two ``cogproxy serve`` replicas sharing the suite's Redis, in front of ``fake`` (which streams
+    the long rationale), their stream keys cleaned first."""
+    _clean_redis()
+    fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(upstream_policy(fake)))
+    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
+    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+    async with proxy_process(*args, env=env) as one, proxy_process(*args, env=env) as two:
+        yield one, two
+
+
 async def test_a_drop_after_seq_n_resumes_on_another_replica_with_the_same_final(
     slow_fake: FakeUpstream, tmp_path: Path
 ) -> None:
-    _clean_redis()
-    slow_fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(upstream_policy(slow_fake)))
-    args = ("--policy", str(policy), "--redis-url", REDIS_URL)
-    env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
     async with (
-        proxy_process(*args, env=env) as one,
-        proxy_process(*args, env=env) as two,
+        _replicas(slow_fake, tmp_path) as (one, two),
         aiohttp.ClientSession() as session,
     ):
         async with await _post(session, _execute_url(one.url), SSE) as whole:
@@ -259,11 +276,12 @@ async def test_without_recovery_a_client_that_leaves_cancels_the_upstream_call(
         response = await _post(session, _execute_url(proxy.url), SSE)
         await read_sse(response, stop_after=2)
         response.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while slow_fake.cancelled == 0:
-            assert loop.time() < deadline, "the upstream call went on after the client left"
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: slow_fake.cancelled,
+            "the upstream call cancelled after the client left",
+            timeout=10,
+            step=0.01,
+        )
 
 
 @pytest.mark.parametrize("last_seq", ["9223372036854775808", "99999999999999999999999"])
@@ -295,3 +313,68 @@ async def test_a_last_seq_that_is_not_a_whole_number_is_refused(local: Any, last
     status, refused = await _call(_execute_url(local.url), SSE, body)
     assert status == 400
     assert refused["error"]["code"] == "E1001" and "last_seq" in refused["error"]["message"]
+
+
+def _half_written_sessions() -> list[str]:
+    """Sessions in Redis marked done whose list is not exactly their chunks 1..count."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        broken = []
+        for key in client.scan_iter("cogproxy:stream:*:info"):
+            info = client.hgetall(key)
+            if info.get(b"done") != b"1":
+                continue
+            entries: list[bytes] = list(client.lrange(key.replace(b":info", b":events"), 0, -1))  # type: ignore[arg-type]  # redis-py types replies as str; decode_responses is off
+            positions = [entry.split(b" ", 1)[0] for entry in entries]
+            whole = [b"%d" % i for i in range(len(entries))]
+            if info.get(b"count") != b"%d" % len(entries) or positions != whole:
+                broken.append(key.decode())
+        return broken
+    finally:
+        client.close()
+
+
+async def _logged(served: ServedProcess, event: str) -> bool:
+    return event in served.stdout.text() + served.stderr.text()
+
+
+async def test_a_redis_freeze_mid_stream_never_leaves_a_partial_session_marked_done(
+    slow_fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """#29.7 end to end: Redis is frozen (SIGSTOP of the suite's own redis-server) while replica one
+    streams a module answer, until its mirror reports a failed write, then resumed. Recovery on
+    replica two then gets the rest of the same answer, a new whole stream, or an E2010 error chunk;
+    never a partial one ending as if complete, and Redis holds no half-written session marked done."""
+    async with (
+        _replicas(slow_fake, tmp_path) as (one, two),
+        aiohttp.ClientSession() as session,
+    ):
+        dropped = await _post(session, _execute_url(one.url), SSE)
+        seen = await read_sse(dropped, stop_after=5)
+        sid = seen[0][1]["session_id"]
+        os.kill(server_pid(), signal.SIGSTOP)
+        try:
+            await eventually(
+                lambda: _logged(one, "proxy.stream_mirror_failed"), "the mirror failing a write", timeout=20
+            )
+        finally:
+            os.kill(server_pid(), signal.SIGCONT)
+        seen += await read_sse(dropped)  # the producer's own replica serves it whole from memory
+        dropped.close()
+        assert seen[-1][1].get("final") is True
+        assert rendered(seen)["data.rationale"] == LONG
+        headers = {**SSE, "X-Cognitive-Recovery-Session": sid, "X-Cognitive-Recovery-Seq": "5"}
+        status, rest = await _call(_execute_url(two.url), headers)
+    assert status == 200
+    meta, last = rest[0][1], rest[-1][1]
+    if meta["session_id"] == sid and meta.get("resumed") is True:  # the copy was whole
+        if last.get("final") is True:
+            assert seq(sequenced(rest)[0]) == 6
+            head = [event for event in seen if (seq(event[1]) or 0) <= 5]
+            assert rendered(head + rest)["data.rationale"] == LONG
+        else:
+            assert last["error"]["code"] == "E2010", last
+    else:  # not recoverable here: a new stream, whole
+        assert meta["session_id"] != sid and last.get("final") is True
+        assert rendered(rest)["data.rationale"] == LONG
+    assert _half_written_sessions() == []

@@ -16,6 +16,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.proxy_server import cognitive_of, running_proxy
+from tests.support.snippets import block_after, run_snippet
 
 
 async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
@@ -63,8 +64,7 @@ async def test_five_minute_tour_on_the_demo_policy(tmp_path: Path) -> None:
 
 def readme_block(marker: str, lang: str) -> str:
     """The first ```lang block of README.md after ``marker``."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return text.split(marker, 1)[1].split(f"```{lang}\n", 1)[1].split("```", 1)[0]
+    return block_after(ROOT / "README.md", marker, lang)
 
 
 def matches(documented: str, printed: str) -> bool:
@@ -122,18 +122,7 @@ async def test_the_readme_session_example_carries_context_to_the_second_call(tmp
     script = readme_block("## Bundled modules", "sh")
     policy = yaml.safe_load((ROOT / "policies" / "demo.yaml").read_text())
     async with running_proxy(tmp_path, policy) as px:
-        assert "localhost:8080" in script
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            script.replace("localhost:8080", px.url.removeprefix("http://")),
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0, out
+        out = await run_snippet(script, px.url)
     decoder, text, emitted = json.JSONDecoder(), out.decode().strip(), []
     while text:
         value, end = decoder.raw_decode(text)

@@ -4,12 +4,9 @@ module input the proxy sent upstream out of the fake's request log."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
-import redis.asyncio as aioredis
 
 from tests.fake_upstream import FakeUpstream
 from tests.support.redis_server import redis_url
@@ -60,11 +57,19 @@ async def execute(
         return resp.status, dict(resp.headers), await resp.json()
 
 
-@pytest.fixture
-async def redis_db() -> AsyncIterator[Any]:
-    """The test's own Redis database, emptied before and after."""
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
+EARLIER = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(7)]
+"""Seven earlier chat messages: more than interactive-reviewer's ``max_turns: 5``."""
+
+
+async def chat_after_earlier_turns(base: str) -> tuple[aiohttp.ClientResponse, dict[str, Any]]:
+    """A chat-completions call of interactive-reviewer whose messages hold ``EARLIER`` then the
+    module input; the response and its body."""
+    body = {
+        "model": f"module:{REVIEWER}",
+        "messages": [*EARLIER, {"role": "user", "content": json.dumps(FIX)}],
+    }
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(base + "/chat/completions", json=body)
+        assert resp.status == 200, await resp.text()
+        reply: dict[str, Any] = await resp.json()
+    return resp, reply

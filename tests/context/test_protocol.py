@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,21 @@ import aiohttp
 import pytest
 
 from tests.conftest import MODULES, write_module
-from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer, sent_inputs
+from tests.context.helpers import (
+    EARLIER,
+    FIX,
+    LOGIN,
+    REVIEWER,
+    chat_after_earlier_turns,
+    execute,
+    reviewer_answer,
+    sent_inputs,
+)
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
 from tests.stream.client import read_sse
 
 SESSION = {"X-Cognitive-Session": "review-1"}
-
-
-@pytest.fixture
-async def px(
-    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RunningProxy]:
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-    async with running_proxy(tmp_path, upstream_policy(fake_upstream)) as running:
-        yield running
 
 
 async def test_second_call_in_a_session_gets_the_first_calls_result_and_state(
@@ -83,16 +82,9 @@ async def test_conversation_history_comes_from_the_chat_messages(
     px: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:
     fake_upstream.script("cheap", reviewer_answer(1, "verify_fix"))
-    earlier = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(7)]
-    body = {
-        "model": f"module:{REVIEWER}",
-        "messages": [*earlier, {"role": "user", "content": json.dumps(FIX)}],
-    }
-    async with aiohttp.ClientSession() as session:
-        resp = await session.post(px.base + "/chat/completions", json=body)
-        assert resp.status == 200, await resp.text()
+    await chat_after_earlier_turns(px.base)
     history = sent_inputs(fake_upstream)[0]["_context"]["conversation_history"]
-    assert history == earlier[-5:]  # max_turns: 5, the oldest dropped first
+    assert history == EARLIER[-5:]  # max_turns: 5, the oldest dropped first
 
 
 async def test_undeclared_context_is_dropped_and_reported(

@@ -13,12 +13,10 @@ from proxy.clients import ClientIdentity
 from proxy.context.identity import Identity, namespace_of
 from proxy.context.store import CLIENT_QUOTA, STORE_FULL, ClientQuota, MemoryContextStore
 from proxy.module.context_spec import TTL_PERSISTENT
-from tests.context.helpers import REDIS_URL, execute, redis_db
+from tests.context.helpers import REDIS_URL, execute
 from tests.context.test_cache import REVIEW, cached_policy, metric, review_answer
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, running_proxy
-
-__all__ = ["redis_db"]
 
 BIG = 900_000
 """Each of Bob's answers: about 0.9 MB, under the cache's 1 MiB entry bound."""

@@ -4,9 +4,7 @@ Also the spec §8.1 example on `make run`'s policy (the offline provider)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +14,14 @@ from tests.conftest import ROOT, write_module
 from tests.context.helpers import FIX, LOGIN, REDIS_URL, REVIEWER, execute, reviewer_answer, sent_inputs
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, upstream_policy
+from tests.support.polling import eventually
 
 SESSION = {"X-Cognitive-Session": "review-1"}
 ENV = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
 
 
-async def until(probe: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
-    """Poll ``probe`` until it returns something truthy, within ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := await probe()):
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-    return value
-
-
-async def _at_least(redis_db: Any, pattern: str, count: int) -> list[bytes] | None:
-    keys: list[bytes] = await redis_db.keys(pattern)
-    return keys if len(keys) >= count else None
+async def cache_keys(redis_db: Any) -> set[bytes]:
+    return set(await redis_db.keys("cogproxy:ctx:*:cache:*"))
 
 
 def policy_file(tmp_path: Path, fake: FakeUpstream, **extra: Any) -> str:
@@ -58,13 +47,20 @@ async def test_two_replicas_share_context_and_cache_through_redis(
         # Without a session (no context), the same input on the other replica is a shared cache hit.
         fake_upstream.script("cheap", reviewer_answer(0, "code_review"))
         # The two session calls' entries land in the background too: let them, then take the set.
-        cached_before = set(await until(lambda: _at_least(redis_db, "cogproxy:ctx:*:cache:*", 2)))
-
-        async def new_cache_entry() -> bool:
-            return bool(set(await redis_db.keys("cogproxy:ctx:*:cache:*")) - cached_before)
-
+        cached_before = await eventually(
+            lambda: cache_keys(redis_db),
+            "the session calls' cache entries",
+            ready=lambda keys: len(keys) >= 2,
+            step=0.01,
+        )
         _, miss, answered = await execute(b.url, REVIEWER, {"code": "x = 1"})
-        await until(new_cache_entry)  # cache writes do not wait: poll for this call's entry
+        # cache writes do not wait: poll for this call's entry
+        await eventually(
+            lambda: cache_keys(redis_db),
+            "this call's cache entry",
+            ready=lambda keys: bool(keys - cached_before),
+            step=0.01,
+        )
         _, hit, cached = await execute(a.url, REVIEWER, {"code": "x = 1"})
         assert (miss["X-Cognitive-Cache"], hit["X-Cognitive-Cache"]) == ("miss", "hit")
         assert cached["data"] == answered["data"]

@@ -9,22 +9,9 @@ import pytest
 
 from proxy.context.sanitise import MAX_DEPTH, MAX_STRING_CHARS, TRUNCATED, NameMatcher, sanitise
 from proxy.redact import REDACTED
+from tests.support.nesting import leaf_of, nested
 
 KEY = "sk-" + "a" * 24
-
-
-def nested(levels: int, leaf: Any) -> Any:
-    """``leaf`` under ``levels`` dicts: it is walked at depth ``levels``."""
-    value = leaf
-    for _ in range(levels):
-        value = {"a": value}
-    return value
-
-
-def leaf_of(value: Any) -> Any:
-    while isinstance(value, dict):
-        value = value["a"]
-    return value
 
 
 def test_the_depth_cut_is_at_32_levels() -> None:

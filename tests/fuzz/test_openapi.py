@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from proxy.api.openapi import document
 from proxy.module.registry import ModuleRegistry
 from tests.conftest import MODULES, ROOT
 from tests.proxy_server import PIPE_CLOSE_S, Drain, free_port
+from tests.support.polling import wait_sync
 
 MAX_EXAMPLES = 40
 """Per operation: ~10 operations keep the whole fuzz run well under a minute on 2 cores."""
@@ -38,19 +38,23 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[str], stderr: Drain) -> None:
-    deadline = time.monotonic() + READY_DEADLINE_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            stderr.join(PIPE_CLOSE_S)
-            raise AssertionError(f"serve exited {proc.returncode}: {stderr.text()}")
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError("proxy never became ready")
+    def serving() -> bool:
+        with urllib.request.urlopen(url + "/readyz", timeout=1) as answer:
+            return bool(answer.status == 200)
+
+    def exited() -> str | None:
+        if proc.poll() is None:
+            return None
+        stderr.join(PIPE_CLOSE_S)
+        return f"serve exited {proc.returncode}: {stderr.text()}"
+
+    wait_sync(
+        serving,
+        "the proxy ready (/readyz 200)",
+        timeout=READY_DEADLINE_S,
+        ignore=(urllib.error.URLError, ConnectionError),
+        give_up=exited,
+    )
 
 
 @pytest.fixture(scope="module")

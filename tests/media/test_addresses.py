@@ -9,7 +9,7 @@ import ipaddress
 
 import pytest
 
-from proxy.media.addresses import SPECIAL_V4, SPECIAL_V6, refusal
+from proxy.media.addresses import SPECIAL_V4, SPECIAL_V6, Special, _rows, parse, refusal
 
 # Written out here, apart from the table, so a row dropped from the table fails a case.
 IPV4_BLOCKS = [
@@ -83,3 +83,23 @@ def test_the_reason_names_the_most_specific_block_or_the_embedded_address(addres
 )  # fmt: skip
 def test_ordinary_global_addresses_pass(address: str) -> None:
     assert refusal(ipaddress.ip_address(address)) is None
+
+
+def test_a_table_row_keeps_its_block_name_and_reachability() -> None:
+    assert _rows(("10.0.0.0/8", "Private-Use"), ("192.0.0.9/32", "PCP Anycast", True)) == (
+        Special(ipaddress.ip_network("10.0.0.0/8"), "Private-Use", False),
+        Special(ipaddress.ip_network("192.0.0.9/32"), "PCP Anycast", True),
+    )
+
+
+@pytest.mark.parametrize(
+    ("answered", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("fe80::1%eth0", "fe80::1"),  # getaddrinfo's link-local answer carries the scope id
+        ("fe80::1%eth0%x", "fe80::1"),  # everything after the first % is the scope
+    ],
+)
+def test_parse_drops_the_scope_id_getaddrinfo_appends(answered: str, address: str) -> None:
+    assert parse(answered) == ipaddress.ip_address(address)
+    assert refusal(parse(answered)) is not None

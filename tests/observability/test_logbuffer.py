@@ -18,6 +18,7 @@ from proxy.observability.logbuffer import FLUSH_BYTES, PIPE_BUF, BufferedLines
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, upstream_policy
+from tests.support.polling import until
 
 DEMO = str(ROOT / "policies" / "demo.yaml")
 
@@ -59,8 +60,8 @@ async def test_the_flusher_writes_on_its_interval_and_the_rest_when_cancelled() 
     flusher = asyncio.create_task(lines.flush_every(0.01))
     await asyncio.sleep(0)  # the flusher starts buffering
     lines.msg(b"first")
-    while not sink.getvalue():  # polled: written by the interval, not by anything else
-        await asyncio.sleep(0.005)
+    # polled: written by the interval, not by anything else
+    await until(sink.getvalue, "the interval's flush", step=0.005)
     assert sink.getvalue() == b"first\n"
     lines.msg(b"last")
     flusher.cancel()

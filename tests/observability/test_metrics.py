@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, free_port, running_proxy
+from tests.support.polling import eventually
 
 
 class Scrape:
@@ -208,11 +208,12 @@ async def test_review_and_sink_failures_are_counted(fake_upstream: FakeUpstream,
     fake_upstream.script("strong", answer(0.95, "high"))
     async with running_proxy(tmp_path, policy, redis_url=f"redis://127.0.0.1:{free_port()}/0") as px:
         await module_call(px)
-        for _ in range(40):
-            m = await scrape(px)
-            if m.value("cognitive_review_sink_failures_total", sink="redis-stream"):
-                break
-            await asyncio.sleep(0.05)
+        m = await eventually(
+            lambda: scrape(px),
+            "the review sink failure counted",
+            ready=lambda m: bool(m.value("cognitive_review_sink_failures_total", sink="redis-stream")),
+            timeout=2,
+        )
     assert m.value("cognitive_decisions_total", module="code-reviewer", decision="review") == 1
     assert m.value("cognitive_review_sink_failures_total", sink="redis-stream") == 1
 

@@ -59,6 +59,11 @@ against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request o
 proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
 against per-worker registries).
 
+``--retries`` runs only the retry section (no wrk; also in the full run, before the workers):
+the success rate at 30% independent 503s on both providers of a rung, 16 clients, every default,
+over repeated runs with new seeds, against the budget without its per-target floor (#29.3) and
+against one client; reported, not asserted.
+
 Last, the soak (``tests/perf/soak.py``; ``--soak`` runs only it, ``BENCH_SOAK_S`` seconds): the
 default bounds filled under load, peak RSS against ``proxy.memory_budget``'s table, and CPU per
 request in the first and last minute as a ratio.
@@ -1191,6 +1196,67 @@ def ablation_section(up_port: int, tmp: Path) -> None:
         print(f"{name:<40}{count:>12,.0f}{whole - count:>10,.0f}{(whole - count) / whole:>8.1%}")
 
 
+RETRY_RUNS = 5
+
+
+async def _retry_runs(budget: dict[str, int] | None, concurrency: int, runs: int) -> list[float]:
+    """Success rates of ``runs`` loads (a new seed each) at 30% independent 503s on both providers
+    of one rung, the policy's default failover with ``budget`` as its retry budget if given."""
+    from tests.api.test_failover_load import chaos_policy, load
+    from tests.fake_upstream import UNAVAILABLE, FakeUpstream, FaultMix
+    from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, running_proxy
+
+    os.environ[UPSTREAM_KEY_ENV] = UPSTREAM_KEY
+    rates = []
+    for run in range(runs):
+        async with FakeUpstream.start(api_key=UPSTREAM_KEY) as fake:
+            policy = chaos_policy(fake)
+            if budget is not None:
+                policy["failover"] = {"retry_budget": budget}
+            with tempfile.TemporaryDirectory() as tmp:
+                async with running_proxy(Path(tmp), policy) as px:
+                    fake.set_fault_mix("m-a", FaultMix(((UNAVAILABLE, 0.3),), seed=100 + 2 * run))
+                    fake.set_fault_mix("m-b", FaultMix(((UNAVAILABLE, 0.3),), seed=101 + 2 * run))
+                    rates.append((await load(px.url, fake, concurrency=concurrency)).success_rate)
+    return rates
+
+
+def _allowed_by_retries(run: int, requests: int = 600, tries: int = 3) -> float:
+    """The success rate the policy's retries allow for a run's fault draws, taken one request at a
+    time: every try on a, then every try on b, until one does not draw a 503."""
+    import random
+
+    draws = (random.Random(100 + 2 * run), random.Random(101 + 2 * run))
+    ok = sum(any(rng.random() >= 0.3 for rng in draws for _ in range(tries)) for _ in range(requests))
+    return ok / requests
+
+
+def retries_bench(runs: int = RETRY_RUNS) -> None:
+    """#29.3: success at 30% independent 503s on both providers, 16 clients, every default, over
+    repeated runs; against what the configured retries allow for the same fault draws (the
+    baseline of the ratio), the budget without its per-target floor and one client."""
+    sys.path.insert(0, str(ROOT))
+    from proxy.observability.logging import configure_logging
+
+    configure_logging("console", "error")  # the proxies run in this process: their lines are noise here
+    cases = [
+        ("defaults, 16 clients", None, 16),
+        ("no per-target floor, 16 clients", {"min_per_target": 0}, 16),
+        ("defaults, 1 client (baseline)", None, 1),
+    ]
+    head = f"{'30% 503s on both providers (600 requests)':<44}{'min':>8}{'mean':>8}{'max':>8}"
+    print(f"{head}{'x allowed':>11}  runs")
+    rows = [("what retries: 2 allow for the same draws", [_allowed_by_retries(run) for run in range(runs)])]
+    for name, budget, concurrency in cases:
+        rows.append((name, asyncio.run(_retry_runs(budget, concurrency, runs if concurrency > 1 else 1))))
+    for name, rates in rows:
+        mean = statistics.mean(rates)
+        allowed = statistics.mean(rows[0][1][: len(rates)])  # the same runs' draws
+        print(
+            f"{name:<44}{min(rates):>8.1%}{mean:>8.1%}{max(rates):>8.1%}{mean / allowed:>11.3f}  {len(rates)}"
+        )
+
+
 def _fail() -> NoReturn:
     raise AssertionError("no record")
 
@@ -1210,6 +1276,9 @@ def main() -> int:
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
+    parser.add_argument(
+        "--retries", action="store_true", help="only the success rate at 30%% 503s (repeated runs)"
+    )
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
     parser.add_argument(
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
@@ -1248,6 +1317,9 @@ def main() -> int:
         return 0
     if args.feedback:
         feedback_bench()
+        return 0
+    if args.retries:
+        retries_bench()
         return 0
     if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
@@ -1311,6 +1383,7 @@ def main() -> int:
             parse_bench()
             limits_bench()
             feedback_bench()
+            retries_bench()
             workers_bench(args.duration)
         finally:
             for proc in (proxy, upstream):

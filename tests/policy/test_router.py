@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -148,11 +149,87 @@ def test_retry_budget_is_a_share_of_requests_in_flight() -> None:
     budget = RetryBudget(percent=20, min_concurrency=3)
     tracker = RetryBudgetTracker()
     tracker.requests, tracker.retries = 100, 19
-    assert tracker.allows_retry(budget)
+    assert tracker.allows_retry(budget, granted=1)
     tracker.retries = 20
-    assert not tracker.allows_retry(budget)
+    assert not tracker.allows_retry(budget, granted=1)
     tracker.requests, tracker.retries = 1, 2
-    assert tracker.allows_retry(budget)  # min_concurrency always allowed
+    assert tracker.allows_retry(budget, granted=1)  # min_concurrency always allowed
+
+
+@pytest.mark.parametrize(
+    ("min_per_target", "granted", "allowed"),
+    [(1, 0, True), (1, 1, False), (2, 1, True), (2, 2, False), (0, 0, False)],
+)
+def test_a_requests_first_retries_are_outside_the_shared_budget(
+    min_per_target: int, granted: int, allowed: bool
+) -> None:
+    """#29.3: the shared budget is full (16 requests, 4 retries in flight against 20% and 3), yet a
+    request that has had fewer than ``min_per_target`` retries may retry."""
+    budget = RetryBudget(percent=20, min_concurrency=3, min_per_target=min_per_target)
+    tracker = RetryBudgetTracker()
+    tracker.requests, tracker.retries = 16, 4
+    assert tracker.allows_retry(budget, granted) is allowed
+
+
+NO_SHARED_BUDGET = Failover(
+    retries=2, backoff=Backoff(100, 1000), timeouts=Timeouts(5, 60), budget=RetryBudget(0, 0, 1)
+)
+
+
+async def test_a_burst_of_failures_each_gets_its_floor_retry_and_no_more() -> None:
+    """16 requests fail at once with a shared budget of nothing: each still retries once (the floor
+    is per request and target, so the burst cannot use it up); a second retry is the shared budget's to give,
+    and is refused."""
+    clock = Clock()
+    router = make_router(clock)
+    once = [ScriptedProvider(ProviderError("server_error", "boom"), "ok") for _ in range(16)]
+    results = await asyncio.gather(  # a target each: the breaker stays out of it
+        *(
+            run(router, {f"p{i}": p}, [Target(f"p{i}", "m")], NO_SHARED_BUDGET, clock.now + 60)
+            for i, p in enumerate(once)
+        )
+    )
+    assert all(routed.value["value"] == "ok" for routed, _ in results)
+    twice = ScriptedProvider(ProviderError("server_error", "1"), ProviderError("server_error", "2"), "ok")
+    with pytest.raises(RungFailed):
+        await run(router, {"a": twice}, [Target("a", "m")], NO_SHARED_BUDGET, clock.now + 60)
+    assert len(twice.calls) == 2
+    assert router.budget.retries == 0 and router.budget.requests == 0  # nothing leaks
+
+
+async def test_the_floor_is_per_target() -> None:
+    """The floor retry spent on the first target leaves the second target its own: a request that
+    failed over is not left with first tries only when the shared budget gives nothing."""
+    clock = Clock()
+    a = ScriptedProvider(ProviderError("server_error", "a1"), ProviderError("server_error", "a2"))
+    b = ScriptedProvider(ProviderError("server_error", "b1"), "ok")
+    routed, _ = await run(
+        make_router(clock), {"a": a, "b": b}, [Target("a", "m"), Target("b", "m")], NO_SHARED_BUDGET
+    )
+    assert routed.value["value"] == "ok"
+    assert (len(a.calls), len(b.calls)) == (2, 2)
+
+
+DEFAULT_BREAKER = Failover(retries=2, backoff=Backoff(100, 1000), timeouts=Timeouts(5, 60))
+
+
+async def test_an_always_failing_target_gets_min_requests_tries_then_one_trial_per_open_s() -> None:
+    """#29.3: the budget's floor adds retries, yet a target failing every request is tried exactly
+    ``min_requests`` times (retries included) before its breaker opens, then once per ``open_s`` (the
+    half-open trial, never retried), one request at a time."""
+    clock = Clock()
+    router = make_router(clock)
+    policy = DEFAULT_BREAKER.breaker
+    dead = ScriptedProvider(*(ProviderError("server_error", f"down {i}") for i in range(100)))
+    for _ in range(policy.min_requests):  # more requests than it takes
+        with pytest.raises(RungFailed):
+            await run(router, {"a": dead}, [Target("a", "m")], DEFAULT_BREAKER, clock.now + 60)
+    assert len(dead.calls) == policy.min_requests
+    clock.now += policy.open_s
+    for _ in range(3):
+        with pytest.raises(RungFailed):
+            await run(router, {"a": dead}, [Target("a", "m")], DEFAULT_BREAKER, clock.now + 60)
+    assert len(dead.calls) == policy.min_requests + 1  # one trial, not retried; then open again
 
 
 def test_backoff_never_exceeds_the_cap() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio as aioredis
 
 from proxy.clients import caller_of
 from proxy.quota.service import Admission, Limited, ratelimit_headers
 from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window, WindowState
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(14)
@@ -26,18 +26,8 @@ class Clock:
 
 @pytest.fixture
 async def redis_counters() -> AsyncIterator[RedisCounters]:
-    client = aioredis.from_url(REDIS_URL)
-    counters = RedisCounters(client)
-
-    async def clean() -> None:
-        keys = await client.keys(f"*{KEY_PREFIX}*test*")
-        if keys:
-            await client.delete(*keys)
-
-    await clean()
-    yield counters
-    await clean()
-    await counters.aclose()
+    async with fresh_db(14, match=f"*{KEY_PREFIX}*test*") as client:
+        yield RedisCounters(client)  # fresh_db closes the client it shares
 
 
 async def admitted(counters: MemoryCounters | RedisCounters, window: Window, count: int) -> int:

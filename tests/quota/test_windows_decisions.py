@@ -21,6 +21,7 @@ from proxy.quota.windows import (
     WindowState,
     window_state,
 )
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import free_port, redis_url
 
 REDIS_URL = redis_url(13)
@@ -157,11 +158,8 @@ async def test_memory_aclose_forgets_the_windows() -> None:
 
 @pytest.fixture
 async def client() -> AsyncIterator[aioredis.Redis]:
-    redis = aioredis.from_url(REDIS_URL)
-    await redis.flushdb()
-    yield redis
-    await redis.flushdb()
-    await redis.aclose()
+    async with fresh_db(13) as redis:
+        yield redis
 
 
 async def current(redis: aioredis.Redis, window: Window) -> int | None:

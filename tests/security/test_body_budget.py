@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import raw_http, request_bytes
+from tests.support.polling import eventually
 
 BUDGET = 4_000_000
 HELD = 600_000
@@ -42,14 +43,10 @@ async def in_use(url: str) -> float:
     return float(match[1])
 
 
-async def wait_for_in_use(url: str, predicate: object) -> float:
-    deadline = asyncio.get_running_loop().time() + DEADLINE_S
-    while True:
-        value = await in_use(url)
-        if predicate(value):  # type: ignore[operator]
-            return value
-        assert asyncio.get_running_loop().time() < deadline, f"budget in use stuck at {value}"
-        await asyncio.sleep(0.02)
+async def wait_for_in_use(url: str, ready: Callable[[float], bool]) -> float:
+    return await eventually(
+        lambda: in_use(url), "the body budget in use", ready=ready, timeout=DEADLINE_S, step=0.02
+    )
 
 
 @asynccontextmanager

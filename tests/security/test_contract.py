@@ -21,6 +21,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import Canary
+from tests.support.polling import until
 
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 FENCE_BOMB = "```" + " " * 40_000 + "x"
@@ -78,8 +79,9 @@ async def test_healthz_answers_while_a_large_hostile_answer_is_checked(
     fake_upstream.set_default_reply("strong", hostile)
     async with aiohttp.ClientSession() as session:
         call = asyncio.create_task(execute(served, "code-reviewer", REVIEW_INPUT))
-        while not fake_upstream.count("/v1/chat/completions"):
-            await asyncio.sleep(0.005)
+        await until(
+            lambda: fake_upstream.count("/v1/chat/completions"), "the upstream call", timeout=10, step=0.005
+        )
         answered_meanwhile = 0
         while not call.done():
             async with session.get(f"{served.url}/healthz") as resp:

@@ -4,7 +4,6 @@ stored record holds a hash of the key, never the key."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import raw_http, request_bytes
+from tests.support.polling import settled
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -67,12 +67,10 @@ async def test_only_the_calling_key_or_an_admin_key_judges_and_the_key_is_stored
             assert (await raw_http("127.0.0.1", port, post("/v1/feedback", verdict, None))).status == 401
             assert (await raw_http("127.0.0.1", port, post("/v1/feedback", verdict, ALICE))).status == 200
             assert (await raw_http("127.0.0.1", port, post("/v1/feedback", verdict, ADMIN))).status == 200
-            stored = None
-            for _ in range(100):  # written to Redis in the background
-                stored = await client.hget(f"cogproxy:answers:{trace}", ALICE_ID)
-                if stored is not None and orjson.loads(stored)["verdicts"] == 2:
-                    break
-                await asyncio.sleep(0.05)
+            stored = await settled(  # written to Redis in the background
+                lambda: client.hget(f"cogproxy:answers:{trace}", ALICE_ID),
+                ready=lambda s: s is not None and orjson.loads(s)["verdicts"] == 2,
+            )
         assert stored is not None
         for key in (ALICE, BOB, ADMIN):
             assert key.encode() not in stored

@@ -6,6 +6,7 @@ import asyncio
 
 from tests.proxy_server import ServedProcess
 from tests.security.harness import Canary, raw_http, request_bytes
+from tests.support.polling import until
 
 
 async def test_canary_counts_a_connection() -> None:
@@ -16,10 +17,7 @@ async def test_canary_counts_a_connection() -> None:
         await writer.drain()
         writer.close()
         await writer.wait_closed()
-        for _ in range(200):
-            if canary.connections:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: canary.connections, "the canary reached", timeout=2, step=0.01)
         assert canary.connections == 1
     finally:
         await canary.stop()

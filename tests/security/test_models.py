@@ -3,13 +3,10 @@ per-target state stays bounded by the policy whatever names clients send."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
-import redis.asyncio as aioredis
 import yaml
 
 from tests.fake_upstream import FakeUpstream
@@ -20,15 +17,6 @@ from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
 DISTINCT_NAMES = 40
-
-
-@pytest.fixture
-async def redis_db() -> AsyncIterator[Any]:
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
 
 
 def models_policy(fake: FakeUpstream) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, free_port, proxy_process
 from tests.security.conftest import security_policy
 from tests.security.harness import request_bytes
+from tests.support.polling import eventually
 
 DEADLINE_S = 10.0
 KEEP_ALIVE_GET = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -55,19 +56,22 @@ async def closed(reader: asyncio.StreamReader) -> bool:
 
 async def metric(url: str, name: str) -> float:
     """A sample from /metrics, retried while the proxy is still freeing a connection slot."""
-    deadline = asyncio.get_running_loop().time() + DEADLINE_S
     async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(url + "/metrics") as resp:
-                    if resp.status == 200:
-                        text = await resp.text()
-                        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-                        return float(match[1]) if match else 0.0
-            except aiohttp.ClientError:
-                pass
-            assert asyncio.get_running_loop().time() < deadline, f"/metrics never answered for {name}"
-            await asyncio.sleep(0.02)
+
+        async def page() -> str | None:
+            async with session.get(url + "/metrics") as resp:
+                return await resp.text() if resp.status == 200 else None
+
+        text = await eventually(
+            page,
+            f"/metrics answering for {name}",
+            ready=lambda t: t is not None,
+            timeout=DEADLINE_S,
+            step=0.02,
+            ignore=(aiohttp.ClientError,),
+        )
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text or "", re.M)
+    return float(match[1]) if match else 0.0
 
 
 async def test_a_half_sent_head_gets_408_and_the_connection_closes(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.stream.negotiate import BadMode, Request, negotiate, requested
+from proxy.stream.negotiate import BadMode, Negotiated, Request, negotiate, requested, transport_of
 from tests.conftest import ModuleFactory
 
 SSE, NDJSON, JSON = "text/event-stream", "application/x-ndjson", "application/json"
@@ -102,3 +102,93 @@ def test_an_undeclared_exploration_module_answers_an_explicit_sync_request(
     assert negotiate(module, Request(accept=NDJSON)).transport == "ndjson"
     declared = make_module(tier="exploration", response={"mode": "streaming"})
     assert negotiate(declared, signals).refused is True
+
+
+@pytest.mark.parametrize(
+    ("signals", "message"),
+    [
+        (Request(header="fast"), "X-Cognitive-Response-Mode must be sync or streaming, not 'fast'"),
+        (Request(option=3), "_options.response_mode must be sync or streaming, not '3'"),
+        (Request(option=True), "_options.response_mode must be sync or streaming, not 'True'"),
+        (Request(query="both"), "the response_mode query parameter must be sync or streaming, not 'both'"),
+        (Request(header="x" * 50), f"X-Cognitive-Response-Mode must be sync or streaming, not '{'x' * 40}'"),
+        (Request(header="sync", option="fast"), None),  # a lower signal is not read once one decided
+    ],
+)
+def test_the_refusal_names_the_signal_and_a_cut_value(signals: Request, message: str | None) -> None:
+    if message is None:
+        assert requested(signals) == "sync"
+        return
+    with pytest.raises(BadMode) as refused:
+        requested(signals)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("SYNC", "sync"), (" sync\t", "sync"), ("STREAMING", "streaming"), ("streaming ", "streaming")],
+)
+def test_every_signal_is_read_case_and_space_insensitively(value: str, mode: str) -> None:
+    assert requested(Request(header=value)) == mode
+    assert requested(Request(option=value)) == mode
+    assert requested(Request(query=value)) == mode
+
+
+@pytest.mark.parametrize(
+    ("accept", "mode", "transport"),
+    [
+        ("Text/Event-Stream", "streaming", "sse"),
+        ("APPLICATION/X-NDJSON", "streaming", "ndjson"),
+        ("application/json, application/x-ndjson;q=0.5", "streaming", "ndjson"),
+        ("application/json", None, "sse"),
+        ("", None, "sse"),
+    ],
+)
+def test_accept_is_read_case_insensitively_for_mode_and_transport(
+    accept: str, mode: str | None, transport: str
+) -> None:
+    assert requested(Request(accept=accept)) == mode
+    assert transport_of(accept) == transport
+
+
+@pytest.mark.parametrize(
+    ("declared", "ask", "can_stream"),
+    [
+        ("streaming", None, True),
+        ("streaming", None, False),
+        ("both", "sync", True),
+        ("streaming", "sync", True),
+        ("sync", "streaming", True),
+        ("both", "streaming", False),
+        ("both", "streaming", True),
+    ],
+)
+def test_every_answer_keeps_the_asked_transport(
+    make_module: ModuleFactory, declared: str, ask: str | None, can_stream: bool
+) -> None:
+    module = make_module(response={"mode": declared})
+    got = negotiate(module, Request(header=ask, accept=f"{NDJSON}, {JSON}"), can_stream=can_stream)
+    assert got.transport == "ndjson"
+
+
+def test_a_declared_streaming_module_asked_nothing_answers_sync_when_no_provider_can_stream(
+    make_module: ModuleFactory,
+) -> None:
+    module = make_module(response={"mode": "streaming"})
+    got = negotiate(module, Request(accept=JSON), can_stream=False)
+    assert (got.mode, got.fallback_reason, got.refused) == ("sync", None, False)
+    assert negotiate(module, Request(accept=JSON)) == Negotiated("streaming", "sse")
+
+
+@pytest.mark.parametrize("reason", ["module_sync_only", "provider_limitation"])
+def test_the_fallback_warning_body_and_header(reason: str) -> None:
+    got = Negotiated("sync", fallback_reason=reason)
+    assert got.warning_header == f"STREAMING_UNAVAILABLE; fallback=sync; reason={reason}"
+    assert got.warnings() == [
+        {
+            "code": "W4010",
+            "message": f"Streaming requested but not available ({reason}), returned sync response",
+            "fallback_used": "sync",
+        }
+    ]
+    assert Negotiated("sync").warnings() == [] and Negotiated("sync").warning_header is None

@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import os
+import signal
 import tracemalloc
 
 import pytest
+import redis.asyncio as aioredis
 
 from proxy.stream import sessions
 from proxy.stream.chunks import delta_chunk, final_chunk
-from proxy.stream.sessions import SessionHub, client_hash, is_session_id
+from proxy.stream.sessions import MirrorGap, SessionHub, client_hash, is_session_id
 from tests.support.cost import lines_run
+from tests.support.polling import eventually, until
+from tests.support.redis_server import redis_url, server_pid
+
+REDIS_DB = 12
 
 
 def test_session_ids_carry_128_random_bits() -> None:
@@ -60,11 +67,9 @@ async def test_a_finished_session_expires_after_its_ttl() -> None:
     session = hub.create("anonymous", "m")
     session.finish()
     assert await hub.find(session.id) is not None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
-    while await hub.find(session.id) is not None:
-        assert loop.time() < deadline, "the session never expired"
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: hub.find(session.id), "the session expired", ready=lambda s: s is None, step=0.01
+    )
     assert hub.used_bytes == 0
 
 
@@ -179,3 +184,113 @@ def test_the_memory_bound_counts_what_the_sessions_really_hold() -> None:
     finally:
         tracemalloc.stop()
     assert held <= hub.used_bytes, f"{held} bytes held, {hub.used_bytes} counted"
+
+
+async def test_a_session_whose_mirror_lost_chunks_is_never_served_partial_from_redis() -> None:
+    """#29.7: Redis froze (SIGSTOP of the suite's own redis-server) while a session was mirrored;
+    a write timed out (and ran later, when Redis woke). Another replica must then get the whole
+    session or none of it: before, the writer deleted the session once and wrote the rest after it,
+    leaving chunks 12-21 marked done (and a timed-out write can land after a delete)."""
+    from structlog.testing import capture_logs
+
+    url = redis_url(REDIS_DB)
+    store = aioredis.Redis.from_url(url)
+    await store.flushdb()
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    session = producer.create("sk-a", "m")
+    events_key = f"cogproxy:stream:{session.id}:events"
+    for seq in range(1, 11):
+        session.append(delta_chunk(seq, "data.rationale", "x", "x" * seq))
+    await eventually(
+        lambda: store.llen(events_key), "the first 10 chunks mirrored", ready=lambda n: n == 10, timeout=20
+    )
+    with capture_logs() as logs:
+        os.kill(server_pid(), signal.SIGSTOP)
+        try:
+            session.append(delta_chunk(11, "data.rationale", "x", "x" * 11))
+            await until(
+                lambda: any(e["event"] == "proxy.stream_mirror_failed" for e in logs),
+                "the write during the freeze timed out",
+                timeout=20,
+            )
+        finally:
+            os.kill(server_pid(), signal.SIGCONT)
+    for seq in range(12, 21):
+        session.append(delta_chunk(seq, "data.rationale", "x", "x" * seq))
+    session.append(final_chunk(21, {"ok": True, "meta": {}, "data": {}}, {}, {}))
+    session.finish()
+    await producer.aclose()  # every queued write is tried
+    stored, done = (
+        await store.llen(events_key),
+        await store.hget(f"cogproxy:stream:{session.id}:info", "done"),
+    )
+    assert done != b"1" or stored == 21, f"{stored} of 21 chunks marked done"
+    found = await replica.find(session.id)
+    if found is not None:  # served: only whole
+        events, finished = await found.source.read(0, 0.5)
+        assert finished and len(events) == 21
+    await replica.aclose()
+    await store.flushdb()
+    await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("entries", "info", "why"),
+    [
+        ([b"1 chunk {}", b"2 chunk {}"], {"done": "1", "count": "3"}, "the first entry is missing"),
+        ([b"0 chunk {}", b"2 chunk {}"], {"done": "0"}, "a hole in the middle"),
+        ([b"0 chunk {}", b"1 chunk {}"], {"done": "1", "count": "3"}, "marked done short of its count"),
+        ([b"0 chunk {}"], {"done": "1"}, "marked done without a count"),
+        ([b"chunk {}"], {"done": "0"}, "an entry without its position"),
+    ],
+)
+async def test_a_redis_copy_with_a_gap_is_not_found_on_another_replica(
+    entries: list[bytes], info: dict[str, str], why: str
+) -> None:
+    """Whatever order Redis ran the writes in, a copy that is not whole is refused: the retry
+    starts a new stream instead of replaying part of the old one as if it were all of it."""
+    url = redis_url(REDIS_DB)
+    store = aioredis.Redis.from_url(url)
+    sid = "sess_" + "ab" * 16
+    for name, value in {"client": client_hash("k"), "module": "m", **info}.items():
+        await store.hset(f"cogproxy:stream:{sid}:info", name, value)
+    await store.rpush(f"cogproxy:stream:{sid}:events", *entries)
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    try:
+        assert await replica.find(sid) is None, why
+    finally:
+        await replica.aclose()
+        await store.flushdb()
+        await store.aclose()
+
+
+async def test_a_follower_on_another_replica_stops_when_the_mirror_is_lost() -> None:
+    """A replica replaying a live session's copy when a write of it fails (the copy is deleted)
+    stops with ``MirrorGap`` (the client gets E2010, and its retry a new stream) instead of
+    waiting a TTL for chunks that will never come or reading a later copy with a hole."""
+    url = redis_url(REDIS_DB)
+    store = aioredis.Redis.from_url(url)
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    session = producer.create("sk-a", "m")
+    for seq in (1, 2):
+        session.append(delta_chunk(seq, "data.rationale", "x", "x" * seq))
+    events_key = f"cogproxy:stream:{session.id}:events"
+    await eventually(
+        lambda: store.llen(events_key), "two chunks mirrored", ready=lambda n: n == 2, timeout=20
+    )
+    found = await replica.find(session.id)
+    assert found is not None
+    events, done = await found.source.read(0, 0.5)
+    assert len(events) == 2 and not done
+    session.mirror_lost = True  # as a failed write leaves it
+    session.append(delta_chunk(3, "data.rationale", "x", "xxx"))
+    await eventually(lambda: store.exists(events_key), "the copy deleted", ready=lambda n: n == 0, timeout=20)
+    with pytest.raises(MirrorGap):
+        await found.source.read(2, 0.5)
+    assert await replica.find(session.id) is None
+    for hub in (producer, replica):
+        await hub.aclose()
+    await store.flushdb()
+    await store.aclose()

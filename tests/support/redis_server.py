@@ -12,8 +12,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
+
+from tests.support.polling import wait_sync
 
 START_TIMEOUT_S = 10.0
 INSTALL_HINT = "redis-server is not installed: apt-get install -y redis-server (make test installs it)"
@@ -55,6 +56,25 @@ def _answers(port: int) -> bool:
         return False
 
 
+def _started(port: int, process: subprocess.Popen[bytes]) -> bool:
+    """True once the server answers PING; False when it exited or did not within the timeout."""
+
+    def exited() -> str | None:
+        return None if process.poll() is None else f"it exited {process.returncode}"
+
+    try:
+        wait_sync(
+            lambda: _answers(port),
+            "redis-server answering PING",
+            timeout=START_TIMEOUT_S,
+            step=0.02,
+            give_up=exited,
+        )
+    except AssertionError:
+        return False
+    return True
+
+
 def _start() -> _Server:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -83,12 +103,9 @@ def _start() -> _Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            if _answers(port):
-                return _Server(port, process, workdir)
-            time.sleep(0.02)
-        if process.poll() is None:
+        if _started(port, process):
+            return _Server(port, process, workdir)
+        if process.poll() is None:  # the port was taken meanwhile: another one
             process.kill()
         process.wait()
     workdir.cleanup()

@@ -5,10 +5,8 @@ only the half-open trial moves an open breaker."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from proxy.policy.model import BreakerPolicy, Failover, Target, Timeouts
@@ -19,6 +17,7 @@ from proxy.upstream.base import ProviderError
 from proxy.upstream.breaker import Breakers, Ticket
 from proxy.upstream.router import Router, RungFailed
 from tests.policy.test_router import Clock, ScriptedProvider, run
+from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
@@ -31,14 +30,11 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[BreakerStore]:
     if request.param == "memory":
         yield MemoryBreakerStore()
         return
-    client: Any = aioredis.Redis.from_url(REDIS_URL)
-    await client.flushdb()
-    redis_store = RedisBreakerStore(REDIS_URL)
-    yield redis_store
-    assert not redis_store.degraded, "the test ran on the memory fallback, not on Redis"
-    await redis_store.aclose()
-    await client.flushdb()
-    await client.aclose()
+    async with fresh_db(15):
+        redis_store = RedisBreakerStore(REDIS_URL)
+        yield redis_store
+        assert not redis_store.degraded, "the test ran on the memory fallback, not on Redis"
+        await redis_store.aclose()
 
 
 @pytest.fixture

@@ -31,6 +31,8 @@ from proxy.contract.inputs import check_input
 from proxy.media.model import Media
 from proxy.media.resolve import stubbed, validation_meta
 from proxy.media.step import MediaEnv, prepare_media
+from proxy.memory_budget import memory_size
+from proxy.memory_budget import refusal as memory_refusal
 from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
 from proxy.module.lint import lint_module
 from proxy.module.loader import ModuleLoadError, load_module
@@ -468,6 +470,14 @@ SERVE_OPTIONS = (
         f"processes accepting on the port (SO_REUSEPORT), supervised by this one (1-{MAX_WORKERS}); "
         "1: this process serves",
     ),
+    ServeOption(
+        "--memory-limit",
+        "MEMORY_LIMIT",
+        memory_size,
+        None,
+        "bytes (256Mi, 1Gi...) all workers' memory bounds must fit in, or serve refuses to start; "
+        "unset: the cgroup's limit; 0: no check",
+    ),
     ServeOption("--log-format", "LOG_FORMAT", str, "json", "log format", ("json", "console")),
     ServeOption("--log-level", "LOG_LEVEL", str, "info", "log level"),
     ServeOption(
@@ -527,7 +537,8 @@ def _redact_names(text: str | None) -> dict[str, tuple[str, ...]]:
     return {"context_redact_names": names} if names else {}
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def serve_settings(args: argparse.Namespace) -> Settings:
+    """The settings ``serve`` runs with, from its resolved flags (``resolve_serve_options``)."""
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
     identities = read_identities(Path(args.api_keys_file)) if args.api_keys_file else {}
     keys |= frozenset(identities)
@@ -585,9 +596,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("serve: a policy is required (--policy FILE or COGPROXY_POLICY)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        settings = _settings(args)
+        settings = serve_settings(args)
         configure_logging(args.log_format, args.log_level)
-        load_policy(settings.policy_path)  # fail fast, with the path and the key, before binding
+        policy = load_policy(settings.policy_path)  # fail fast, with the path and the key, before binding
+        refused = None if settings.worker is not None else memory_refusal(settings, policy, args.memory_limit)
+        if refused is not None:
+            raise ValueError(refused)
         if args.spool_dir and settings.worker is None:
             adopt_spools(Path(args.spool_dir), settings.workers)
     except (PolicyError, ValueError, OSError) as exc:

@@ -20,15 +20,15 @@ DEFAULT_CLIENT_READ_TIMEOUT_S = 10.0
 ample for a loopback or in-cluster client and frees a slow client's descriptor quickly)."""
 MiB = 1024 * 1024
 DEFAULT_MAX_INFLIGHT_BODY_BYTES = 96 * MiB
-"""The shipped container limit (deploy/k8s: 192Mi) minus the proxy's measured baseline RSS
-(~60 MiB: interpreter, aiohttp, prometheus, modules) minus 36 MiB for everything else in
-flight (response bodies, connection buffers, allocator slack)."""
+"""Ten bodies of the largest size read at once, parsed. With the other bounds it adds up to
+what the shipped container limit holds (``proxy.memory_budget``, deploy/k8s: 320Mi)."""
 DEFAULT_STREAM_SESSION_TTL_S = 300.0
 """How long a streamed answer's session can be resumed after its last chunk (spec v2.5 §3.2.6)."""
 DEFAULT_STREAM_HEARTBEAT_S = 15.0
 """Silence before an empty heartbeat chunk (spec v2.5 §3.2.3)."""
-DEFAULT_STREAM_SESSION_MAX_BYTES = 64 * MiB
-"""Chunks kept for recovery in this process at most: a few thousand finished answers."""
+DEFAULT_STREAM_SESSION_MAX_BYTES = 32 * MiB
+"""Chunks kept for recovery in this process at most, their bookkeeping counted: about two
+thousand finished answers of 50 chunks (was 64 MiB, counting chunk text only; issue #29.5)."""
 MAX_WORKERS = 64
 """``--workers`` at most: beyond a few per core the processes only compete for the CPU."""
 

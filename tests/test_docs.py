@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from proxy import memory_budget
 from proxy.cli import SERVE_OPTIONS, build_parser
+from proxy.policy.loader import load_policy
+from proxy.settings import Settings
 from tests.paths import ROOT
 
 README = ROOT / "README.md"
@@ -197,6 +200,15 @@ def test_configuration_lists_exactly_the_serve_flags() -> None:
     assert set(rows) == flags
     for option in SERVE_OPTIONS:
         assert f"`COGPROXY_{option.env}`" in rows[option.flag], option.flag
+
+
+def test_the_memory_table_in_deployment_md_is_the_codes() -> None:
+    """docs/deployment.md "Memory" shows ``proxy.memory_budget``'s table at the defaults."""
+    page = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- memory-budget:", 1)[1].split("-->", 1)[1].split("<!-- /memory-budget -->", 1)[0]
+    policy_path = ROOT / "policies" / "default.yaml"
+    settings = Settings(policy_path=policy_path, module_dirs=())
+    assert shown.strip() == memory_budget.markdown(settings, load_policy(policy_path)).strip()
 
 
 def test_the_readme_states_both_ways_to_choose_the_port_and_make_honours_them() -> None:

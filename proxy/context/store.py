@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from proxy.context.identity import namespace_in
 from proxy.module.context_spec import TTL_PERSISTENT
+from proxy.retained import retained
 from proxy.state.outbox import KeyWrite, RedisOutbox
 
 log = structlog.get_logger("proxy.context")
@@ -36,8 +37,13 @@ Clock = Callable[[], float]
 MEMORY_MAX_BYTES = 16 * 1024 * 1024
 """The in-process store's whole size: 64 full-size contexts, thousands of typical session
 states; a sidecar that needs more shares a Redis. Least recently used entries go first."""
-MEMORY_MAX_ENTRIES = 50_000
-"""Bounds the per-entry bookkeeping too, when values are tiny."""
+MEMORY_MAX_ENTRIES = 20_000
+"""Bounds the per-entry bookkeeping too, when values are tiny (20,000 x
+``MEMORY_ENTRY_OVERHEAD_BYTES``: 12.2 MiB; 50,000 cost 30 MiB besides the values)."""
+MEMORY_ENTRY_OVERHEAD_BYTES = 640
+"""What an entry takes besides its value's bytes: its key (~130 characters), the LRU and
+per-client indexes, the (value, expiry) tuple (measured with tracemalloc: ~500; pinned by
+``tests/context/test_store_memory.py``). ``proxy.memory_budget`` counts it per entry."""
 REDIS_OP_TIMEOUT_S = 0.25
 """A context read is on the request path: a Redis that does not answer within this is down."""
 RETRY_REDIS_AFTER_S = 5.0
@@ -148,6 +154,7 @@ class MemoryContextStore:
             return
         if key in self._items:
             self._drop(key)
+        value = retained(value)  # never orjson's 4 KiB working buffer (proxy.retained)
         size = len(value)
         if size > self._max_bytes or (quota is not None and size > quota.max_bytes):
             return

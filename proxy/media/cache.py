@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 Key = tuple[str, str]
 """(client id, URL as the client wrote it)."""
+ENTRY_OVERHEAD_BYTES = 512
+"""What an entry holds besides its media and URL characters: the objects and the indexes
+(tracemalloc: ~400; pinned by ``tests/media/test_cache.py``). Counted in the bound, so many
+tiny fetches cannot hold more than ``max_bytes``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +36,22 @@ class Fetched:
     """Every URL asked on the way, the first and ``url`` included: each is vetted again on a hit."""
 
 
+def entry_bytes(key: Key, fetched: Fetched) -> int:
+    """What keeping ``fetched`` under ``key`` costs in memory, as the bound counts it."""
+    urls = len(key[1]) + len(fetched.url) + sum(len(url) for url in fetched.chain)
+    # __sizeof__: a bytearray read chunk by chunk holds its growth slack too; no copy to trim it,
+    # the request that fetched it holds the same object.
+    return fetched.data.__sizeof__() + urls + ENTRY_OVERHEAD_BYTES
+
+
 class MediaCache:
     def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.size = 0
         self._clock = clock
-        self._entries: OrderedDict[Key, tuple[float, Fetched]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[float, Fetched, int]] = OrderedDict()
+        """key -> (stored at, what was fetched, its ``entry_bytes``)."""
         self._owned: dict[str, OrderedDict[str, None]] = {}
         """client -> its URLs, least recently used first."""
         self._bytes: dict[str, int] = {}
@@ -48,7 +61,7 @@ class MediaCache:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        stored, fetched = entry
+        stored, fetched, _ = entry
         if self._clock() - stored > self.ttl_s:
             self.drop(key)
             return None
@@ -57,7 +70,7 @@ class MediaCache:
         return fetched
 
     def put(self, key: Key, fetched: Fetched) -> None:
-        size = len(fetched.data)
+        size = entry_bytes(key, fetched)
         if size > self.max_bytes:
             return
         self.drop(key)
@@ -67,7 +80,7 @@ class MediaCache:
             # one client's fetches never push another's entries out. Clients are the keys file's.
             heaviest = max(self._bytes, key=lambda c: self._bytes[c] + (size if c == client else 0))
             self.drop((heaviest, next(iter(self._owned[heaviest]))))
-        self._entries[key] = (self._clock(), fetched)
+        self._entries[key] = (self._clock(), fetched, size)
         self._owned.setdefault(client, OrderedDict())[key[1]] = None
         self._bytes[client] = self._bytes.get(client, 0) + size
         self.size += size
@@ -75,7 +88,7 @@ class MediaCache:
     def drop(self, key: Key) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            size = len(entry[1].data)
+            size = entry[2]
             self.size -= size
             client, url = key
             owned = self._owned[client]

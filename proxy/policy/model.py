@@ -213,8 +213,10 @@ class PassthroughPolicy:
 
 
 DEFAULT_FEEDBACK_WINDOW_S = 7 * 24 * 3600.0
-DEFAULT_FEEDBACK_MAX_ENTRIES = 100_000
-"""At ~0.5 KiB a record, the in-process feedback store stays near 50 MiB at most."""
+DEFAULT_FEEDBACK_MAX_ENTRIES = 10_000
+"""At most ``RECORD_MAX_BYTES`` (2.25 KiB) a record, the in-process store stays within 22.0 MiB
+(100,000 did not fit the shipped container with the other bounds; issue #29.5). Each worker
+keeps its own; a sidecar that judges more answers later shares a Redis (``--redis-url``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +248,7 @@ class MediaPolicy:
     """Bounds one fetch, redirects included; never beyond the call's own deadline."""
     strip_metadata: bool = False
     """Re-encode images without EXIF/metadata before they are sent (decodes the image)."""
-    cache_max_bytes: int = 64 * MB
+    cache_max_bytes: int = 32 * MB
     """Fetched media kept for a client's retry; 0 turns the cache off."""
     cache_ttl_s: float = 300.0
 

@@ -46,6 +46,12 @@ REDIS_OP_TIMEOUT_S = 0.25
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 SCAN_COUNT = 1000
+RECORD_MAX_BYTES = 2304
+"""The most one remembered answer takes in the in-process store, judged with the longest note
+(1,000 characters), source (64) and trace id (128) the API accepts, the indexes included
+(tracemalloc: ~2.1 KiB; ~1 KiB unjudged). Module, model and client names are the registry's,
+the policy's and the keys file's strings, shared, not copied. ``feedback.max_entries`` times
+this is the store's bound in ``proxy.memory_budget``."""
 
 Clock = Callable[[], float]
 RecordKey = tuple[str, str]

@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from proxy.retained import retained
 from proxy.stream.chunks import Kind, kind_of
 
 log = structlog.get_logger("proxy.stream")
@@ -54,6 +55,18 @@ MIRROR_QUEUE_MAX = 10_000
 _KEY = "cogproxy:stream:{}:{}"
 
 Event = tuple[Kind, bytes]
+EVENT_OVERHEAD_BYTES = 160
+"""Memory a kept chunk takes besides its JSON: the bytes object's header, the (kind, bytes)
+tuple, its list slot and allocator rounding (measured with tracemalloc: ~110; the test
+``test_the_memory_bound_counts_what_the_sessions_really_hold`` keeps this honest)."""
+SESSION_OVERHEAD_BYTES = 2048
+"""Memory a session takes before its first chunk: the object, its id, its asyncio.Event and
+the hub's indexes (measured: ~1.5 KiB)."""
+
+
+def event_bytes(event: Event) -> int:
+    """What keeping ``event`` costs in memory, as the hub's bound counts it."""
+    return len(event[1]) + EVENT_OVERHEAD_BYTES
 
 
 def client_hash(client: str) -> str:
@@ -90,7 +103,8 @@ class Session:
     module: str
     ttl_s: float
     events: list[Event] = field(default_factory=list)
-    size: int = 0
+    size: int = SESSION_OVERHEAD_BYTES
+    """What the session holds in memory: its chunks and its bookkeeping (``event_bytes``)."""
     done: bool = False
     expires: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,9 +113,9 @@ class Session:
     """A write to the Redis mirror failed (or was dropped): it is deleted, never written again."""
 
     def append(self, chunk: dict[str, Any]) -> None:
-        event: Event = (kind_of(chunk), orjson.dumps(chunk))
+        event: Event = (kind_of(chunk), retained(orjson.dumps(chunk)))
         self.events.append(event)
-        self.size += len(event[1])
+        self.size += event_bytes(event)
         self._notify(event)
 
     def finish(self) -> None:
@@ -205,7 +219,13 @@ class SessionHub:
     def __init__(self, *, ttl_s: float, max_bytes: int, redis_url: str | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: dict[str, Session] = {}
+        self._finished: OrderedDict[str, Session] = OrderedDict()
+        """Finished sessions in the order they finished: the order they expire in (one TTL)."""
+        self._finished_of: dict[str, OrderedDict[str, Session]] = {}
+        """client -> its finished sessions, oldest first (what the memory bound evicts)."""
+        self._held: dict[str, int] = {}
+        """client -> the bytes of its sessions, live ones included."""
         self._used = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self._redis: Any = (
@@ -222,7 +242,7 @@ class SessionHub:
 
     @property
     def live(self) -> int:
-        return sum(1 for s in self._sessions.values() if not s.done)
+        return len(self._sessions) - len(self._finished)
 
     @property
     def used_bytes(self) -> int:
@@ -234,6 +254,9 @@ class SessionHub:
         session = Session(new_session_id(), client_hash(client), module, self.ttl_s)
         session.on_event = self._on_event
         self._sessions[session.id] = session
+        self._add(session.client, session.size)
+        if self._used > self.max_bytes:
+            self._evict()
         if self._redis is not None:
             self._mirror(session, None, created=True)
         return session
@@ -280,38 +303,50 @@ class SessionHub:
 
     def _on_event(self, session: Session, event: Event | None) -> None:
         if event is not None:
-            self._used += len(event[1])
-            if self._used > self.max_bytes:
-                self._evict()
+            self._add(session.client, event_bytes(event))
+        elif session.id in self._sessions:  # finished (and not already dropped)
+            self._finished[session.id] = session
+            self._finished_of.setdefault(session.client, OrderedDict())[session.id] = session
+        if self._used > self.max_bytes:
+            self._evict()
         if self._redis is not None:
             self._mirror(session, event)
 
+    def _add(self, client: str, size: int) -> None:
+        self._used += size
+        self._held[client] = self._held.get(client, 0) + size
+
     def _purge(self) -> None:
+        """Drop expired sessions: the oldest finished first, so only the expired ones are read."""
         now = time.monotonic()
-        for session in [s for s in self._sessions.values() if s.done and s.expires <= now]:
-            self._drop(session)
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            if oldest.expires > now:
+                return
+            self._drop(oldest)
 
     def _evict(self) -> None:
         """Finished sessions until the bound holds again: the oldest of the client holding the
         most bytes (live sessions counted) first, so one client's streams never cost another
-        client its recovery (issue #26 attack pass)."""
-        held: dict[str, int] = {}
-        finished: dict[str, deque[Session]] = {}
-        for session in self._sessions.values():
-            held[session.client] = held.get(session.client, 0) + session.size
-            if session.done:
-                finished.setdefault(session.client, deque()).append(session)
-        while self._used > self.max_bytes and finished:
-            heaviest = max(finished, key=held.__getitem__)
-            session = finished[heaviest].popleft()
-            if not finished[heaviest]:
-                del finished[heaviest]
-            held[heaviest] -= session.size
-            self._drop(session)
+        client its recovery (issue #26 attack pass). Clients are the keys file's: few."""
+        while self._used > self.max_bytes and self._finished_of:
+            heaviest = max(self._finished_of, key=lambda client: self._held.get(client, 0))
+            self._drop(next(iter(self._finished_of[heaviest].values())))
 
     def _drop(self, session: Session) -> None:
-        if self._sessions.pop(session.id, None) is not None:
-            self._used -= session.size
+        if self._sessions.pop(session.id, None) is None:
+            return
+        self._used -= session.size
+        held = self._held.get(session.client, 0) - session.size
+        if held > 0:
+            self._held[session.client] = held
+        else:
+            self._held.pop(session.client, None)
+        if self._finished.pop(session.id, None) is not None:
+            mine = self._finished_of[session.client]
+            del mine[session.id]
+            if not mine:
+                del self._finished_of[session.client]
 
     # -- Redis mirror ------------------------------------------------------------------------------
 

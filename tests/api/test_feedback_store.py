@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -13,10 +15,12 @@ import pytest
 
 from proxy.state.feedback import (
     KEY_PREFIX,
+    RECORD_MAX_BYTES,
     AnswerRecord,
     MemoryFeedbackStore,
     RedisFeedbackStore,
     scan_records,
+    with_verdict,
 )
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
@@ -191,3 +195,27 @@ def test_a_record_of_the_previous_version_still_loads_for_calibration() -> None:
     old = {**orjson.loads(record("t").dumps()), "key_hash": "ab" * 32}
     del old["client"]
     assert AnswerRecord.loads(orjson.dumps(old)) == record("t")
+
+
+def test_a_remembered_answer_takes_at_most_record_max_bytes() -> None:
+    """Issue #29 finding 5: the store was bounded by count only, at "~0.5 KiB a record"; a judged
+    record with the longest note, source and trace id the API accepts takes ~2.1 KiB. Measured
+    with tracemalloc, such records stay within ``RECORD_MAX_BYTES`` each, the figure
+    ``proxy.memory_budget`` multiplies ``feedback.max_entries`` by."""
+    store = MemoryFeedbackStore(clock=lambda: 1000.0)
+    count = 2000
+    module, provider, model = "code-reviewer", "openai", "gpt-4o-mini"  # the policy's own strings
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(count):
+            answer = replace(record(f"{n:0128x}"), module=module, provider=provider, model=model)
+            judged = with_verdict(answer, "incorrect", 0.0, f"{n:064x}", f"{n:01000x}")
+            store.remember(judged, count)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(store) == count
+    assert held <= count * RECORD_MAX_BYTES, f"{held / count:.0f} bytes a record"

@@ -3,7 +3,9 @@ against the media policy of the call that uses it, and emptied when the media po
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -79,3 +81,26 @@ def test_a_changed_media_policy_starts_an_empty_cache() -> None:
     after = caches.for_policy(MediaPolicy())
     assert after is not cache and after is not None and len(after) == 0
     assert caches.for_policy(MediaPolicy(cache_max_bytes=0)) is None
+
+
+def test_the_cache_bound_counts_what_its_entries_really_hold() -> None:
+    """Issue #29 finding 5, the media cache's turn: only the media bytes were counted, so many
+    small fetches (a 1-pixel image each) held their URLs, redirect chains and bookkeeping beyond
+    the bound, and a fetched body kept its read buffer's slack. What tracemalloc sees the cache
+    hold is within what its bound counts."""
+    cache = MediaCache(max_bytes=1 << 40, ttl_s=60)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(3000):
+            url = f"https://media.example/{n:064x}.png"
+            data = bytearray()
+            for _ in range(3):
+                data += b"\x89PNG" * 8  # read chunk by chunk, as fetch does
+            cache.put((f"client-{n % 3}", url), Fetched(url, data, "image/png", None, (url,)))
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= cache.size, f"{held} bytes held, {cache.size} counted"

@@ -64,6 +64,10 @@ the success rate at 30% independent 503s on both providers of a rung, 16 clients
 over repeated runs with new seeds, against the budget without its per-target floor (#29.3) and
 against one client; reported, not asserted.
 
+Last, the soak (``tests/perf/soak.py``; ``--soak`` runs only it, ``BENCH_SOAK_S`` seconds): the
+default bounds filled under load, peak RSS against ``proxy.memory_budget``'s table, and CPU per
+request in the first and last minute as a ratio.
+
 ``--parse`` runs only the contract parse micro-benchmark (no wrk, no servers): the time to parse
 hostile model answers (a fence followed by 40,000 spaces, brace floods, long strings), as a
 ratio to parsing a normal envelope in the same run and in microseconds per KB of answer.
@@ -199,7 +203,7 @@ def serve_command(policy: Path, port: int, *extra: str) -> list[str]:
 def bench_policy(up_port: int) -> str:
     """The policy every proxy of the benchmark runs: one rung, one target, the no-delay upstream.
 
-    The feedback store remembers each module answer (about 0.6 KB, up to 100,000 by default): it
+    The feedback store remembers each module answer (about 1 KiB, up to 10,000 by default): it
     is kept small here so that "RSS after load" is the proxy's own footprint, not a store sized by
     configuration (docs/feedback-and-calibration.md: ``feedback.max_entries``)."""
     return (
@@ -1290,7 +1294,12 @@ def main() -> int:
         action="store_true",
         help="only instructions per request of the floor and the proxy (callgrind; about 3 minutes)",
     )
+    parser.add_argument(
+        "--soak", action="store_true", help="only the soak: bounds filled, CPU per request over time"
+    )
     args = parser.parse_args()
+    if args.soak:
+        return run_soak()
     if args.compose:
         composition_bench()
         return 0
@@ -1383,7 +1392,15 @@ def main() -> int:
             proxy_log.close()
             lines = (tmpdir / "proxy.log").read_bytes().count(b'"proxy.request"')
             print(f"proxy log: {lines} request lines written")
-    return 0
+    return run_soak()  # last, on its own proxy: the sections above do not share its stores
+
+
+def run_soak() -> int:
+    """``tests/perf/soak.py`` (imported as part of the repository's tests package)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf import soak
+
+    return soak.main()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from proxy.media.types import MediaError
 from proxy.policy.model import MediaPolicy
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
 from proxy.stream.chunks import delta_chunk
-from proxy.stream.sessions import SessionHub
+from proxy.stream.sessions import SESSION_OVERHEAD_BYTES, SessionHub
 from tests.fake_upstream import FakeUpstream
 from tests.media import samples
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy
@@ -187,7 +187,8 @@ async def test_one_client_cannot_evict_another_clients_stream_sessions() -> None
     """Stream-recovery sessions share one memory bound (``max_bytes``); finished sessions were
     evicted oldest first whoever owned them, so Bob's streams cost Alice her recovery. Past the
     bound the finished sessions of the client holding the most bytes go first."""
-    hub = SessionHub(ttl_s=60, max_bytes=4000)
+    bound = 4 * (SESSION_OVERHEAD_BYTES + 1200)  # about four of these sessions
+    hub = SessionHub(ttl_s=60, max_bytes=bound)
     alice = hub.create("alice", "m")
     alice.append(delta_chunk(1, "data.rationale", "a" * 900, "a" * 900))
     alice.finish()
@@ -197,7 +198,7 @@ async def test_one_client_cannot_evict_another_clients_stream_sessions() -> None
         session.append(delta_chunk(1, "data.rationale", "b" * 900, "b" * 900))
         session.finish()
         bobs.append(session)
-    assert hub.used_bytes <= 4000
+    assert hub.used_bytes <= bound
     assert await hub.find(alice.id) is not None
     assert await hub.find(bobs[-1].id) is not None and await hub.find(bobs[0].id) is None
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import os
 import signal
+import tracemalloc
 
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.stream import sessions
 from proxy.stream.chunks import delta_chunk, final_chunk
 from proxy.stream.sessions import MirrorGap, SessionHub, client_hash, is_session_id
+from tests.support.cost import lines_run
 from tests.support.polling import eventually, until
 from tests.support.redis_server import redis_url, server_pid
 
@@ -109,6 +114,76 @@ async def test_mirror_failures_name_no_request_and_are_logged_once_per_outage() 
     failures = [e for e in logs if e["event"] == "proxy.stream_mirror_failed"]
     assert len(failures) == 1, logs
     assert "trace_id" not in failures[0] and "route" not in failures[0]
+
+
+def _hub_with_finished(count: int, *, max_bytes: int = 1 << 30) -> SessionHub:
+    hub = SessionHub(ttl_s=60, max_bytes=max_bytes)
+    for n in range(count):
+        session = hub.create(f"client-{n % 3}", "m")
+        session.append(delta_chunk(1, "data.rationale", "z" * 100, "z" * 100))
+        session.finish()
+    return hub
+
+
+def _one_streamed_answer(hub: SessionHub) -> None:
+    session = hub.create("client-0", "m")
+    session.append(delta_chunk(1, "data.rationale", "z" * 100, "z" * 100))
+    session.finish()
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 30, None], ids=["under the bound", "at the bound"])
+def test_a_streamed_answer_costs_the_same_however_many_sessions_are_kept(max_bytes: int | None) -> None:
+    """Issue #29 finding 6: every ``create`` and ``find`` walked every kept session (to drop
+    expired ones), and every chunk past the memory bound walked them all again to pick what to
+    evict, so CPU per request rose for the TTL's 300 s while sessions piled up. Counted in lines
+    run, one answer's bookkeeping is the same with 50 and with 2,000 sessions kept."""
+    costs = []
+    for kept in (50, 2000):
+        hub = _hub_with_finished(kept)
+        if max_bytes is None:  # the bound reached: every new answer evicts the oldest finished one
+            hub.max_bytes = hub.used_bytes
+        costs.append(lines_run(sessions, functools.partial(_one_streamed_answer, hub)))
+    assert costs[0] == costs[1]
+
+
+def test_finding_a_session_costs_the_same_however_many_are_kept() -> None:
+    costs = []
+    for kept in (50, 2000):
+        hub = _hub_with_finished(kept)
+        session = hub.create("client-0", "m")
+        costs.append(lines_run(sessions, functools.partial(_found, hub, session.id)))
+    assert costs[0] == costs[1]
+
+
+def _found(hub: SessionHub, session_id: str) -> None:
+    """``hub.find`` of a session of this replica, run to its end (it awaits nothing then)."""
+    try:
+        hub.find(session_id).send(None)
+    except StopIteration as done:
+        assert done.value is not None
+        return
+    raise AssertionError("find awaited for a local session")
+
+
+def test_the_memory_bound_counts_what_the_sessions_really_hold() -> None:
+    """Issue #29 finding 5: the bound counted each chunk's JSON length, but a chunk held at least
+    4 KiB (orjson's buffer, never shrunk) plus its bookkeeping, so 64 MiB of "chunks" were
+    gigabytes. What tracemalloc sees the kept sessions take is within what the bound counts."""
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(2000):
+            session = hub.create(f"client-{n % 3}", "m")
+            for seq in range(1, 6):
+                session.append(delta_chunk(seq, "data.rationale", "w", "w" * seq))
+            session.finish()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= hub.used_bytes, f"{held} bytes held, {hub.used_bytes} counted"
 
 
 async def test_a_session_whose_mirror_lost_chunks_is_never_served_partial_from_redis() -> None:

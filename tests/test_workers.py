@@ -156,6 +156,7 @@ async def test_open_connections_are_summed_over_the_workers(tmp_path: Path) -> N
     async with proxy_process(
         "--policy", str(ROOT / "policies/demo.yaml"), *WORKERS, "--admin-port", str(admin)
     ) as served:
+        await worker_pids(served.url)  # both listening: before, every connection lands on the first
         port = int(served.url.rsplit(":", 1)[1])
         held: list[socket.socket] = []
         on: set[int] = set()

@@ -40,6 +40,7 @@ SLOW_FILES = frozenset({
     "api/test_routing.py",
     "api/test_server.py",
     "api/test_shared_state.py",
+    "api/test_spool_restart.py",
     "api/test_stream_recovery.py",
     "api/test_stream_relay.py",
     "api/test_streaming.py",

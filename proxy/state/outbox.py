@@ -197,12 +197,10 @@ class RedisOutbox:
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
         on_evict: Callable[[int], None] = lambda count: None,
+        op_timeout: float = OUTBOX_OP_TIMEOUT_S,
     ) -> None:
         self._redis: Any = aioredis.Redis.from_url(
-            redis_url,
-            socket_timeout=OUTBOX_OP_TIMEOUT_S,
-            socket_connect_timeout=OUTBOX_OP_TIMEOUT_S,
-            decode_responses=True,
+            redis_url, socket_timeout=op_timeout, socket_connect_timeout=op_timeout, decode_responses=True
         )
         self._bound = bound
         self._queue: deque[Write] = deque()

@@ -93,6 +93,8 @@ class Spool:
         self.directory = directory
         self.path = directory / SPOOL_FILE
         self._file: IO[bytes] = self.path.open("ab")
+        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+            self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
         self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
 
     def pending(self) -> list[bytes]:

@@ -89,10 +89,10 @@ class Spool:
     """The files of one ``--spool-dir`` (one process's)."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory = directory
         self.path = directory / SPOOL_FILE
-        self._file: IO[bytes] = self.path.open("ab")
+        self._file = self._open()
         if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
             self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
         self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
@@ -112,13 +112,17 @@ class Spool:
     def rewrite(self, lines: Iterable[bytes]) -> None:
         """Keep only ``lines`` (the undelivered writes)."""
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as out:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:  # noqa: PTH123 (Path.open sets no mode)
             out.writelines(line + b"\n" for line in lines)
             out.flush()
             os.fsync(out.fileno())
         self._file.close()
         tmp.replace(self.path)
-        self._file = self.path.open("ab")
+        self._file = self._open()
+
+    def _open(self) -> IO[bytes]:
+        """The spool for appending, readable by its owner only: it holds model answers."""
+        return open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")  # noqa: PTH123 (Path.open sets no mode)
 
     def close(self, lines: Iterable[bytes]) -> None:
         """Rewrite the file with ``lines`` (the undelivered writes) and close it."""

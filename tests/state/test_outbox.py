@@ -95,6 +95,7 @@ async def test_write_ids_follow_the_queue_and_survive_a_replay(
     assert 0 < await redis_db.ttl(MARK_PREFIX + run) <= MARK_TTL_S
     assert await redis_db.get(MARK_PREFIX + run) == "2"
     assert spooled(tmp_path) == []
+    assert {(tmp_path / name).stat().st_mode & 0o777 for name in (SPOOL_FILE, OFFSET_FILE)} == {0o600}
 
 
 async def test_a_replay_of_writes_redis_already_has_applies_none_of_them(

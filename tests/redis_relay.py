@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal
 
+import pytest
+
 from tests.support.redis_server import redis_port
 
 Mode = Literal["pass", "cut", "freeze", "mute"]
@@ -105,3 +107,10 @@ class RedisRelay:
                 task.cancel()
             await asyncio.gather(*relay._tasks, return_exceptions=True)
             await server.wait_closed()
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[RedisRelay]:
+    """A relay in front of the suite's private Redis, for this test only."""
+    async with RedisRelay.start() as running:
+        yield running

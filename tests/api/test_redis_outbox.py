@@ -40,12 +40,6 @@ async def redis_db() -> AsyncIterator[Any]:
     await client.aclose()
 
 
-@pytest.fixture
-async def relay() -> AsyncIterator[RedisRelay]:
-    async with RedisRelay.start() as running:
-        yield running
-
-
 def outbox_policy(fake: FakeUpstream) -> dict[str, Any]:
     fake.set_default_reply("cheap", answer(0.95, "high"))  # decision tier, high risk: review
     fake.set_default_reply("strong", answer(0.95, "high"))

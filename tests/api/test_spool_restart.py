@@ -27,7 +27,7 @@ from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, pr
 from tests.redis_relay import RedisRelay
 from tests.support.redis_server import redis_url
 
-REDIS_URL = redis_url(12)
+REDIS_URL = redis_url(15)
 DB = int(REDIS_URL.rsplit("/", 1)[1])
 SLOW_REDIS_S = 0.05
 """The issue's shape: 50 ms per Redis round trip."""
@@ -37,18 +37,9 @@ DELIVERY_DEADLINE_S = 60.0
 
 @pytest.fixture
 async def redis_db() -> AsyncIterator[Any]:
-    """Db 12 of the suite's private Redis, used by this file only."""
-    client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    await client.flushdb()
-    yield client
-    await client.flushdb()
-    await client.aclose()
-
-
-@pytest.fixture
-async def relay() -> AsyncIterator[RedisRelay]:
-    async with RedisRelay.start() as running:
-        yield running
+    """The suite's private Redis; each test's stream and trace ids are its own (no flush)."""
+    async with aioredis.Redis.from_url(REDIS_URL, decode_responses=True) as client:
+        yield client
 
 
 async def reviews(url: str, count: int) -> list[str]:

@@ -46,12 +46,6 @@ def stream() -> str:
     return f"test:outbox:{uuid.uuid4().hex}"
 
 
-@pytest.fixture
-async def relay() -> AsyncIterator[RedisRelay]:
-    async with RedisRelay.start() as running:
-        yield running
-
-
 def entry(stream: str, n: int) -> StreamWrite:
     return StreamWrite(stream, {"n": str(n)}, 1000)
 

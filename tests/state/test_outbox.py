@@ -23,7 +23,7 @@ from proxy.state.outbox import (
     StreamWrite,
     Write,
 )
-from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools
+from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools, spool_dir_of
 from tests.redis_relay import RedisRelay
 from tests.support.redis_server import redis_url
 
@@ -292,3 +292,39 @@ def test_adopting_a_spool_takes_only_its_undelivered_writes(tmp_path: Path) -> N
     adopt_spools(tmp_path, workers=2)
     assert (tmp_path / SPOOL_FILE).read_bytes() == b'{"torn\n' + lines[1] + b"\n" + lines[2] + b"\n"
     assert not (tmp_path / "worker-2").exists()
+
+
+async def test_every_kind_of_write_comes_back_from_the_spool_as_it_went_in(tmp_path: Path) -> None:
+    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first.put(StreamWrite("s", {"a": "1", "b": "2"}, 7))
+    first.put(KeyWrite("k", "v", None))
+    first.put(KeyWrite("k2", "v2", 30, owner="o", max_entries=3, max_bytes=99))
+    first.put(HashWrite("h", "alice", "record", 1234))
+    await first.aclose()
+    written = (tmp_path / SPOOL_FILE).read_bytes()
+    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)  # parses every line, writes them back
+    await second.aclose()
+    assert (tmp_path / SPOOL_FILE).read_bytes() == written
+    assert [sorted(doc) for doc in spooled(tmp_path)] == [
+        ["fields", "id", "maxlen", "stream"],
+        ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
+        ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
+        ["field", "id", "key", "ttl_ms", "value"],
+    ]
+    assert spooled(tmp_path)[2] | {"id": ""} == {
+        "key": "k2",
+        "value": "v2",
+        "ttl": 30,
+        "id": "",
+        "owner": "o",
+        "max_entries": 3,
+        "max_bytes": 99,
+    }
+
+
+def test_each_worker_has_a_spool_directory_of_its_own(tmp_path: Path) -> None:
+    assert [spool_dir_of(tmp_path, slot) for slot in (None, 0, 2)] == [
+        tmp_path,
+        tmp_path,
+        tmp_path / "worker-2",
+    ]

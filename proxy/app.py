@@ -53,9 +53,9 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard, settle_heap
 from proxy.settings import Settings
-from proxy.state.feedback import MemoryFeedbackStore, RedisFeedbackStore
+from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore
-from proxy.state.outbox import KeyWrite, RedisOutbox, Write
+from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
@@ -118,21 +118,23 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         settings.replicas_hint * settings.workers,  # with Redis down each worker takes its share
         lambda down: metrics.limits_degraded.set(int(down)),
     )
-    feedback_store = app[FEEDBACK] = _feedback_store(settings)
     outbox: RedisOutbox | None = None
+    feedback_store: FeedbackStore = MemoryFeedbackStore()
     context: ContextStore = MemoryContextStore(
         on_evict=lambda reason: metrics.context_evictions.labels(reason).inc()
     )
     if settings.redis_url:
         outbox = _outbox(app, settings.redis_url)
+        feedback_store = RedisFeedbackStore(settings.redis_url, outbox)
         context = RedisContextStore(settings.redis_url, outbox)
+    app[FEEDBACK] = feedback_store
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
     yield
     await context.aclose()
+    await feedback_store.aclose()
     if outbox is not None:
         await outbox.aclose()
-    await feedback_store.aclose()
     await store.aclose()
     await limits.aclose()
 
@@ -161,23 +163,20 @@ def _route_and_watch(app: web.Application, breakers: Breakers) -> None:
     metrics.watch_thresholds(tier_thresholds)
 
 
-def _feedback_store(settings: Settings) -> MemoryFeedbackStore | RedisFeedbackStore:
-    if not settings.redis_url:
-        return MemoryFeedbackStore()
-    store = RedisFeedbackStore(settings.redis_url)
-    store.start()
-    return store
-
-
 def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
     """The Redis outbox (started), counting what it drops and its first failures."""
     settings, metrics = app[SETTINGS], app[METRICS]
 
     def dropped(write: Write) -> None:
-        (metrics.context_writes_dropped if isinstance(write, KeyWrite) else metrics.review_dropped).inc()
+        if isinstance(write, KeyWrite):
+            metrics.context_writes_dropped.inc()
+        elif isinstance(write, HashWrite):
+            metrics.feedback_writes_dropped.inc()
+        else:
+            metrics.review_dropped.inc()
 
     def failed(write: Write) -> None:
-        if not isinstance(write, KeyWrite):
+        if isinstance(write, StreamWrite):
             metrics.review_sink_failures.labels("redis-stream").inc()
 
     def evicted(count: int) -> None:

@@ -67,7 +67,7 @@ from proxy.settings import (
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
-from proxy.state.outbox import adopt_spools, spool_dir_of
+from proxy.state.spool import adopt_spools, spool_dir_of
 from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.http import upstream_session

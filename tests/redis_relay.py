@@ -1,6 +1,8 @@
 """A TCP relay on loopback in front of the test Redis, to make Redis unreachable for one proxy
 without touching the shared server: ``cut()`` closes every connection and refuses new ones,
-``freeze()`` keeps connections open but forwards nothing (a hung Redis), ``restore()`` heals."""
+``freeze()`` keeps connections open but forwards nothing (a hung Redis), ``mute()`` forwards
+commands but holds Redis's replies (a write applied whose answer never came), ``restore()`` heals.
+``delay_s`` holds every reply that long (a slow Redis: one delay per round trip)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal
 
+import pytest
+
 from tests.support.redis_server import redis_port
 
-Mode = Literal["pass", "cut", "freeze"]
+Mode = Literal["pass", "cut", "freeze", "mute"]
 
 
 class RedisRelay:
@@ -23,6 +27,9 @@ class RedisRelay:
         self._tasks: set[asyncio.Task[None]] = set()
         self._resume = asyncio.Event()
         self._resume.set()
+        self._replies = asyncio.Event()
+        self._replies.set()
+        self.delay_s = 0.0
         self.port = 0
 
     def url(self, db: int) -> str:
@@ -31,6 +38,7 @@ class RedisRelay:
     def cut(self) -> None:
         self.mode = "cut"
         self._resume.set()
+        self._replies.set()
         for writer in list(self._writers):
             writer.close()
 
@@ -38,14 +46,25 @@ class RedisRelay:
         self.mode = "freeze"
         self._resume.clear()
 
+    def mute(self) -> None:
+        self.mode = "mute"
+        self._replies.clear()
+
     def restore(self) -> None:
         self.mode = "pass"
         self._resume.set()
+        self._replies.set()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, replies: bool = False
+    ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
                 await self._resume.wait()
+                if replies:
+                    await self._replies.wait()
+                    if self.delay_s:
+                        await asyncio.sleep(self.delay_s)
                 if self.mode == "cut":
                     break
                 writer.write(data)
@@ -60,7 +79,7 @@ class RedisRelay:
         up_reader, up_writer = await asyncio.open_connection(*self._upstream)
         self._writers |= {writer, up_writer}
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer, replies=True))
         finally:
             self._writers -= {writer, up_writer}
             for w in (writer, up_writer):
@@ -88,3 +107,10 @@ class RedisRelay:
                 task.cancel()
             await asyncio.gather(*relay._tasks, return_exceptions=True)
             await server.wait_closed()
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[RedisRelay]:
+    """A relay in front of the suite's private Redis, for this test only."""
+    async with RedisRelay.start() as running:
+        yield running

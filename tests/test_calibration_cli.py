@@ -14,6 +14,7 @@ import yaml
 
 from proxy.policy.loader import parse_policy
 from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
+from proxy.state.outbox import RedisOutbox
 from tests.policy.test_loader import MINIMAL
 from tests.prometheus_e2e import free_port
 from tests.support.redis_db import fresh_db
@@ -39,8 +40,9 @@ async def judged_module() -> AsyncIterator[str]:
     module = f"calib-{uuid.uuid4().hex[:8]}"
     async with fresh_db(15, match=f"{KEY_PREFIX}{module}-*"):  # its answers go afterwards
         rng = random.Random(3)
-        store = RedisFeedbackStore(REDIS_URL)
-        store.start()
+        outbox = RedisOutbox(REDIS_URL)
+        outbox.start()
+        store = RedisFeedbackStore(REDIS_URL, outbox)
         for i in range(400):
             c = round(rng.uniform(0.5, 1.0), 4)
             correct = rng.random() < c - 0.3
@@ -65,8 +67,8 @@ async def judged_module() -> AsyncIterator[str]:
                 ),
                 1000,
             )
-        await store.flush()
         await store.aclose()
+        await outbox.aclose(timeout=30.0)  # delivers all 400 first
         yield module
 
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.cli import main
 from proxy.settings import MAX_WORKERS
-from proxy.state.outbox import SPOOL_FILE, adopt_spools, spool_dir_of
+from proxy.state.spool import SPOOL_FILE, adopt_spools, spool_dir_of
 from proxy.supervisor import METRICS_DIR_PREFIX, Plan, Supervisor, backoff, make_metrics_dir
 from tests.conftest import MODULES, ROOT
 from tests.fake_upstream import FakeUpstream, Fault

@@ -210,6 +210,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         (),
     ),
     (
+        "feedback_writes_dropped",
+        "cognitive_feedback_writes_dropped_total",
+        "Feedback records (answers and verdicts) not written to Redis: the outbox was full, or "
+        "Redis refused the write.",
+        (),
+    ),
+    (
         "connections_refused",
         "cognitive_connections_refused_total",
         "Client connections refused (max_connections) or closed for a slow request (read_timeout).",
@@ -415,6 +422,7 @@ class Metrics:
     context_redactions: Counter
     context_evictions: Counter
     context_writes_dropped: Counter
+    feedback_writes_dropped: Counter
     connections_refused: Counter
     streams: Counter
     stream_resumptions: Counter

@@ -6,9 +6,8 @@
 * ``RedisFeedbackStore``: the same memory LRU in front (this replica's answers are found without a
   round trip, and survive a Redis outage) plus one Redis hash per trace id,
   ``cogproxy:answers:<trace id>`` (a field per client identity), expiring with the window, so a
-  verdict can reach any replica. Writes never wait: they join a bounded queue that one background
-  task sends in pipelines, retried with backoff while Redis is away (the oldest are dropped past
-  ``WRITE_QUEUE_BOUND``).
+  verdict can reach any replica. Writes never wait: they go through the app's Redis outbox
+  (``proxy.state.outbox``: kept while Redis is away, and in the spool with ``--spool-dir``).
 
 A record is keyed by (client identity, trace id), never by the trace id alone: trace ids may be
 chosen by the client (``X-Request-Id``), so two clients choosing the same one keep two records.
@@ -17,10 +16,8 @@ The identity (``proxy.clients``) is a name or a hash of the key, never the key.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
@@ -31,6 +28,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import ANONYMOUS
+from proxy.state.outbox import HashWrite, RedisOutbox
 
 log = structlog.get_logger("proxy.feedback")
 
@@ -38,13 +36,7 @@ KEY_PREFIX = "cogproxy:answers:"
 LEGACY_PREFIX = "cogproxy:feedback:"
 """0.3's keys (one string per trace id, no client): still read by ``scan_records`` until they
 expire with their window, never written."""
-# Answers in the last seconds of an outage: enough for ~10 s at 1,000 module calls/s.
-WRITE_QUEUE_BOUND = 10_000
-WRITE_BATCH = 500
-"""Writes per pipeline: one round trip per batch."""
 REDIS_OP_TIMEOUT_S = 0.25
-RETRY_MIN_S = 0.1
-RETRY_MAX_S = 2.0
 SCAN_COUNT = 1000
 RECORD_MAX_BYTES = 2304
 """The most one remembered answer takes in the in-process store, judged with the longest note
@@ -200,27 +192,26 @@ class MemoryFeedbackStore:
 class RedisFeedbackStore:
     """The memory LRU in front of Redis keys that expire with the window."""
 
-    def __init__(self, url: str, clock: Clock = time.time) -> None:
+    def __init__(self, url: str, outbox: RedisOutbox, clock: Clock = time.time) -> None:
         self._redis: Any = aioredis.Redis.from_url(
             url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
         )
+        self._outbox = outbox
         self._clock = clock
         self._local = MemoryFeedbackStore(clock)
-        self._queue: deque[AnswerRecord] = deque(maxlen=WRITE_QUEUE_BOUND)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    @property
-    def pending(self) -> int:
-        return len(self._queue)
 
     def remember(self, record: AnswerRecord, max_entries: int) -> None:
         self._local.remember(record, max_entries)
-        self._queue.append(record)
-        self._wake.set()
+        self._write(record)
+
+    def _write(self, record: AnswerRecord) -> None:
+        """Queue ``record`` in the outbox, its key expiring with its window (every record of a
+        trace id has the same window); an expired one is not written."""
+        ttl_ms = int((record.expires - self._clock()) * 1000)
+        if ttl_ms > 0:
+            self._outbox.put(
+                HashWrite(KEY_PREFIX + record.trace_id, record.client, record.dumps().decode(), ttl_ms)
+            )
 
     async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
         record = self._local.peek(client, trace_id)
@@ -259,48 +250,10 @@ class RedisFeedbackStore:
 
     async def judged(self, record: AnswerRecord) -> None:
         await self._local.judged(record)
-        self._queue.append(record)
-        self._wake.set()
-
-    async def _run(self) -> None:
-        delay = RETRY_MIN_S
-        while True:
-            if not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
-            batch = [self._queue[i] for i in range(min(WRITE_BATCH, len(self._queue)))]
-            now = self._clock()
-            try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for record in batch:
-                        ttl_ms = int((record.expires - now) * 1000)
-                        if ttl_ms > 0:
-                            key = KEY_PREFIX + record.trace_id
-                            pipe.hset(key, record.client, record.dumps())
-                            pipe.pexpire(key, ttl_ms)  # every record of a trace id has the same window
-                    await pipe.execute()
-            except (RedisError, OSError) as exc:
-                log.warning("proxy.redis_unavailable", error=str(exc), store="feedback", retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            delay = RETRY_MIN_S
-            for _ in batch:
-                if self._queue:
-                    self._queue.popleft()
-
-    async def flush(self, timeout: float = 2.0) -> None:
-        """Wait until the queue is sent (up to ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while self._queue and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        self._write(record)
 
     async def aclose(self) -> None:
-        await self.flush()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Close its reads; its writes are the outbox's (closed by the app after this store)."""
         await self._redis.aclose()
 
 

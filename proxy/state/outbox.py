@@ -1,42 +1,47 @@
-"""The Redis outbox: every record the proxy writes to Redis (review stream entries, stored
-context) goes through it, so a Redis outage delays records instead of losing them.
+"""The Redis outbox: every record the proxy writes to Redis that must survive an outage or a
+crash (review stream entries, stored context, feedback records) goes through it, so a Redis
+outage delays records instead of losing them.
 
 * ``put`` never waits: the write joins a bounded in-memory queue (``DEFAULT_OUTBOX_BOUND``); when
   the queue is full the new write is dropped and counted (``on_drop``).
-* With a spool directory each write is also appended to ``outbox.jsonl`` there (flushed to the
-  OS on every append, so a killed process loses nothing; fsync'ed on truncation and shutdown, so
-  a host crash can lose the appends of the last moments). On start the spool is replayed.
-* One background task sends the queue in order and pops a write once Redis acknowledged it. While
-  Redis fails it retries with backoff (``RETRY_MIN_S`` doubling to ``RETRY_MAX_S``); while idle it
-  pings Redis every ``PING_INTERVAL_S`` so ``up`` (the ``cognitive_redis_up`` gauge) is current.
-* A ``KeyWrite`` (a context item: SET with optional expiry) is idempotent; ``put_key`` returns a
-  future that completes once Redis has it, so a request can wait briefly for read-your-writes.
-* Delivery of stream entries is at least once, made exactly once where it can be: each carries an
-  ``outbox_id`` field; after an ambiguous failure (a timeout: Redis may have applied it) and after
-  a replay, the stream's newest entries are checked for the head's id before it is sent again.
+* With a spool directory each write is also appended to a file there, and delivery progress is
+  recorded after every batch (``proxy.state.spool``); on start the undelivered writes are replayed.
+* One background task sends the queue in order, up to ``BATCH`` writes per pipeline, and pops
+  them once Redis acknowledged them. While Redis fails it retries with backoff (``RETRY_MIN_S``
+  doubling to ``RETRY_MAX_S``); while idle it pings Redis every ``PING_INTERVAL_S`` so ``up``
+  (the ``cognitive_redis_up`` gauge) is current.
+* ``put_key`` returns a future that completes once Redis has the write, so a request can wait
+  briefly for read-your-writes.
 
-Breaker state is not here: it is state, not records, and falls back to local memory instead
-(``proxy.state.redis_store``).
+Exactly once: each write has an id ``<run>:<seq>`` (a random id per outbox, a sequence number in
+queue order) and is applied by a Lua script that first reads ``MARK_PREFIX<run>`` (the highest
+sequence number of that run Redis applied) and does nothing when the write is not newer, then
+applies it and raises the mark, atomically. A resend after a timeout, or a replay after a crash
+between Redis's answer and the spool's offset, is therefore skipped. Marks expire ``MARK_TTL_S``
+after a run's last write: a spool replayed later than that can deliver its last batch twice.
+
+Breaker state, limits and stream sessions are not here: they are state, not records (see
+docs/configuration.md, ``--spool-dir``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from itertools import islice
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeout
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from proxy.state.spool import Spool
 
 log = structlog.get_logger("proxy.outbox")
 
@@ -46,24 +51,44 @@ OUTBOX_OP_TIMEOUT_S = 1.0
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 PING_INTERVAL_S = 1.0
-# Entries of the stream searched for a write that may already be there (replicas share the stream).
-DEDUP_SCAN = 200
-SPOOL_FILE = "outbox.jsonl"
+BATCH = 200
+"""Writes per pipeline: one round trip each, and one fsync of the spool's offset."""
+MARK_PREFIX = "cogproxy:outbox:"
+MARK_TTL_S = 7 * 86_400
+"""How long Redis remembers a run's mark after its last write (one key per outbox run)."""
+SKIPPED = -1
+"""What a script returns for a write Redis already had."""
 QUOTA_PREFIX = "cogproxy:ctxquota:"
 """Per owner: ``<owner>:keys`` (a sorted set of its keys by write order) and ``<owner>:sizes``
 (a hash of their sizes, with the running total under ``#total``). A key that expired stays
 counted until it is the owner's oldest: the quota then bounds it as well."""
+
+_ONCE = """
+local mark, seq = KEYS[1], tonumber(ARGV[1])
+if tonumber(redis.call('GET', mark) or '-1') >= seq then return -1 end
+local result = 0
+{body}
+redis.call('SET', mark, seq, 'EX', ARGV[2])
+return result
+"""
+"""KEYS[1] the run's mark, ARGV[1] the write's sequence number, ARGV[2] the mark's TTL; the
+body's own keys and arguments follow (KEYS[2], ARGV[3])."""
+_XADD = "redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))"
+_SET = """
+if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+else redis.call('SET', KEYS[2], ARGV[3]) end
+"""
+_HSET = "redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) redis.call('PEXPIRE', KEYS[2], ARGV[5])"
 _QUOTA_SET = """
-local key, idx, sizes = KEYS[1], KEYS[2], KEYS[3]
-local value, ttl, max_n, max_b = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local key, idx, sizes = KEYS[2], KEYS[3], KEYS[4]
+local value, ttl, max_n, max_b = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 if ttl > 0 then redis.call('SET', key, value, 'EX', ttl) else redis.call('SET', key, value) end
 local old = tonumber(redis.call('HGET', sizes, key) or '0')
-local seq = redis.call('HINCRBY', sizes, '#seq', 1)
-redis.call('ZADD', idx, seq, key)
+local order = redis.call('HINCRBY', sizes, '#seq', 1)
+redis.call('ZADD', idx, order, key)
 redis.call('HSET', sizes, key, #value)
 local total = redis.call('HINCRBY', sizes, '#total', #value - old)
 local n = redis.call('ZCARD', idx)
-local evicted = 0
 while n > max_n or total > max_b do
   local oldest = redis.call('ZRANGE', idx, 0, 0)[1]
   if oldest == nil or oldest == key then break end
@@ -71,11 +96,15 @@ while n > max_n or total > max_b do
   redis.call('ZREM', idx, oldest)
   redis.call('HDEL', sizes, oldest)
   total = redis.call('HINCRBY', sizes, '#total', -size)
-  evicted = evicted + redis.call('DEL', oldest)
+  result = result + redis.call('DEL', oldest)
   n = n - 1
 end
-return evicted
 """
+SCRIPTS = {
+    name: _ONCE.format(body=body)
+    for name, body in {"xadd": _XADD, "set": _SET, "hset": _HSET, "quota": _QUOTA_SET}.items()
+}
+"""The Lua of each kind of write, loaded once per connection to Redis and called by its sha."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +115,6 @@ class StreamWrite:
     fields: dict[str, str]
     maxlen: int
     id: str = ""
-
-    def with_id(self) -> StreamWrite:
-        return self if self.id else StreamWrite(self.stream, self.fields, self.maxlen, uuid.uuid4().hex)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,37 +131,24 @@ class KeyWrite:
     max_entries: int = 0
     max_bytes: int = 0
 
-    def with_id(self) -> KeyWrite:
-        return self if self.id else replace(self, id=uuid.uuid4().hex)
+
+@dataclass(frozen=True, slots=True)
+class HashWrite:
+    """One HSET of ``field`` in the hash ``key``, which then expires in ``ttl_ms``."""
+
+    key: str
+    field: str
+    value: str
+    ttl_ms: int
+    id: str = ""
 
 
-Write = StreamWrite | KeyWrite
-
-
-def spool_dir_of(base: Path, slot: int | None) -> Path:
-    """The ``--spool-dir`` of worker ``slot`` of ``serve --workers`` (slot 0 and a single process
-    use ``base`` itself): two processes appending to and truncating one file would lose records."""
-    return base if not slot else base / f"worker-{slot}"
-
-
-def adopt_spools(base: Path, workers: int) -> None:
-    """Append the spools of slots this run has no worker for (``--workers`` went down) to slot
-    0's, which replays them. Called before any process of this run opens a spool."""
-    for directory in sorted(base.glob("worker-*")):
-        slot = directory.name.removeprefix("worker-")
-        if not slot.isdigit() or int(slot) < workers:
-            continue
-        spool, target = directory / SPOOL_FILE, base / SPOOL_FILE
-        if spool.exists():
-            with target.open("ab") as out:
-                if out.tell() and not target.read_bytes().endswith(b"\n"):
-                    out.write(b"\n")  # a torn last append stays its own (skipped) line
-                out.write(spool.read_bytes())
-            log.info("proxy.outbox_spool_adopted", source=str(spool), target=str(target))
-        shutil.rmtree(directory)
+Write = StreamWrite | KeyWrite | HashWrite
 
 
 def _from_spool(raw: dict[str, Any]) -> Write:
+    if "field" in raw:
+        return HashWrite(str(raw["key"]), str(raw["field"]), str(raw["value"]), int(raw["ttl_ms"]), raw["id"])
     if "key" in raw:
         ttl = raw["ttl"]
         return KeyWrite(
@@ -150,42 +163,28 @@ def _from_spool(raw: dict[str, Any]) -> Write:
     return StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"])
 
 
-class _Spool:
-    """The append-only file mirroring the queue."""
+def _to_spool(write: Write) -> bytes:
+    return orjson.dumps(asdict(write))
 
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / SPOOL_FILE
-        self._file: IO[bytes] = self.path.open("ab")
 
-    def replay(self) -> list[Write]:
-        writes = []
-        for line in self.path.read_bytes().splitlines():
-            try:
-                writes.append(_from_spool(orjson.loads(line)))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                log.warning("proxy.outbox_spool_line_skipped", path=str(self.path))  # a torn last append
-        return writes
+def _call_of(write: Write) -> tuple[str, list[str], list[Any]]:
+    """(script, keys after the mark, arguments after the sequence number and TTL)."""
+    if isinstance(write, StreamWrite):
+        pairs = [part for name, value in write.fields.items() for part in (name, value)]
+        return "xadd", [write.stream], [write.maxlen, *pairs, "outbox_id", write.id]
+    if isinstance(write, HashWrite):
+        return "hset", [write.key], [write.field, write.value, write.ttl_ms]
+    if not write.owner:
+        return "set", [write.key], [write.value, write.ttl or -1]
+    base = QUOTA_PREFIX + write.owner
+    keys = [write.key, base + ":keys", base + ":sizes"]
+    return "quota", keys, [write.value, write.ttl or -1, write.max_entries, write.max_bytes]
 
-    def append(self, write: Write) -> None:
-        self._file.write(orjson.dumps(asdict(write)) + b"\n")
-        self._file.flush()
 
-    def rewrite(self, writes: deque[Write]) -> None:
-        """Keep only ``writes`` (the undelivered ones)."""
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as out:
-            out.writelines(orjson.dumps(asdict(w)) + b"\n" for w in writes)
-            out.flush()
-            os.fsync(out.fileno())
-        self._file.close()
-        tmp.replace(self.path)
-        self._file = self.path.open("ab")
-
-    def close(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+def _run_and_seq(write_id: str) -> tuple[str, int]:
+    """A write id's run and sequence number (an older version's spool holds bare uuids: each its own run)."""
+    run, _, seq = write_id.rpartition(":")
+    return (run, int(seq)) if run and seq.isdigit() else (write_id, 0)
 
 
 class RedisOutbox:
@@ -198,33 +197,42 @@ class RedisOutbox:
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
         on_evict: Callable[[int], None] = lambda count: None,
+        op_timeout: float = OUTBOX_OP_TIMEOUT_S,
     ) -> None:
         self._redis: Any = aioredis.Redis.from_url(
-            redis_url,
-            socket_timeout=OUTBOX_OP_TIMEOUT_S,
-            socket_connect_timeout=OUTBOX_OP_TIMEOUT_S,
-            decode_responses=True,
+            redis_url, socket_timeout=op_timeout, socket_connect_timeout=op_timeout, decode_responses=True
         )
         self._bound = bound
         self._queue: deque[Write] = deque()
         self._waiters: dict[str, asyncio.Future[bool]] = {}
-        self._spool = _Spool(spool_dir) if spool_dir is not None else None
+        self._spool = Spool(spool_dir) if spool_dir is not None else None
+        self._run_id = uuid.uuid4().hex
+        self._seq = 0
+        self._shas: dict[str, str] = {}
         self._delivered_since_rewrite = 0
         self._on_drop = on_drop
         self._on_first_failure = on_first_failure
         self._on_evict = on_evict
-        self._quota_set = self._redis.register_script(_QUOTA_SET)
         self._failed_head: str | None = None
-        self._uncertain = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.up = True
         if self._spool is not None:
-            replayed = self._spool.replay()
-            self._queue.extend(replayed[: self._bound])
-            self._uncertain = bool(replayed)  # some may have been delivered before the restart
-            if replayed:
-                log.info("proxy.outbox_replayed", writes=len(self._queue), path=str(self._spool.path))
+            self._replay(self._spool)
+
+    def _replay(self, spool: Spool) -> None:
+        for line in spool.pending():
+            try:
+                write = _from_spool(orjson.loads(line))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                log.warning("proxy.outbox_spool_line_skipped", path=str(spool.path))  # a torn last append
+                continue
+            if len(self._queue) >= self._bound:
+                self._on_drop(write)
+                continue
+            self._queue.append(write)
+        if self._queue:
+            log.info("proxy.outbox_replayed", writes=len(self._queue), path=str(spool.path))
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -247,17 +255,13 @@ class RedisOutbox:
         if len(self._queue) >= self._bound:
             self._on_drop(write)
             return None
-        write = write.with_id()
+        write = replace(write, id=f"{self._run_id}:{self._seq}")
+        self._seq += 1
         self._queue.append(write)
         if self._spool is not None:
-            self._spool.append(write)
+            self._spool.append(_to_spool(write))
         self._wake.set()
         return write
-
-    def _settle(self, write: Write, delivered: bool) -> None:
-        future = self._waiters.pop(write.id, None)
-        if future is not None and not future.done():
-            future.set_result(delivered)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -273,63 +277,74 @@ class RedisOutbox:
                     await self._ping()
                 continue
             try:
-                await self._send_head()
-            except ResponseError as exc:  # Redis answered "no" (e.g. the key is not a stream)
-                self._refused(exc)
-                continue
-            except (RedisError, OSError) as exc:
-                self._uncertain = self._uncertain or isinstance(exc, (RedisTimeout, TimeoutError))
+                await self._send_batch()
+            except (RedisError, OSError) as exc:  # the batch is resent: the marks skip what Redis has
                 self._down(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             delay = RETRY_MIN_S
-            self._delivered()
 
-    async def _send_head(self) -> None:
-        head = self._queue[0]
-        if isinstance(head, KeyWrite):  # idempotent: resending after an ambiguous failure is safe
-            if not head.owner:
-                await self._redis.set(head.key, head.value, ex=head.ttl)
-                return
-            base = QUOTA_PREFIX + head.owner
-            evicted = await self._quota_set(
-                keys=[head.key, base + ":keys", base + ":sizes"],
-                args=[head.value, head.ttl or -1, head.max_entries, head.max_bytes],
-            )
-            if evicted:
-                self._on_evict(int(evicted))
-            return
-        if self._uncertain:
-            newest = await self._redis.xrevrange(head.stream, count=DEDUP_SCAN)
-            self._uncertain = False
-            if any(fields.get("outbox_id") == head.id for _, fields in newest):
-                self._uncertain = True  # the next write may be there too
-                return
-        await self._redis.xadd(
-            head.stream, {**head.fields, "outbox_id": head.id}, maxlen=head.maxlen, approximate=True
-        )
+    async def _send_batch(self) -> None:
+        batch = list(islice(self._queue, BATCH))
+        if not self._shas:
+            self._shas = {name: await self._redis.script_load(lua) for name, lua in SCRIPTS.items()}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for write in batch:
+                script, keys, args = _call_of(write)
+                run, seq = _run_and_seq(write.id)
+                pipe.evalsha(
+                    self._shas[script], len(keys) + 1, MARK_PREFIX + run, *keys, seq, MARK_TTL_S, *args
+                )
+            results = await pipe.execute(raise_on_error=False)
+        done: Write | None = None
+        count = 0
+        for write, result in zip(batch, results, strict=True):
+            if isinstance(result, NoScriptError):  # Redis restarted without them: load and resend
+                self._shas = {}
+                break
+            if isinstance(result, ResponseError):  # Redis answered "no" (e.g. the key is not a stream)
+                self._refused(write, result)
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                self._delivered(write, int(result))
+            done, count = write, count + 1
+        if done is not None:
+            self._progress(done, count)
 
-    def _delivered(self, ok: bool = True) -> None:
-        self._settle(self._queue.popleft(), ok)
+    def _delivered(self, write: Write, result: int) -> None:
+        self._settle(self._queue.popleft(), True)
+        if result > 0:  # the quota script's evictions
+            self._on_evict(result)
         if not self.up:
             log.info("proxy.redis_available", pending=len(self._queue))
         self.up = True
+
+    def _refused(self, write: Write, exc: ResponseError) -> None:
+        """Redis is up but refuses the write: resending cannot help and would block every write
+        behind it, so it is dropped (and counted)."""
+        where = write.stream if isinstance(write, StreamWrite) else write.key
+        log.error("proxy.outbox_write_refused", target=where, error=str(exc), outbox_id=write.id)
+        self._on_drop(write)
+        self._settle(self._queue.popleft(), False)
+
+    def _settle(self, write: Write, delivered: bool) -> None:
+        future = self._waiters.pop(write.id, None)
+        if future is not None and not future.done():
+            future.set_result(delivered)
+
+    def _progress(self, last: Write, count: int) -> None:
+        """Record in the spool that every write up to ``last`` (``count`` more) is done:
+        delivered or refused."""
         if self._spool is None:
             return
-        self._delivered_since_rewrite += 1
+        self._delivered_since_rewrite += count
         if not self._queue or self._delivered_since_rewrite >= self._bound:
-            self._spool.rewrite(self._queue)  # the file never holds more than ~2 bounds
+            self._spool.rewrite(_to_spool(w) for w in self._queue)  # never more than ~2 bounds
             self._delivered_since_rewrite = 0
-
-    def _refused(self, exc: ResponseError) -> None:
-        """Redis is up but refuses the head: resending cannot help and would block every write
-        behind it, so it is dropped (and counted)."""
-        head = self._queue[0]
-        where = head.stream if isinstance(head, StreamWrite) else head.key
-        log.error("proxy.outbox_write_refused", target=where, error=str(exc), outbox_id=head.id)
-        self._on_drop(head)
-        self._delivered(ok=False)
+        else:
+            self._spool.delivered(last.id)
 
     def _down(self, exc: Exception) -> None:
         head = self._queue[0] if self._queue else None
@@ -352,17 +367,23 @@ class RedisOutbox:
                 log.info("proxy.redis_available", pending=len(self._queue))
             self.up = True
 
+    async def flush(self, timeout: float) -> None:
+        """Wait until the queue is delivered, Redis is down, or ``timeout`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._queue and self.up and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
     async def aclose(self, timeout: float = 2.0) -> None:
-        """Try to deliver what is queued for up to ``timeout``; the spool keeps the rest."""
+        """Try to deliver what is queued for up to ``timeout``; the spool keeps the rest (and
+        only the rest)."""
         if self._task is not None:
-            deadline = asyncio.get_running_loop().time() + timeout
-            while self._queue and self.up and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.01)
+            await self.flush(timeout)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._queue and self._spool is None:
             log.error("proxy.outbox_lost_on_shutdown", writes=len(self._queue), hint="set --spool-dir")
         if self._spool is not None:
-            self._spool.close()
+            self._spool.close(_to_spool(w) for w in self._queue)
         await self._redis.aclose()

@@ -22,10 +22,12 @@ from proxy.state.feedback import (
     scan_records,
     with_verdict,
 )
+from proxy.state.outbox import RedisOutbox
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
+DELIVERY_S = 10.0
 
 
 def record(
@@ -110,13 +112,13 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
 ) -> None:
     prefix, client = redis_keys
     clock = Clock(1000.0)
-    one, two = RedisFeedbackStore(REDIS_URL, clock), RedisFeedbackStore(REDIS_URL, clock)
-    one.start()
-    two.start()
+    outbox = RedisOutbox(REDIS_URL)
+    outbox.start()
+    one, two = RedisFeedbackStore(REDIS_URL, outbox, clock), RedisFeedbackStore(REDIS_URL, outbox, clock)
     try:
         one.remember(record(prefix + "a", window=30.0), 10)
-        await one.flush()
-        assert one.pending == 0
+        await outbox.flush(DELIVERY_S)
+        assert len(outbox) == 0
         ttl = await client.pttl(KEY_PREFIX + prefix + "a")
         assert 29_000 < ttl <= 30_000
         assert await two.get("anonymous", prefix + "a") == record(
@@ -124,11 +126,11 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
         )  # the other replica
         judged = replace(record(prefix + "a", window=30.0), verdict="correct", score=1.0, verdicts=1)
         await two.judged(judged)
-        await two.flush()
+        await outbox.flush(DELIVERY_S)
         assert await one.get("anonymous", prefix + "a") == record(
             prefix + "a", window=30.0
         )  # its own cache is older
-        fresh = RedisFeedbackStore(REDIS_URL, clock)
+        fresh = RedisFeedbackStore(REDIS_URL, outbox, clock)
         assert await fresh.get("anonymous", prefix + "a") == judged
         await fresh.aclose()
         assert [r async for r in scan_records(REDIS_URL) if r.trace_id.startswith(prefix)] == [judged]
@@ -139,19 +141,23 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
     finally:
         await one.aclose()
         await two.aclose()
+        await outbox.aclose()
 
 
 async def test_redis_store_keeps_serving_and_queues_while_redis_is_down() -> None:
-    store = RedisFeedbackStore("redis://127.0.0.1:1/0", Clock(1000.0))  # nothing listens on port 1
-    store.start()
+    down = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    outbox = RedisOutbox(down)
+    outbox.start()
+    store = RedisFeedbackStore(down, outbox, Clock(1000.0))
     try:
         store.remember(record("down"), 10)
         assert await store.get("anonymous", "down") == record("down")  # from this replica's memory
         assert await store.get("anonymous", "elsewhere") is None  # the lookup failed: unknown, not a crash
         await asyncio.sleep(0)  # the writer tries (and fails) in the background
-        assert store.pending == 1
+        assert len(outbox) == 1
     finally:
         await store.aclose()
+        await outbox.aclose()
 
 
 async def test_memory_store_keys_records_by_client_and_trace_id() -> None:
@@ -172,13 +178,14 @@ async def test_memory_store_keys_records_by_client_and_trace_id() -> None:
 async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys: tuple[str, Any]) -> None:
     prefix, client = redis_keys
     clock = Clock(1000.0)
-    one, two = RedisFeedbackStore(REDIS_URL, clock), RedisFeedbackStore(REDIS_URL, clock)
-    one.start()
+    outbox = RedisOutbox(REDIS_URL)
+    outbox.start()
+    one, two = RedisFeedbackStore(REDIS_URL, outbox, clock), RedisFeedbackStore(REDIS_URL, outbox, clock)
     try:
         alice, bob = record(prefix + "t", client="alice"), record(prefix + "t", client="bob")
         one.remember(alice, 10)
         one.remember(bob, 10)
-        await one.flush()
+        await outbox.flush(DELIVERY_S)
         assert set(await client.hkeys(KEY_PREFIX + prefix + "t")) == {b"alice", b"bob"}
         assert (await two.get("alice", prefix + "t"), await two.get("bob", prefix + "t")) == (alice, bob)
         assert await two.get("carol", prefix + "t") is None
@@ -189,6 +196,7 @@ async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys:
     finally:
         await one.aclose()
         await two.aclose()
+        await outbox.aclose()
 
 
 def test_a_record_of_the_previous_version_still_loads_for_calibration() -> None:

@@ -82,3 +82,15 @@ async def test_a_module_refused_by_open_breakers_names_the_real_failure_and_the_
     assert code == 503 and 28 <= int(headers["Retry-After"]) <= 30
     assert envelope["error"]["code"] == "E4001"
     assert "circuit breaker is open" in envelope["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["retry-after", "RETRY-AFTER", "Retry-after"])
+async def test_a_retry_after_in_any_letter_case_is_honoured(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, name: str
+) -> None:
+    """HTTP header names are case-insensitive (RFC 9110 §5.1): a provider's ``retry-after`` is its
+    Retry-After (adversarial pass #29: only two spellings were read, the rest were dropped)."""
+    fake_upstream.script("cheap", Fault.http(503, retry_after=55, retry_after_name=name))
+    fake_upstream.script("backup", Fault.http(503, retry_after=40))
+    code, headers, _ = await post(proxy, "/v1/chat/completions", CHAT)
+    assert (code, headers["Retry-After"]) == (503, "55")

@@ -328,3 +328,40 @@ def test_each_worker_has_a_spool_directory_of_its_own(tmp_path: Path) -> None:
         tmp_path,
         tmp_path / "worker-2",
     ]
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"stream": "s", "fields": {"n": {"nested": 1}}, "maxlen": 10, "id": "r:0"},
+        {"stream": "s", "fields": ["n", "1"], "maxlen": 10, "id": "r:0"},
+        {"stream": ["s"], "fields": {"n": "1"}, "maxlen": 10, "id": "r:0"},
+        {"key": "k", "value": "v", "ttl": None, "id": 5},
+        {"key": "k", "field": "f", "value": "v", "ttl_ms": 10, "id": None},
+        {"key": "k", "value": {"a": 1}, "ttl": None, "id": "r:0"},
+    ],
+    ids=[
+        "nested field value",
+        "fields a list",
+        "stream a list",
+        "id a number",
+        "id null",
+        "value an object",
+    ],
+)
+async def test_a_spool_line_of_the_wrong_shape_is_skipped_and_the_rest_delivered(
+    tmp_path: Path, redis_db: Any, stream: str, wrong: dict[str, Any]
+) -> None:
+    """Adversarial pass #29: valid JSON of the wrong shape (an edited or corrupted spool) was
+    queued, then either killed the delivery task (an id that is not a string) or failed its batch
+    forever (a value Redis cannot take): nothing behind it was ever delivered."""
+    good = {"stream": stream, "fields": {"n": "1"}, "maxlen": 10, "id": f"{uuid.uuid4().hex}:1"}
+    (tmp_path / SPOOL_FILE).write_bytes(orjson.dumps(wrong) + b"\n" + orjson.dumps(good) + b"\n")
+    with capture_logs() as logs:
+        outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+    assert len(outbox) == 1
+    outbox.start()
+    await delivered(outbox)
+    await outbox.aclose()
+    assert await numbers(redis_db, stream) == ["1"]
+    assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1

@@ -89,13 +89,23 @@ class Spool:
     """The files of one ``--spool-dir`` (one process's)."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """ValueError naming ``directory`` when it cannot hold a spool (a start-up error: an
+        OSError there would read as the listen socket's)."""
         self.directory = directory
         self.path = directory / SPOOL_FILE
-        self._file = self._open()
-        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
-            self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
-        self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                self._file = self._open()
+            except OSError:
+                os.close(self._offset)
+                raise
+            if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+                self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != directory else ""
+            raise ValueError(f"--spool-dir {directory}: {(exc.strerror or str(exc)).lower()}{where}") from exc
 
     def pending(self) -> list[bytes]:
         return pending_lines(self.directory)

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from proxy.cli import main
 from proxy.state.outbox import (
     MARK_PREFIX,
     MARK_TTL_S,
@@ -27,6 +28,7 @@ from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools, spoo
 from tests.redis_relay import RedisRelay
 from tests.support.redis_server import redis_url
 
+POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 REDIS_URL = redis_url(15)
 DB = int(REDIS_URL.rsplit("/", 1)[1])
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -365,3 +367,32 @@ async def test_a_spool_line_of_the_wrong_shape_is_skipped_and_the_rest_delivered
     await outbox.aclose()
     assert await numbers(redis_db, stream) == ["1"]
     assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
+
+
+@pytest.mark.parametrize(
+    "taken", ["", OFFSET_FILE, SPOOL_FILE], ids=["dir a file", "offset a dir", "spool a dir"]
+)
+def test_a_spool_dir_that_cannot_hold_a_spool_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], taken: str
+) -> None:
+    """Adversarial pass #29: the startup hook's OSError was reported as the listen socket's
+    ("cannot listen on 127.0.0.1:0: file exists"), sending the operator to the wrong place."""
+    spool = tmp_path / "spool"
+    if taken:
+        (spool / taken).mkdir(parents=True)
+    else:
+        spool.write_bytes(b"")
+    args = [
+        "serve",
+        "--policy",
+        str(POLICY),
+        "--port",
+        "0",
+        "--redis-url",
+        UNREACHABLE,
+        "--spool-dir",
+        str(spool),
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--spool-dir {spool}" in err and "cannot listen" not in err, err

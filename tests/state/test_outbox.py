@@ -147,11 +147,11 @@ async def test_a_torn_last_append_never_swallows_the_next_write(tmp_path: Path) 
     )
     killed = Spool(tmp_path)
     killed.append(b'{"stream":"s","fields":{},"maxlen":1,"id":"r:1"}')
+    killed.close((tmp_path / SPOOL_FILE).read_bytes().splitlines())  # the same bytes; its lock freed
     with capture_logs() as logs:
         outbox = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
     assert len(outbox) == 2
     await outbox.aclose()
-    killed.close([])
     assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
 
 
@@ -396,3 +396,15 @@ def test_a_spool_dir_that_cannot_hold_a_spool_is_a_usage_error_naming_it(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"--spool-dir {spool}" in err and "cannot listen" not in err, err
+
+
+async def test_a_second_process_on_a_spool_in_use_is_refused(tmp_path: Path) -> None:
+    """Adversarial pass #29: two proxies given one --spool-dir each replayed the other's writes,
+    and one's rewrite renamed a new file over the one the other appended to: its later appends
+    were gone at its next start. The second is refused until the first has exited."""
+    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    with pytest.raises(ValueError, match=f"--spool-dir {tmp_path}: another process is using this spool"):
+        RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    await first.aclose()
+    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    await second.aclose()

@@ -60,7 +60,7 @@ class Used:
 
 def _header_name(kind: str) -> str:
     """``kind`` percent-encoded, cut to ``MAX_NAME_CHARS`` on a whole character (never inside an
-    escape); a character UTF-8 cannot hold (a lone surrogate, which YAML loads) becomes ``?``."""
+    escape); a character UTF-8 cannot hold (a lone surrogate) becomes ``?`` rather than an exception."""
     out = ""
     for char in kind:
         part = quote(char, safe="_.-", errors="replace")

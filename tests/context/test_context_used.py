@@ -83,8 +83,8 @@ def test_the_header_carries_no_value_and_stays_bounded() -> None:
 )
 def test_a_cut_type_name_ends_on_a_whole_character(name: str) -> None:
     """Adversarial pass #29: the percent-encoded name was cut at MAX_NAME_CHARS mid-escape
-    ("...%C3%") or mid-character, and a lone surrogate (PyYAML loads "\\ud800") raised on every
-    call of the module. The cut name decodes, strictly, to a prefix of the name."""
+    ("...%C3%") or mid-character; a lone surrogate (the module loader refuses one) raised in quote().
+    The cut name decodes, strictly, to a prefix of the name."""
     encoded = Used(name, "session").item().removesuffix("=session")
     assert len(encoded) <= MAX_NAME_CHARS
     decoded = unquote(encoded, errors="strict")

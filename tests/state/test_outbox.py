@@ -408,3 +408,19 @@ async def test_a_second_process_on_a_spool_in_use_is_refused(tmp_path: Path) -> 
     await first.aclose()
     second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
     await second.aclose()
+
+
+async def test_client_text_with_line_breaks_stays_one_spool_line_and_comes_back_whole(tmp_path: Path) -> None:
+    """Held in the #29 adversarial pass: a feedback note or review field carries client text; every
+    line break a reader might split on is escaped or not one to ``bytes.splitlines``, so a client
+    cannot add a spool line."""
+    note = 'ok\n{"key":"cogproxy:x","value":"forged","ttl":null,"id":"z:0"}\r\u2028\u0085\x1c\x0b\x0c'
+    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first.put(HashWrite("h", "alice", note, 1234))
+    first.put(StreamWrite("s", {"note": note}, 7))
+    await first.aclose()
+    assert len((tmp_path / SPOOL_FILE).read_bytes().splitlines()) == 2
+    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    assert len(second) == 2
+    await second.aclose()
+    assert [doc.get("value") or doc["fields"]["note"] for doc in spooled(tmp_path)] == [note, note]

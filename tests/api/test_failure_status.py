@@ -94,3 +94,16 @@ async def test_a_retry_after_in_any_letter_case_is_honoured(
     fake_upstream.script("backup", Fault.http(503, retry_after=40))
     code, headers, _ = await post(proxy, "/v1/chat/completions", CHAT)
     assert (code, headers["Retry-After"]) == (503, "55")
+
+
+@pytest.mark.parametrize("value", ["9" * 10_000, "inf", "1e400", "Fri, 31 Dec 9999 23:59:59 -2359"])
+async def test_a_hostile_retry_after_fails_over_and_never_crashes_the_handler(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, value: str
+) -> None:
+    """#29 adversarial pass, held: a 10 KB header is refused by aiohttp's parser (over 8 KiB: a
+    transport error); infinite and year-9999 values are never waited for. The call fails over to
+    the backup target and answers."""
+    fake_upstream.script("cheap", Fault.http(503, retry_after=value))
+    code, _, body = await post(proxy, "/v1/chat/completions", CHAT)
+    assert code == 200, body
+    assert [r.json["model"] for r in fake_upstream.requests if r.json] == ["cheap", "backup"]

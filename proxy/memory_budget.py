@@ -82,22 +82,26 @@ def over_limit(settings: Settings, policy: Policy, limit: int, source: str) -> s
     )
 
 
+_CGROUP_VALUE = re.compile(rb"[0-9]{1,19}")
+
+
 def cgroup_limit(root: Path = CGROUP_ROOT) -> int | None:
     """The memory limit of this process's cgroup (v2 ``memory.max``, v1
     ``memory/memory.limit_in_bytes``); None when there is none or it cannot be read."""
     for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
         try:
-            text = path.read_text().strip()
+            text = path.read_bytes().strip()
         except OSError:
             continue
-        if text == "max" or not text.isdigit():
+        # The kernel writes ASCII digits of an int64 or "max"; anything else is no usable limit.
+        if _CGROUP_VALUE.fullmatch(text) is None:
             return None
         value = int(text)
         return None if value >= CGROUP_UNLIMITED else value
     return None
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(|k|ki|m|mi|g|gi|kb|mb|gb)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+)\s*(|k|ki|m|mi|g|gi|kb|mb|gb)\s*$", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
 _UNITS |= {"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
 

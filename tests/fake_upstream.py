@@ -93,16 +93,28 @@ class Fault:
 
     kind: FaultKind
     status: int = 500
-    retry_after: float | None = None
+    retry_after: float | str | None = None
+    """Seconds (formatted with ``:g``) or a header value sent verbatim (a hostile provider's)."""
+    retry_after_name: str = "Retry-After"
+    """The header name as sent: providers differ in case (HTTP names are case-insensitive)."""
     delay: float = 0.0
     body: str | None = None
     at: int = 0
     """Stream faults: the frame index where the fault strikes (0: before the first frame)."""
 
     @classmethod
-    def http(cls, status: int, retry_after: float | None = None, body: str | None = None) -> Fault:
+    def http(
+        cls,
+        status: int,
+        retry_after: float | str | None = None,
+        body: str | None = None,
+        *,
+        retry_after_name: str = "Retry-After",
+    ) -> Fault:
         """Answer ``status`` with a wire-format error body (or ``body`` verbatim) and optional Retry-After."""
-        return cls("status", status=status, retry_after=retry_after, body=body)
+        return cls(
+            "status", status=status, retry_after=retry_after, body=body, retry_after_name=retry_after_name
+        )
 
     @classmethod
     def slow(cls, delay: float, content: str | None = None) -> Fault:
@@ -539,7 +551,12 @@ class FakeUpstream:
             return None  # stream faults: a plain answer is sent whole
         if fault.kind not in ("status", "malformed"):
             return self._drop(request)
-        headers = {} if fault.retry_after is None else {"Retry-After": f"{fault.retry_after:g}"}
+        value = fault.retry_after
+        headers = (
+            {}
+            if value is None
+            else {fault.retry_after_name: value if isinstance(value, str) else f"{value:g}"}
+        )
         if fault.body is None:
             return error(fault.status, f"fake upstream fault: HTTP {fault.status}", headers)
         return web.Response(

@@ -54,8 +54,20 @@ class Used:
         return out
 
     def item(self) -> str:
-        name = quote(self.type, safe="_.-")[:MAX_NAME_CHARS]
+        name = _header_name(self.type)
         return f"{name}={self.source}" + (f";turns={self.turns}" if self.turns is not None else "")
+
+
+def _header_name(kind: str) -> str:
+    """``kind`` percent-encoded, cut to ``MAX_NAME_CHARS`` on a whole character (never inside an
+    escape); a character UTF-8 cannot hold (a lone surrogate) becomes ``?`` rather than an exception."""
+    out = ""
+    for char in kind:
+        part = quote(char, safe="_.-", errors="replace")
+        if len(out) + len(part) > MAX_NAME_CHARS:
+            break
+        out += part
+    return out
 
 
 @dataclass(frozen=True, slots=True)

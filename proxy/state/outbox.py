@@ -147,20 +147,34 @@ Write = StreamWrite | KeyWrite | HashWrite
 
 
 def _from_spool(raw: dict[str, Any]) -> Write:
+    """A write as ``_to_spool`` wrote it; TypeError (or KeyError, ValueError) for any other shape,
+    which Redis would refuse or the delivery task choke on, blocking every write behind it."""
     if "field" in raw:
-        return HashWrite(str(raw["key"]), str(raw["field"]), str(raw["value"]), int(raw["ttl_ms"]), raw["id"])
+        return HashWrite(
+            _text(raw, "key"), _text(raw, "field"), _text(raw, "value"), int(raw["ttl_ms"]), _text(raw, "id")
+        )
     if "key" in raw:
         ttl = raw["ttl"]
         return KeyWrite(
-            str(raw["key"]),
-            str(raw["value"]),
+            _text(raw, "key"),
+            _text(raw, "value"),
             None if ttl is None else int(ttl),
-            raw["id"],
+            _text(raw, "id"),
             str(raw.get("owner", "")),
             int(raw.get("max_entries", 0)),
             int(raw.get("max_bytes", 0)),
         )
-    return StreamWrite(raw["stream"], dict(raw["fields"]), int(raw["maxlen"]), raw["id"])
+    fields = raw["fields"]
+    if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+        raise TypeError("fields is not an object of strings")
+    return StreamWrite(_text(raw, "stream"), fields, int(raw["maxlen"]), _text(raw, "id"))
+
+
+def _text(raw: dict[str, Any], name: str) -> str:
+    value = raw[name]
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is not a string")
+    return value
 
 
 def _to_spool(write: Write) -> bytes:

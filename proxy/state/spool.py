@@ -18,6 +18,7 @@ operator's: the proxy trusts what it finds there (see THREAT_MODEL.md).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterable
@@ -89,13 +90,28 @@ class Spool:
     """The files of one ``--spool-dir`` (one process's)."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """ValueError naming ``directory`` when it cannot hold a spool (a start-up error: an
+        OSError there would read as the listen socket's)."""
         self.directory = directory
         self.path = directory / SPOOL_FILE
-        self._file = self._open()
-        if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
-            self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
-        self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._offset = os.open(directory / OFFSET_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                # One process per spool: another's rewrite would rename a new file over the one
+                # this appends to, losing those appends. The kernel drops the lock with the process.
+                fcntl.flock(self._offset, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._file = self._open()
+            except OSError:
+                os.close(self._offset)
+                raise
+            if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+                self.append(b"")  # a torn last append stays its own (skipped) line, not the next write's
+        except BlockingIOError as exc:
+            raise ValueError(f"--spool-dir {directory}: another process is using this spool") from exc
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != directory else ""
+            raise ValueError(f"--spool-dir {directory}: {(exc.strerror or str(exc)).lower()}{where}") from exc
 
     def pending(self) -> list[bytes]:
         return pending_lines(self.directory)

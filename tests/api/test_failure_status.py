@@ -82,3 +82,28 @@ async def test_a_module_refused_by_open_breakers_names_the_real_failure_and_the_
     assert code == 503 and 28 <= int(headers["Retry-After"]) <= 30
     assert envelope["error"]["code"] == "E4001"
     assert "circuit breaker is open" in envelope["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["retry-after", "RETRY-AFTER", "Retry-after"])
+async def test_a_retry_after_in_any_letter_case_is_honoured(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, name: str
+) -> None:
+    """HTTP header names are case-insensitive (RFC 9110 §5.1): a provider's ``retry-after`` is its
+    Retry-After (adversarial pass #29: only two spellings were read, the rest were dropped)."""
+    fake_upstream.script("cheap", Fault.http(503, retry_after=55, retry_after_name=name))
+    fake_upstream.script("backup", Fault.http(503, retry_after=40))
+    code, headers, _ = await post(proxy, "/v1/chat/completions", CHAT)
+    assert (code, headers["Retry-After"]) == (503, "55")
+
+
+@pytest.mark.parametrize("value", ["9" * 10_000, "inf", "1e400", "Fri, 31 Dec 9999 23:59:59 -2359"])
+async def test_a_hostile_retry_after_fails_over_and_never_crashes_the_handler(
+    proxy: RunningProxy, fake_upstream: FakeUpstream, value: str
+) -> None:
+    """#29 adversarial pass, held: a 10 KB header is refused by aiohttp's parser (over 8 KiB: a
+    transport error); infinite and year-9999 values are never waited for. The call fails over to
+    the backup target and answers."""
+    fake_upstream.script("cheap", Fault.http(503, retry_after=value))
+    code, _, body = await post(proxy, "/v1/chat/completions", CHAT)
+    assert code == 200, body
+    assert [r.json["model"] for r in fake_upstream.requests if r.json] == ["cheap", "backup"]

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import pytest
@@ -75,6 +76,19 @@ def test_the_header_carries_no_value_and_stays_bounded() -> None:
     assert len(items) == MAX_LISTED + 1 and items[-1] == "*omitted=5"
     huge = ContextUsed(tuple(Used("y" * 500, "session+client", 10**6) for _ in range(1000)))
     assert len(huge.header()) < 2048
+
+
+@pytest.mark.parametrize(
+    "name", ["\u00e9" * 40, "\u6587\u8108" * 30, "ab" + "\U0001f600" * 20, "x\ud800y" * 10]
+)
+def test_a_cut_type_name_ends_on_a_whole_character(name: str) -> None:
+    """Adversarial pass #29: the percent-encoded name was cut at MAX_NAME_CHARS mid-escape
+    ("...%C3%") or mid-character; a lone surrogate (the module loader refuses one) raised in quote().
+    The cut name decodes, strictly, to a prefix of the name."""
+    encoded = Used(name, "session").item().removesuffix("=session")
+    assert len(encoded) <= MAX_NAME_CHARS
+    decoded = unquote(encoded, errors="strict")
+    assert decoded and name.replace("\ud800", "?").startswith(decoded)
 
 
 async def test_the_second_call_of_a_session_names_what_the_first_left(

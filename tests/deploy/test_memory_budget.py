@@ -110,7 +110,7 @@ def test_memory_sizes_read_like_kubernetes_quantities(text: str, size: int) -> N
     assert memory_size(text) == size
 
 
-@pytest.mark.parametrize("bad", ["", "-1", "1.5Gi", "12 parsecs", "Mi"])
+@pytest.mark.parametrize("bad", ["", "-1", "1.5Gi", "12 parsecs", "Mi", "\u0661\u0662Mi", "9" * 5000])
 def test_a_malformed_memory_size_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         memory_size(bad)
@@ -144,3 +144,15 @@ def test_without_a_flag_the_cgroup_limit_decides(tmp_path: Path) -> None:
     assert refused is not None and f"the cgroup's, {tmp_path}" in refused
     (tmp_path / "memory.max").write_text(f"{total(settings, policy)}\n")
     assert refusal(settings, policy, None, root=tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe\x00garbage\n", ("9" * 5000 + "\n").encode(), "\u0661\u0662\n".encode(), b"-1\n", b""],
+    ids=["not utf-8", "5000 digits", "arabic-indic digits", "negative", "empty"],
+)
+def test_a_cgroup_file_the_kernel_would_not_write_means_no_limit(tmp_path: Path, content: bytes) -> None:
+    """Adversarial pass #29: non-UTF-8 bytes and a number past int()'s 4300 digits were a
+    traceback at startup; a value that is not the kernel's (ASCII digits or ``max``) is no limit."""
+    (tmp_path / "memory.max").write_bytes(content)
+    assert cgroup_limit(tmp_path) is None

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from proxy.cli import main
 from proxy.state.outbox import (
     MARK_PREFIX,
     MARK_TTL_S,
@@ -27,6 +28,7 @@ from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools, spoo
 from tests.redis_relay import RedisRelay
 from tests.support.redis_server import redis_url
 
+POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 REDIS_URL = redis_url(15)
 DB = int(REDIS_URL.rsplit("/", 1)[1])
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -145,11 +147,11 @@ async def test_a_torn_last_append_never_swallows_the_next_write(tmp_path: Path) 
     )
     killed = Spool(tmp_path)
     killed.append(b'{"stream":"s","fields":{},"maxlen":1,"id":"r:1"}')
+    killed.close((tmp_path / SPOOL_FILE).read_bytes().splitlines())  # the same bytes; its lock freed
     with capture_logs() as logs:
         outbox = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
     assert len(outbox) == 2
     await outbox.aclose()
-    killed.close([])
     assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
 
 
@@ -328,3 +330,97 @@ def test_each_worker_has_a_spool_directory_of_its_own(tmp_path: Path) -> None:
         tmp_path,
         tmp_path / "worker-2",
     ]
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"stream": "s", "fields": {"n": {"nested": 1}}, "maxlen": 10, "id": "r:0"},
+        {"stream": "s", "fields": ["n", "1"], "maxlen": 10, "id": "r:0"},
+        {"stream": ["s"], "fields": {"n": "1"}, "maxlen": 10, "id": "r:0"},
+        {"key": "k", "value": "v", "ttl": None, "id": 5},
+        {"key": "k", "field": "f", "value": "v", "ttl_ms": 10, "id": None},
+        {"key": "k", "value": {"a": 1}, "ttl": None, "id": "r:0"},
+    ],
+    ids=[
+        "nested field value",
+        "fields a list",
+        "stream a list",
+        "id a number",
+        "id null",
+        "value an object",
+    ],
+)
+async def test_a_spool_line_of_the_wrong_shape_is_skipped_and_the_rest_delivered(
+    tmp_path: Path, redis_db: Any, stream: str, wrong: dict[str, Any]
+) -> None:
+    """Adversarial pass #29: valid JSON of the wrong shape (an edited or corrupted spool) was
+    queued, then either killed the delivery task (an id that is not a string) or failed its batch
+    forever (a value Redis cannot take): nothing behind it was ever delivered."""
+    good = {"stream": stream, "fields": {"n": "1"}, "maxlen": 10, "id": f"{uuid.uuid4().hex}:1"}
+    (tmp_path / SPOOL_FILE).write_bytes(orjson.dumps(wrong) + b"\n" + orjson.dumps(good) + b"\n")
+    with capture_logs() as logs:
+        outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+    assert len(outbox) == 1
+    outbox.start()
+    await delivered(outbox)
+    await outbox.aclose()
+    assert await numbers(redis_db, stream) == ["1"]
+    assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
+
+
+@pytest.mark.parametrize(
+    "taken", ["", OFFSET_FILE, SPOOL_FILE], ids=["dir a file", "offset a dir", "spool a dir"]
+)
+def test_a_spool_dir_that_cannot_hold_a_spool_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], taken: str
+) -> None:
+    """Adversarial pass #29: the startup hook's OSError was reported as the listen socket's
+    ("cannot listen on 127.0.0.1:0: file exists"), sending the operator to the wrong place."""
+    spool = tmp_path / "spool"
+    if taken:
+        (spool / taken).mkdir(parents=True)
+    else:
+        spool.write_bytes(b"")
+    args = [
+        "serve",
+        "--policy",
+        str(POLICY),
+        "--port",
+        "0",
+        "--redis-url",
+        UNREACHABLE,
+        "--spool-dir",
+        str(spool),
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--spool-dir {spool}" in err and "cannot listen" not in err, err
+
+
+async def test_a_second_process_on_a_spool_in_use_is_refused(tmp_path: Path) -> None:
+    """Adversarial pass #29: two proxies given one --spool-dir each replayed the other's writes,
+    and one's rewrite renamed a new file over the one the other appended to: its later appends
+    were gone at its next start. The second is refused until the first has exited."""
+    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    with pytest.raises(ValueError, match=f"--spool-dir {tmp_path}: another process is using this spool"):
+        RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    await first.aclose()
+    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    await second.aclose()
+
+
+async def test_client_text_with_line_breaks_stays_one_spool_line_and_comes_back_whole(tmp_path: Path) -> None:
+    """Held in the #29 adversarial pass: a feedback note or review field carries client text; every
+    line break a reader might split on is escaped or not one to ``bytes.splitlines``, so a client
+    cannot add a spool line."""
+    note = 'ok\n{"key":"cogproxy:x","value":"forged","ttl":null,"id":"z:0"}\r\u2028\u0085\x1c\x0b\x0c'
+    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first.put(HashWrite("h", "alice", note, 1234))
+    first.put(StreamWrite("s", {"note": note}, 7))
+    await first.aclose()
+    assert len((tmp_path / SPOOL_FILE).read_bytes().splitlines()) == 2
+    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    assert len(second) == 2
+    await second.aclose()
+    assert [doc.get("value") or doc["fields"]["note"] for doc in spooled(tmp_path)] == [note, note]

@@ -41,7 +41,7 @@ def test_an_unusable_retry_after_is_ignored(header: str | None) -> None:
 
 
 def test_a_huge_retry_after_stops_retries_and_is_capped_for_the_client() -> None:
-    """"1e400" is infinite: no retry is waited for (it would pass any deadline) and the client is
+    """ "1e400" is infinite: no retry is waited for (it would pass any deadline) and the client is
     told at most ``RETRY_AFTER_CAP_S``."""
     huge = parse_retry_after("1e400", now=at_now)
     assert huge is not None and math.isinf(huge)
@@ -54,3 +54,18 @@ def test_a_huge_retry_after_stops_retries_and_is_capped_for_the_client() -> None
 def test_retry_after_zero_leaves_the_jittered_backoff() -> None:
     failover = Failover(backoff=Backoff(100, 2000))
     assert retry_wait_s(failover, 0, 0.0, lambda: 1.0) == 0.1
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("\u0661\u0662", 12.0), ("+3", 3.0), (" 3 ", 3.0), ("1_000", 1000.0), ("1e3", 1000.0), ("3, 4", None)],
+)
+def test_lenient_forms_read_as_the_number_they_spell_and_the_client_hears_at_most_the_cap(
+    header: str, seconds: float | None
+) -> None:
+    """Not RFC 9110 delta-seconds, but a number all the same (adversarial pass #29, on record):
+    read as it reads, never a crash, and capped like any other for the client."""
+    assert parse_retry_after(header, now=at_now) == seconds
+    if seconds is not None:
+        failure = ProviderError("rate_limited", "slow down", status=429, retry_after=seconds)
+        assert retry_after_s([failure]) == min(seconds, RETRY_AFTER_CAP_S)

@@ -166,7 +166,7 @@ class RedisSource:
                 raise MirrorGap("the session is no longer in Redis")
             events = [_decode(item, index + offset) for offset, item in enumerate(raw)]
             finished = done == b"1"
-            if finished and (count is None or int(count) != index + len(events)):
+            if finished and count != str(index + len(events)).encode():  # as the writer spells it
                 raise MirrorGap(f"marked done with {count!r} chunks, {index + len(events)} stored")
             if events or finished or time.monotonic() >= deadline:
                 return events, finished

@@ -243,6 +243,8 @@ async def test_a_session_whose_mirror_lost_chunks_is_never_served_partial_from_r
         ([b"0 chunk {}", b"1 chunk {}"], {"done": "1", "count": "3"}, "marked done short of its count"),
         ([b"0 chunk {}"], {"done": "1"}, "marked done without a count"),
         ([b"chunk {}"], {"done": "0"}, "an entry without its position"),
+        ([b"0 chunk {}"], {"done": "1", "count": "one"}, "a count that is not a number"),
+        ([b"0 chunk {}"], {"done": "1", "count": "01"}, "a count the proxy never writes"),
     ],
 )
 async def test_a_redis_copy_with_a_gap_is_not_found_on_another_replica(

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -227,7 +227,8 @@ class RedisOutbox:
         self._on_drop = on_drop
         self._on_first_failure = on_first_failure
         self._on_evict = on_evict
-        self._failed_head: str | None = None
+        self._reported: set[str] = set()
+        """Ids of queued writes whose first failure was reported (bounded by the queue)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.up = True
@@ -293,7 +294,7 @@ class RedisOutbox:
             try:
                 await self._send_batch()
             except (RedisError, OSError) as exc:  # the batch is resent: the marks skip what Redis has
-                self._down(exc)
+                self._down(exc, islice(self._queue, BATCH))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
@@ -344,6 +345,7 @@ class RedisOutbox:
         self._settle(self._queue.popleft(), False)
 
     def _settle(self, write: Write, delivered: bool) -> None:
+        self._reported.discard(write.id)
         future = self._waiters.pop(write.id, None)
         if future is not None and not future.done():
             future.set_result(delivered)
@@ -360,11 +362,11 @@ class RedisOutbox:
         else:
             self._spool.delivered(last.id)
 
-    def _down(self, exc: Exception) -> None:
-        head = self._queue[0] if self._queue else None
-        if head is not None and head.id != self._failed_head:
-            self._failed_head = head.id
-            self._on_first_failure(head)
+    def _down(self, exc: Exception, batch: Iterable[Write]) -> None:
+        for write in batch:  # each write of the failed batch, the first time it fails
+            if write.id not in self._reported:
+                self._reported.add(write.id)
+                self._on_first_failure(write)
         if self.up:
             log.warning(
                 "proxy.redis_unavailable", error=str(exc) or type(exc).__name__, pending=len(self._queue)
@@ -375,7 +377,7 @@ class RedisOutbox:
         try:
             await self._redis.ping()
         except (RedisError, OSError) as exc:
-            self._down(exc)
+            self._down(exc, ())
         else:
             if not self.up:
                 log.info("proxy.redis_available", pending=len(self._queue))

@@ -212,7 +212,7 @@ async def test_review_and_sink_failures_are_counted(fake_upstream: FakeUpstream,
             lambda: scrape(px),
             "the review sink failure counted",
             ready=lambda m: bool(m.value("cognitive_review_sink_failures_total", sink="redis-stream")),
-            timeout=2,
+            timeout=20,
         )
     assert m.value("cognitive_decisions_total", module="code-reviewer", decision="review") == 1
     assert m.value("cognitive_review_sink_failures_total", sink="redis-stream") == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from proxy.state.outbox import (
 )
 from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools, spool_dir_of
 from tests.redis_relay import RedisRelay
+from tests.support.polling import until
 from tests.support.redis_server import redis_url
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
@@ -424,3 +426,21 @@ async def test_client_text_with_line_breaks_stays_one_spool_line_and_comes_back_
     assert len(second) == 2
     await second.aclose()
     assert [doc.get("value") or doc["fields"]["note"] for doc in spooled(tmp_path)] == [note, note]
+
+
+async def test_every_write_behind_a_failed_batch_reports_its_first_failure_once(stream: str) -> None:
+    """The review sink's failure counter hangs on this: a feedback record queued before a review
+    record must not hide the review's failure (only the head of the queue was reported)."""
+    failed: list[Write] = []
+    outbox = RedisOutbox(UNREACHABLE, on_first_failure=failed.append)
+    record, review = HashWrite("test:feedback", "alice", "{}", 1000), entry(stream, 1)
+    outbox.start()
+    try:
+        assert outbox.put(record) and outbox.put(review)
+        await until(lambda: len(failed) >= 2, "both writes reported as failed", timeout=DELIVERY_S)
+        later = entry(stream, 2)
+        assert outbox.put(later)  # a later resend of the batch fails it too; the first two again not
+        await until(lambda: len(failed) >= 3, "the later write reported as failed", timeout=DELIVERY_S)
+    finally:
+        await outbox.aclose(timeout=0.1)
+    assert [replace(write, id="") for write in failed] == [record, review, later]  # ids set when queued

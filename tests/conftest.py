@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+import structlog
 import yaml
 from hypothesis import settings
 
@@ -219,6 +220,16 @@ def write_module(
 
 
 ModuleFactory = Callable[..., Module]
+
+
+@pytest.fixture(autouse=True)
+def structlog_defaults_after_the_test() -> Iterator[None]:
+    """A test that runs the CLI in-process configures logging with ``cache_logger_on_first_use``:
+    left in place, the next module logger used afterwards is cached for the whole session, and
+    ``structlog.testing.capture_logs`` in a later test captures nothing from it."""
+    yield
+    if structlog.is_configured():
+        structlog.reset_defaults()
 
 
 @pytest.fixture

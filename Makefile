@@ -37,9 +37,9 @@ doc-tools:
 test: install redis-server doc-tools node-clients
 	$(BIN)/python -m pytest
 
-## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core
+## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core, hypothesis profile `fast` (25 examples)
 test-fast: install redis-server doc-tools node-clients
-	$(BIN)/python -m pytest -m "not slow" -n auto -q
+	$(BIN)/python -m pytest -m "not slow" -n auto -q --hypothesis-profile=fast
 
 ## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm
 node-clients: tests/node/node_modules/.package-lock.json

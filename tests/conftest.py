@@ -30,6 +30,7 @@ VECTORS = OFFICIAL_VECTORS
 
 SLOW_FILES = frozenset(
     {
+        "test_docs.py",
         "api/test_admin_listener.py",
         "api/test_dropin.py",
         "api/test_failover_load.py",
@@ -107,6 +108,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # `make mutation` runs with --hypothesis-profile=mutation: the same examples every run (a survivor
 # must not depend on which examples hypothesis happened to draw) and no example database.
 settings.register_profile("mutation", derandomize=True, database=None, deadline=None)
+settings.register_profile("fast", max_examples=25)
+"""`make test-fast`, the edit-run loop: fewer property examples; `make test` runs the default 100."""
 
 META_SCHEMA: dict[str, Any] = {
     "type": "object",

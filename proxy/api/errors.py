@@ -7,7 +7,6 @@ their statuses (E4001 503, E4002 429) agree with ``FAILURE_ANSWERS``.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -173,12 +172,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     only middleware; the API's ``edge_middleware`` maps errors the same way)."""
     try:
         return await handler(request)
-    except BaseException as exc:
+    except BaseException as exc:  # error_answer re-raises cancellation and redirects
         return error_answer(request, exc)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("proxy.internal_error", path=request.path)
-        return ApiError(
-            500, "Internal error in the proxy; see its log for the trace id", "server_error", "internal_error"
-        ).response()

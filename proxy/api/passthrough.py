@@ -25,8 +25,9 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.api.body import passthrough_failure, read_body
-from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
+from proxy.api.body import read_body
+from proxy.api.errors import ApiError
+from proxy.api.failures import failed_relay
 from proxy.api.headers import connection_tokens, forwarded, returned_headers
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
@@ -38,7 +39,7 @@ from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
 from proxy.upstream.http import auth_headers, client_timeout, status_error
 from proxy.upstream.relay import body_chunks, first_chunk, send
-from proxy.upstream.router import Routed, RungFailed, Try, real_failures, retry_after_s
+from proxy.upstream.router import Routed, RungFailed, Try
 from proxy.upstream.sse import StreamCheck, wire_format
 
 log = structlog.get_logger("proxy.passthrough")
@@ -293,7 +294,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
-        return _failure(exc)
+        return failed_relay(exc)
     record.fields["target"] = routed.target.provider
     answer = routed.value
     if answer.check is not None:  # a stream: stream_idle_s between chunks, stream_total_s overall
@@ -369,21 +370,6 @@ async def _relay_answer(
 
 def _no_retries(runtime: Runtime) -> Failover:
     return replace(runtime.policy.failover, retries=0)
-
-
-def _failure(exc: RungFailed) -> web.Response:
-    """The upstream's own answer when there was one (status, headers, body as sent; the largest
-    Retry-After of the tries); otherwise the proxy's (``passthrough_failure``)."""
-    sent = real_failures(exc.failures)
-    last = sent[-1] if sent else None
-    if last is not None and last.status is not None and last.body:
-        headers = dict(returned_headers(last.headers))
-        retry_after = retry_after_s(exc.failures)
-        if retry_after is not None and last.status in RETRY_STATUSES:
-            headers = {k: v for k, v in headers.items() if k.lower() != "retry-after"}
-            headers["Retry-After"] = retry_after_value(retry_after)
-        return web.Response(body=last.body, status=last.status, headers=headers)
-    return passthrough_failure(exc)
 
 
 async def catch_all(request: web.Request) -> web.StreamResponse:

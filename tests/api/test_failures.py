@@ -17,6 +17,7 @@ from proxy.api.failures import (
     failed_call,
     failed_relay,
 )
+from proxy.contract.errors import Code, http_status
 from proxy.upstream.base import FailureKind, ProviderError
 from proxy.upstream.router import RungFailed
 from tests.fake_upstream import DROP, FakeUpstream, Fault
@@ -42,6 +43,12 @@ def answer_of(response: Any) -> tuple[int, dict[str, Any], str | None]:
 
 def test_every_failure_kind_has_an_answer() -> None:
     assert set(FAILURE_ANSWERS) == set(get_args(FailureKind))
+
+
+def test_module_calls_answer_the_same_statuses_in_their_envelopes() -> None:
+    """Every provider rate limited: 429 (E4002); none available: 503 (E4001), as the table says."""
+    assert http_status(Code.RATE_LIMITED) == FAILURE_ANSWERS["rate_limited"].status == 429
+    assert http_status(Code.PROVIDER_UNAVAILABLE) == FAILURE_ANSWERS["circuit_open"].status == 503
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from proxy.api.errors import ApiError, ClientReadTimeout, error_body, request_timeout
+from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
 from proxy.api.state import METRICS
 from proxy.observability.logging import log_lines
 from proxy.observability.metrics import Metrics
@@ -72,7 +72,7 @@ def max_connections(settings: Settings) -> int:
 def raw_answer(error: ApiError) -> bytes:
     """``error`` as a complete HTTP/1.1 response that closes the connection, for answers
     written before (or instead of) a request reaching the application."""
-    body = orjson.dumps(error_body(error.message, error.type, error.code, error.param))
+    body = orjson.dumps(error.body())
     head = (
         f"HTTP/1.1 {error.status} {_REASONS.get(error.status, 'Error')}\r\n"
         "Content-Type: application/json\r\n"

@@ -1,5 +1,4 @@
-"""Reading request bodies (bounded by ``--max-body-bytes`` and the in-flight body budget) and
-upstream failures."""
+"""Reading request bodies, bounded by ``--max-body-bytes`` and the in-flight body budget."""
 
 from __future__ import annotations
 
@@ -10,20 +9,8 @@ import orjson
 from aiohttp import web
 
 from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
-from proxy.api.errors import (
-    FAILURE_ANSWERS,
-    RETRY_STATUSES,
-    ApiError,
-    ClientReadTimeout,
-    error_body,
-    failure_answer,
-    json_response,
-    request_timeout,
-    retry_after_value,
-)
+from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
 from proxy.api.state import SETTINGS
-from proxy.upstream.base import ProviderError
-from proxy.upstream.router import RungFailed, real_failures, retry_after_s
 
 # zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -132,47 +119,3 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ApiError(400, "The request body must be a JSON object", code="invalid_json")
     return value
-
-
-def upstream_failure(exc: ProviderError, retry_after: float | None = None) -> web.Response:
-    """A provider failure on a passthrough call, as the client sees it.
-
-    The upstream's own 4xx answers pass through unchanged (status and body); otherwise the status
-    comes from ``failure_answer``, and 429/503 carry ``Retry-After`` (``retry_after``, else the
-    failure's own, else 1).
-    """
-    headers: dict[str, str] = {}
-    if exc.kind == "client_error" and exc.status is not None and exc.body:
-        return web.Response(
-            body=exc.body,
-            status=exc.status,
-            headers=headers,
-            content_type=exc.headers.get("Content-Type", "application/json").split(";")[0],
-        )
-    answer = failure_answer(exc)
-    if answer.status in RETRY_STATUSES:
-        headers["Retry-After"] = retry_after_value(
-            retry_after if retry_after is not None else exc.retry_after
-        )
-    body = error_body(f"Upstream provider failed: {exc.message}", answer.type, answer.code)
-    return json_response(body, status=answer.status, headers=headers)
-
-
-def passthrough_failure(exc: RungFailed) -> web.Response:
-    """Every target failed. The client hears the last failure of a request actually sent (a
-    client error as the upstream sent it), with the largest upstream ``Retry-After``; when every
-    target was skipped by its breaker (or there is none), the proxy's own 503 with the time until
-    the first half-open trial."""
-    if exc.final is not None:
-        return upstream_failure(exc.final)
-    retry_after = retry_after_s(exc.failures)
-    sent = real_failures(exc.failures)
-    if sent:
-        return upstream_failure(sent[-1], retry_after)
-    reason = "circuit breakers open" if exc.failures else "no provider target"
-    answer = FAILURE_ANSWERS["circuit_open"]
-    return json_response(
-        error_body(f"Every provider target is unavailable ({reason})", answer.type, answer.code),
-        status=answer.status,
-        headers={"Retry-After": retry_after_value(retry_after)},
-    )

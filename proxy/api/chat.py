@@ -12,8 +12,9 @@ import orjson
 import structlog
 from aiohttp import web
 
-from proxy.api.body import passthrough_failure, read_object
+from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
+from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
 from proxy.api.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
@@ -271,7 +272,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) ->
     try:
         routed = await route(partial(_relay, body=body, ctx=ctx), bounded=True)
     except RungFailed as exc:
-        return passthrough_failure(exc)
+        return failed_call(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
     route.request[RECORD_KEY].fields["target"] = routed.target.name
     return web.Response(
@@ -291,7 +292,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallContext) -
     try:
         opened = await route(partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s))
     except RungFailed as exc:
-        return passthrough_failure(exc)
+        return failed_call(exc)
     stream = opened.value
     record.fields["target"] = opened.target.name
     ttft = time.perf_counter() - asked

@@ -1,23 +1,19 @@
-"""One place maps errors: ``ApiError`` -> OpenAI error body; a provider failure kind -> HTTP
-status; anything unexpected -> 500.
+"""One place maps errors to OpenAI error bodies: ``ApiError`` -> body and status, anything else a
+handler raises -> its ``ApiError`` (500 for an unexpected one).
 
-Module answers never come through here: their body is always an envelope (see ``api.modules``);
-their statuses (E4001 503, E4002 429) agree with ``FAILURE_ANSWERS``.
+Provider failures are mapped in ``api.failures``; module answers never come through here: their
+body is always an envelope (see ``api.modules``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
-
-from proxy.upstream.base import FailureKind, ProviderError
 
 log = structlog.get_logger("proxy.api")
 
@@ -45,12 +41,12 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.param = param
 
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error object this error answers with."""
+        return error_body(self.message, self.type, self.code, self.param)
+
     def response(self) -> web.Response:
-        return json_response(
-            error_body(self.message, self.type, self.code, self.param),
-            status=self.status,
-            headers=self.headers,
-        )
+        return json_response(self.body(), status=self.status, headers=self.headers)
 
 
 class ClientReadTimeout(TimeoutError):
@@ -71,47 +67,6 @@ def request_timeout() -> ApiError:
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> dict[str, Any]:
     """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def stream_error_event(message: str, code: str, *, named: bool = False) -> bytes:
-    """The SSE event that ends a stream the proxy could not finish: the OpenAI error object as the
-    event's data (the OpenAI SDKs raise on a ``data`` holding ``error``); ``named`` streams (the
-    Responses API) get ``event: error`` and the Responses error fields too."""
-    error = error_body(message, "server_error", code)
-    if not named:
-        return b"data: " + orjson.dumps(error) + b"\n\n"
-    event = {"type": "error", "code": code, "message": message, "param": None, **error}
-    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
-@dataclass(frozen=True, slots=True)
-class FailureAnswer:
-    status: int
-    type: str
-    code: str
-
-
-# What the client hears when a provider failure is the last word (no upstream answer passed on).
-FAILURE_ANSWERS: Mapping[FailureKind, FailureAnswer] = {
-    "connect": FailureAnswer(502, "server_error", "upstream_error"),
-    "server_error": FailureAnswer(502, "server_error", "upstream_error"),
-    "malformed": FailureAnswer(502, "server_error", "upstream_error"),
-    "timeout": FailureAnswer(504, "server_error", "upstream_timeout"),
-    "rate_limited": FailureAnswer(429, "rate_limit_error", "rate_limited"),
-    "circuit_open": FailureAnswer(503, "server_error", "provider_unavailable"),
-    "client_error": FailureAnswer(400, "invalid_request_error", "upstream_client_error"),
-}
-# An upstream 503 says "unavailable, try later" (often with Retry-After): kept, not made a 502.
-_UPSTREAM_UNAVAILABLE = FailureAnswer(503, "server_error", "upstream_unavailable")
-RETRY_STATUSES = frozenset({429, 503})
-"""Answers that carry ``Retry-After``."""
-
-
-def failure_answer(exc: ProviderError) -> FailureAnswer:
-    """Status, type and code for a provider failure (the one kind -> HTTP status table)."""
-    if exc.kind == "server_error" and exc.status == 503:
-        return _UPSTREAM_UNAVAILABLE
-    return FAILURE_ANSWERS[exc.kind]
 
 
 def retry_after_value(seconds: float | None) -> str:
@@ -173,12 +128,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     only middleware; the API's ``edge_middleware`` maps errors the same way)."""
     try:
         return await handler(request)
-    except BaseException as exc:
+    except BaseException as exc:  # error_answer re-raises cancellation and redirects
         return error_answer(request, exc)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("proxy.internal_error", path=request.path)
-        return ApiError(
-            500, "Internal error in the proxy; see its log for the trace id", "server_error", "internal_error"
-        ).response()

@@ -5,17 +5,17 @@ forwarded as they arrive), as the client's bytes: a compressed upload keeps its
 ``Content-Encoding``. The request target is validated and normalised first (``api.target``: 400
 for absolute-form, dot segments, encoded separators) and the upstream URL is the provider's
 ``base_url`` with that path, so no client input reaches the upstream's host. Only the request
-headers in ``FORWARDED_HEADERS`` (and ``OpenAI-*``) go upstream, with the provider's key injected;
-the upstream's headers (``x-ratelimit-*``, ``retry-after``, request ids) and error bodies come back
-but for ``Set-Cookie`` and hop-by-hop headers. Requests that are safe to resend (GET/HEAD/DELETE,
-JSON bodies of idempotent-in-effect endpoints, anything carrying an ``Idempotency-Key``) fail over
-between the route's providers; uploads are never replayed.
+headers ``api.headers`` forwards (``FORWARDED_HEADERS``, ``OpenAI-*``) go upstream, with the
+provider's key injected; the upstream's headers (``x-ratelimit-*``, ``retry-after``, request ids)
+and error bodies come back but for ``Set-Cookie`` and hop-by-hop headers. Requests that are safe
+to resend (GET/HEAD/DELETE, JSON bodies of idempotent-in-effect endpoints, anything carrying an
+``Idempotency-Key``) fail over between the route's providers; uploads are never replayed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -25,8 +25,10 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.api.body import passthrough_failure, read_body
-from proxy.api.errors import RETRY_STATUSES, ApiError, retry_after_value
+from proxy.api.body import read_body
+from proxy.api.errors import ApiError
+from proxy.api.failures import failed_relay
+from proxy.api.headers import connection_tokens, forwarded, returned_headers
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
 from proxy.api.quota import count_request
@@ -37,47 +39,11 @@ from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.upstream.base import CallContext, Provider, ProviderError
 from proxy.upstream.http import auth_headers, client_timeout, status_error
 from proxy.upstream.relay import body_chunks, first_chunk, send
-from proxy.upstream.router import Routed, RungFailed, Try, real_failures, retry_after_s
+from proxy.upstream.router import Routed, RungFailed, Try
 from proxy.upstream.sse import StreamCheck, wire_format
 
 log = structlog.get_logger("proxy.passthrough")
 
-# Request headers sent upstream; everything else a client sends stays here (cookies, its own key
-# in Authorization/X-Api-Key/api-key, X-Forwarded-For, Origin, ...). The provider's key and the
-# policy's ``providers.<name>.headers`` are added after, and X-Request-Id is the trace id.
-FORWARDED_HEADERS = frozenset(
-    {
-        "accept",
-        "accept-encoding",
-        "accept-language",
-        "content-type",
-        "content-length",
-        "content-encoding",
-        "idempotency-key",
-        "traceparent",
-        "tracestate",
-    }
-)
-FORWARDED_PREFIX = "openai-"
-"""OpenAI-Organization, OpenAI-Project, OpenAI-Beta and the API's future OpenAI-* headers."""
-# Response headers never returned to the client: an upstream's cookies would be set on the
-# proxy's origin for every client of it.
-DROPPED_RESPONSE_HEADERS = frozenset({"set-cookie", "set-cookie2", "content-length"})
-# RFC 9110 §7.6.1 hop-by-hop headers, plus what the proxy sets itself.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-    }
-)
 IDEMPOTENT_IN_EFFECT = frozenset({"/v1/embeddings", "/v1/moderations"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 PASSTHROUGH_MODEL = "passthrough"
@@ -141,12 +107,6 @@ def path_template(path: str) -> str:
     return "/v1/" + "/".join(s if s in _STATIC_SEGMENTS else "{id}" for s in segments)
 
 
-def forwarded(name: str) -> bool:
-    """Whether a client's request header goes upstream on passthrough."""
-    lower = name.lower()
-    return lower in FORWARDED_HEADERS or lower.startswith(FORWARDED_PREFIX)
-
-
 def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
     """The providers a path goes to, in failover order: the longest matching route prefix, else
     the default provider."""
@@ -162,12 +122,6 @@ def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
     return (policy.passthrough.provider,) if policy.passthrough.provider else ()
 
 
-def connection_tokens(headers: Mapping[str, str]) -> set[str]:
-    """The header names listed in ``Connection`` (in every such header): for this hop only."""
-    values = [v for k, v in headers.items() if k.lower() == "connection"]
-    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
-
-
 def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallContext) -> CIMultiDict[str]:
     hop = connection_tokens(request.headers)
     headers: CIMultiDict[str] = CIMultiDict(
@@ -180,15 +134,6 @@ def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallCont
         headers[name] = value
     headers["X-Request-Id"] = ctx.trace_id
     return headers
-
-
-def returned_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    dropped = HOP_BY_HOP | DROPPED_RESPONSE_HEADERS | connection_tokens(upstream)
-    for name, value in upstream.items():
-        if name.lower() not in dropped:
-            out.add(name, value)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +294,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
-        return _failure(exc)
+        return failed_relay(exc)
     record.fields["target"] = routed.target.provider
     answer = routed.value
     if answer.check is not None:  # a stream: stream_idle_s between chunks, stream_total_s overall
@@ -425,21 +370,6 @@ async def _relay_answer(
 
 def _no_retries(runtime: Runtime) -> Failover:
     return replace(runtime.policy.failover, retries=0)
-
-
-def _failure(exc: RungFailed) -> web.Response:
-    """The upstream's own answer when there was one (status, headers, body as sent; the largest
-    Retry-After of the tries); otherwise the proxy's (``passthrough_failure``)."""
-    sent = real_failures(exc.failures)
-    last = sent[-1] if sent else None
-    if last is not None and last.status is not None and last.body:
-        headers = dict(returned_headers(last.headers))
-        retry_after = retry_after_s(exc.failures)
-        if retry_after is not None and last.status in RETRY_STATUSES:
-            headers = {k: v for k, v in headers.items() if k.lower() != "retry-after"}
-            headers["Retry-After"] = retry_after_value(retry_after)
-        return web.Response(body=last.body, status=last.status, headers=headers)
-    return passthrough_failure(exc)
 
 
 async def catch_all(request: web.Request) -> web.StreamResponse:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import structlog
 from aiohttp import web
 
-from proxy.api.errors import stream_error_event
+from proxy.api.failures import broken_stream_event
 from proxy.api.instrument import target_labels
 from proxy.api.state import METRICS, runtime_of
 from proxy.policy.model import Target
@@ -17,8 +17,6 @@ from proxy.upstream.relay import StreamEnd, copy
 from proxy.upstream.sse import StreamCheck
 
 log = structlog.get_logger("proxy.api")
-
-STREAM_ERROR_CODE = "upstream_stream_error"
 
 
 async def serve(
@@ -57,7 +55,6 @@ async def serve(
         if request.transport is not None:
             request.transport.close()
         return end
-    message = f"Upstream stream failed ({end.reason}): {end.message}"
-    await response.write(stream_error_event(message, STREAM_ERROR_CODE, named=check.wire == "responses"))
+    await response.write(broken_stream_event(end.reason, end.message, named=check.wire == "responses"))
     await response.write_eof()
     return end

@@ -17,7 +17,7 @@ import orjson
 import yaml
 
 from proxy import __version__
-from proxy.api.passthrough import forwarded
+from proxy.api.headers import forwarded
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, ServedProcess, proxy_process
 from tests.security.conftest import security_policy

@@ -56,6 +56,7 @@ from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
+from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
@@ -109,12 +110,10 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     likewise limits, feedback, the Redis outbox and the context store."""
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    store: BreakerStore = (
-        RedisBreakerStore(settings.redis_url) if settings.redis_url else MemoryBreakerStore()
-    )
+    store: BreakerStore = RedisBreakerStore(settings.redis) if settings.redis else MemoryBreakerStore()
     _route_and_watch(app, Breakers(store))
     limits = app[quota.QUOTA] = quota.Quota.build(
-        settings.redis_url,
+        settings.redis,
         settings.replicas_hint * settings.workers,  # with Redis down each worker takes its share
         lambda down: metrics.limits_degraded.set(int(down)),
     )
@@ -123,10 +122,10 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     context: ContextStore = MemoryContextStore(
         on_evict=lambda reason: metrics.context_evictions.labels(reason).inc()
     )
-    if settings.redis_url:
-        outbox = _outbox(app, settings.redis_url)
-        feedback_store = RedisFeedbackStore(settings.redis_url, outbox)
-        context = RedisContextStore(settings.redis_url, outbox)
+    if settings.redis:
+        outbox = _outbox(app, settings.redis)
+        feedback_store = RedisFeedbackStore(settings.redis, outbox)
+        context = RedisContextStore(settings.redis, outbox)
     app[FEEDBACK] = feedback_store
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
@@ -163,7 +162,7 @@ def _route_and_watch(app: web.Application, breakers: Breakers) -> None:
     metrics.watch_thresholds(tier_thresholds)
 
 
-def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
+def _outbox(app: web.Application, redis: RedisOptions) -> RedisOutbox:
     """The Redis outbox (started), counting what it drops and its first failures."""
     settings, metrics = app[SETTINGS], app[METRICS]
 
@@ -183,7 +182,7 @@ def _outbox(app: web.Application, redis_url: str) -> RedisOutbox:
         metrics.context_evictions.labels(CLIENT_QUOTA).inc(count)
 
     outbox = app[OUTBOX] = RedisOutbox(
-        redis_url, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
+        redis, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
     )
     outbox.start()
     metrics.watch_redis(lambda: outbox.up)

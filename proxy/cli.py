@@ -67,6 +67,7 @@ from proxy.settings import (
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.redis_client import LIMITS_TIMEOUT_S
 from proxy.state.spool import adopt_spools, spool_dir_of
 from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
 from proxy.upstream.breaker import Breakers
@@ -398,6 +399,13 @@ SERVE_OPTIONS = (
         "e.g. redis://127.0.0.1:6379/0",
     ),
     ServeOption(
+        "--redis-limits-timeout",
+        "REDIS_LIMITS_TIMEOUT",
+        float,
+        LIMITS_TIMEOUT_S,
+        "seconds a limit check waits for Redis before this replica falls back to its local windows",
+    ),
+    ServeOption(
         "--spool-dir",
         "SPOOL_DIR",
         str,
@@ -570,6 +578,7 @@ def serve_settings(args: argparse.Namespace) -> Settings:
         admin_keys=admin,
         replicas_hint=args.replicas_hint,
         redis_url=args.redis_url or None,
+        redis_limits_timeout_s=args.redis_limits_timeout,
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),
         spool_dir=spool_dir_of(Path(args.spool_dir), args.worker_slot) if args.spool_dir else None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from proxy.clients import ClientIdentity, read_identities
 from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
+from proxy.state.redis_client import LIMITS_TIMEOUT_S, RedisOptions
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
@@ -65,6 +66,8 @@ class Settings:
     """Replicas sharing the limits; with Redis down each enforces its share (limit / replicas)."""
     redis_url: str | None = field(default=None, repr=False)
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
+    redis_limits_timeout_s: float = LIMITS_TIMEOUT_S
+    """How long a limit check waits for Redis before this replica falls back to its local windows."""
     admin_host: str | None = None
     """Bind address of the admin listener (None: the API's ``host``)."""
     admin_port: int | None = None
@@ -93,8 +96,13 @@ class Settings:
     """Processes serving the port (``proxy.supervisor``); 1: this process serves alone."""
     worker: int | None = None
     """This process's slot (0..workers-1) when it is one of those workers; None otherwise."""
+    redis: RedisOptions | None = field(init=False, default=None, repr=False)
+    """How every Redis client reaches ``redis_url`` (``proxy.state.redis_client``); None without it."""
 
     def __post_init__(self) -> None:
+        if self.redis_url:
+            redis = RedisOptions(self.redis_url).with_timeout("limits", self.redis_limits_timeout_s)
+            object.__setattr__(self, "redis", redis)
         if self.max_upload_bytes <= 0:
             raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         if self.max_body_bytes <= 0:

@@ -15,6 +15,7 @@ import yaml
 from proxy.policy.loader import parse_policy
 from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
 from proxy.state.outbox import RedisOutbox
+from proxy.state.redis_client import RedisOptions
 from tests.policy.test_loader import MINIMAL
 from tests.prometheus_e2e import free_port
 from tests.support.redis_db import fresh_db
@@ -40,9 +41,9 @@ async def judged_module() -> AsyncIterator[str]:
     module = f"calib-{uuid.uuid4().hex[:8]}"
     async with fresh_db(15, match=f"{KEY_PREFIX}{module}-*"):  # its answers go afterwards
         rng = random.Random(3)
-        outbox = RedisOutbox(REDIS_URL)
+        outbox = RedisOutbox(RedisOptions(REDIS_URL))
         outbox.start()
-        store = RedisFeedbackStore(REDIS_URL, outbox)
+        store = RedisFeedbackStore(RedisOptions(REDIS_URL), outbox)
         for i in range(400):
             c = round(rng.uniform(0.5, 1.0), 4)
             correct = rng.random() < c - 0.3

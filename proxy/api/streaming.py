@@ -56,7 +56,7 @@ async def streams_ctx(app: web.Application) -> Any:
     hub = app[STREAMS] = SessionHub(
         ttl_s=settings.stream_session_ttl_s,
         max_bytes=settings.stream_session_max_bytes,
-        redis_url=settings.redis_url if settings.stream_recovery else None,
+        redis=settings.redis if settings.stream_recovery else None,
     )
     app[METRICS].stream_sessions.set_function(lambda: hub.live)
     yield

@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Bin, Reliability, from_records
 from proxy.state.feedback import scan_records
+from proxy.state.redis_client import RedisOptions
 
 PROMETHEUS_TIMEOUT_S = 30.0
 WINDOW = re.compile(r"^\d+[smhdwy]$")
@@ -98,7 +99,7 @@ async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, 
     """The figures of the judged answers in Redis, and per target the points to fit."""
     records = []
     try:
-        async for record in scan_records(url):
+        async for record in scan_records(RedisOptions(url)):
             if record.verdict is not None and (module is None or record.module == module):
                 records.append(record)
     except (RedisError, OSError) as exc:

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
@@ -29,6 +28,7 @@ from proxy.context.identity import namespace_in
 from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.retained import retained
 from proxy.state.outbox import KeyWrite, RedisOutbox
+from proxy.state.redis_client import RedisOptions, redis_client
 
 log = structlog.get_logger("proxy.context")
 
@@ -44,10 +44,6 @@ MEMORY_ENTRY_OVERHEAD_BYTES = 640
 """What an entry takes besides its value's bytes: its key (~130 characters), the LRU and
 per-client indexes, the (value, expiry) tuple (measured with tracemalloc: ~500; pinned by
 ``tests/context/test_store_memory.py``). ``proxy.memory_budget`` counts it per entry."""
-REDIS_OP_TIMEOUT_S = 0.25
-"""A context read is on the request path: a Redis that does not answer within this is down."""
-RETRY_REDIS_AFTER_S = 5.0
-"""After a failed read, context reads skip Redis (answering "not available") for this long."""
 WRITE_WAIT_S = 0.25
 """How long a request waits for its context writes to reach Redis (read-your-writes for the
 next call of the session); past it the outbox delivers them later."""
@@ -192,20 +188,18 @@ class MemoryContextStore:
 
 class RedisContextStore:
     """Context in Redis: TTL by Redis expiry, persistent items with none. Reads go straight to
-    Redis (with a short timeout); writes go through the app's outbox, in order with the other
-    Redis writes, and the request waits up to ``WRITE_WAIT_S`` for them."""
+    Redis (with the ``context`` timeout: a Redis that does not answer within it is down, and reads
+    skip it, answering "not available", for its retry interval); writes go through the app's
+    outbox, in order with the other Redis writes, and the request waits up to ``WRITE_WAIT_S``."""
 
-    def __init__(self, url: str, outbox: RedisOutbox, *, clock: Clock = time.monotonic) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
-        )
+    def __init__(self, options: RedisOptions, outbox: RedisOutbox, *, clock: Clock = time.monotonic) -> None:
+        self._redis: Any = redis_client(options, "context")
         self._outbox = outbox
-        self._clock = clock
-        self._down_until = 0.0
+        self._health = options.health("context", clock)
 
     @property
     def degraded(self) -> bool:
-        return self._clock() < self._down_until
+        return self._health.down
 
     async def get(self, key: str) -> bytes | None:
         if self.degraded:
@@ -213,9 +207,8 @@ class RedisContextStore:
         try:
             value: bytes | None = await self._redis.get(key)
         except (RedisError, OSError) as exc:
-            if not self.degraded:
+            if self._health.failed():
                 log.warning("proxy.context_store_unavailable", error=str(exc) or type(exc).__name__)
-            self._down_until = self._clock() + RETRY_REDIS_AFTER_S
             raise ContextUnavailable("the context store (Redis) is down") from exc
         return value
 

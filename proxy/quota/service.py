@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import Caller
 from proxy.policy.quota import LimitSpec, LimitsPolicy
 from proxy.quota.windows import MICRO, Counters, MemoryCounters, RedisCounters, Window, WindowState
+from proxy.state.redis_client import RETRY_AFTER_S, RedisHealth, RedisOptions, redis_client
 
 log = structlog.get_logger("proxy.quota")
 
@@ -26,12 +26,6 @@ Period = Literal["day", "month"]
 SECONDS_PER_DAY = 86400
 MAX_PLANS = 10_000
 """Cached request plans (one per client and team a day): a backstop, cleared when full."""
-REDIS_TIMEOUT_S = 0.25
-"""A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
-beyond it the replica falls back to its local windows."""
-REDIS_RETRY_S = 1.0
-"""After a Redis failure, local windows are used this long before Redis is tried again, so a
-dead Redis costs one timeout per second, not one per request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,21 +162,22 @@ class Quota:
     shared: bool = False
     on_degraded: Callable[[bool], None] = lambda degraded: None
     clock: Callable[[], float] = time.time
-    _down_until: float = 0.0
+    health: RedisHealth = field(default_factory=lambda: RedisHealth(RETRY_AFTER_S["limits"]))
+    """Past a Redis failure (or its ``limits`` timeout) local windows are used for a while."""
     _plans: dict[tuple[int, str, str | None, int], tuple[LimitsPolicy, _Plan]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, redis_url: str | None, replicas_hint: int, on_degraded: Callable[[bool], None]) -> Quota:
-        if redis_url is None:
+    def build(
+        cls, redis: RedisOptions | None, replicas_hint: int, on_degraded: Callable[[bool], None]
+    ) -> Quota:
+        if redis is None:
             return cls(MemoryCounters())
-        client = aioredis.from_url(
-            redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-        )
-        return cls(RedisCounters(client), MemoryCounters(replicas_hint), True, on_degraded)
+        counters = RedisCounters(redis_client(redis, "limits"))
+        return cls(counters, MemoryCounters(replicas_hint), True, on_degraded, health=redis.health("limits"))
 
     @property
     def degraded(self) -> bool:
-        return self.shared and time.monotonic() < self._down_until
+        return self.shared and self.health.down
 
     async def _run(
         self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
@@ -193,17 +188,15 @@ class Quota:
             except (RedisError, OSError) as exc:
                 self._fail(exc)
             else:
-                if self.shared and self._down_until:
-                    self._down_until = 0.0
+                if self.shared and self.health.answered():
                     self.on_degraded(False)
                     log.info("proxy.limits_shared_again")
                 return result
         return await self.local.hit(hits, spend_keys)
 
     def _fail(self, exc: BaseException) -> None:
-        if not self._down_until or time.monotonic() >= self._down_until:
-            log.warning("proxy.limits_degraded", error=str(exc)[:200], retry_s=REDIS_RETRY_S)
-        self._down_until = time.monotonic() + REDIS_RETRY_S
+        if self.health.failed():
+            log.warning("proxy.limits_degraded", error=str(exc)[:200], retry_s=self.health.retry_after_s)
         self.on_degraded(True)
 
     def _plan(self, policy: LimitsPolicy, caller: Caller) -> _Plan:

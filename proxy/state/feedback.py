@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import ANONYMOUS
 from proxy.state.outbox import HashWrite, RedisOutbox
+from proxy.state.redis_client import RedisOptions, redis_client
 
 log = structlog.get_logger("proxy.feedback")
 
@@ -36,7 +36,6 @@ KEY_PREFIX = "cogproxy:answers:"
 LEGACY_PREFIX = "cogproxy:feedback:"
 """0.3's keys (one string per trace id, no client): still read by ``scan_records`` until they
 expire with their window, never written."""
-REDIS_OP_TIMEOUT_S = 0.25
 SCAN_COUNT = 1000
 RECORD_MAX_BYTES = 2304
 """The most one remembered answer takes in the in-process store, judged with the longest note
@@ -192,10 +191,8 @@ class MemoryFeedbackStore:
 class RedisFeedbackStore:
     """The memory LRU in front of Redis keys that expire with the window."""
 
-    def __init__(self, url: str, outbox: RedisOutbox, clock: Clock = time.time) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
-        )
+    def __init__(self, options: RedisOptions, outbox: RedisOutbox, clock: Clock = time.time) -> None:
+        self._redis: Any = redis_client(options, "feedback")
         self._outbox = outbox
         self._clock = clock
         self._local = MemoryFeedbackStore(clock)
@@ -257,10 +254,10 @@ class RedisFeedbackStore:
         await self._redis.aclose()
 
 
-async def scan_records(url: str) -> AsyncIterator[AnswerRecord]:
-    """Every unexpired record in the Redis at ``url`` (for ``cogproxy calibration``), 0.3's
+async def scan_records(options: RedisOptions) -> AsyncIterator[AnswerRecord]:
+    """Every unexpired record in the Redis ``options`` name (for ``cogproxy calibration``), 0.3's
     ``cogproxy:feedback:<trace id>`` strings included."""
-    client: Any = aioredis.Redis.from_url(url)
+    client: Any = redis_client(options, "scan")
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
             for raw in await client.hvals(key):

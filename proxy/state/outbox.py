@@ -37,17 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from proxy.state.redis_client import RedisOptions, redis_client
 from proxy.state.spool import Spool
 
 log = structlog.get_logger("proxy.outbox")
 
 # At the default review.maxlen (10,000) a longer backlog would be trimmed from the stream anyway.
 DEFAULT_OUTBOX_BOUND = 10_000
-OUTBOX_OP_TIMEOUT_S = 1.0
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 PING_INTERVAL_S = 1.0
@@ -204,18 +203,15 @@ def _run_and_seq(write_id: str) -> tuple[str, int]:
 class RedisOutbox:
     def __init__(
         self,
-        redis_url: str,
+        redis: RedisOptions,
         *,
         bound: int = DEFAULT_OUTBOX_BOUND,
         spool_dir: Path | None = None,
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
         on_evict: Callable[[int], None] = lambda count: None,
-        op_timeout: float = OUTBOX_OP_TIMEOUT_S,
     ) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            redis_url, socket_timeout=op_timeout, socket_connect_timeout=op_timeout, decode_responses=True
-        )
+        self._redis: Any = redis_client(redis, "outbox")
         self._bound = bound
         self._queue: deque[Write] = deque()
         self._waiters: dict[str, asyncio.Future[bool]] = {}

@@ -9,16 +9,15 @@ replicas never race a breaker open or closed.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from proxy.policy.model import BreakerPolicy
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.redis_client import RedisOptions, redis_client
 from proxy.state.store import WINDOW_BUCKETS, BreakerState, Outcome
 
 log = structlog.get_logger("proxy.state")
@@ -94,10 +93,6 @@ redis.call('EXPIRE', trials, math.ceil(ttl) + 1)
 return 1
 """
 
-# After Redis fails, the memory store serves for this long before Redis is tried again.
-RETRY_REDIS_AFTER_S = 5.0
-REDIS_OP_TIMEOUT_S = 0.25
-
 
 def _keys(target: str) -> list[str]:
     base = f"cogproxy:breaker:{target}"
@@ -107,28 +102,25 @@ def _keys(target: str) -> list[str]:
 class RedisBreakerStore:
     """Shared breaker state; every operation falls back to local memory while Redis is down."""
 
-    def __init__(self, url: str) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            url,
-            socket_timeout=REDIS_OP_TIMEOUT_S,
-            socket_connect_timeout=REDIS_OP_TIMEOUT_S,
-            decode_responses=True,
-        )
+    def __init__(self, options: RedisOptions) -> None:
+        self._redis: Any = redis_client(options, "breakers")
         self._record = self._redis.register_script(_RECORD)
         self._try_trial = self._redis.register_script(_TRY_TRIAL)
         self._fallback = MemoryBreakerStore()
-        self._down_until = 0.0
+        self._health = options.health("breakers")
 
     @property
     def degraded(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self._health.down
 
     def _failed(self, exc: Exception) -> None:
-        if not self.degraded:
+        if self._health.failed():
             log.warning(
-                "proxy.redis_unavailable", error=str(exc), fallback="memory", retry_in_s=RETRY_REDIS_AFTER_S
+                "proxy.redis_unavailable",
+                error=str(exc),
+                fallback="memory",
+                retry_in_s=self._health.retry_after_s,
             )
-        self._down_until = time.monotonic() + RETRY_REDIS_AFTER_S
 
     async def state(self, target: str) -> BreakerState:
         if self.degraded:

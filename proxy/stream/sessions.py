@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from proxy.retained import retained
+from proxy.state.redis_client import RedisOptions, redis_client
 from proxy.stream.chunks import Kind, kind_of
 
 log = structlog.get_logger("proxy.stream")
@@ -45,7 +45,6 @@ SESSION_ID_BYTES = 16
 for its own chunks only together with the client key it was started with."""
 POLL_S = 0.05
 """How often a follower on another replica reads the Redis list (the latency of its tail)."""
-REDIS_OP_TIMEOUT_S = 1.0
 MIRROR_DRAIN_S = 2.0
 """At shutdown, how long chunks still queued for Redis get to be written."""
 REDIS_INDEX_MAX = 2**63 - 1
@@ -216,7 +215,7 @@ class Found:
 class SessionHub:
     """The sessions of this replica, their producer tasks, and the Redis mirror."""
 
-    def __init__(self, *, ttl_s: float, max_bytes: int, redis_url: str | None = None) -> None:
+    def __init__(self, *, ttl_s: float, max_bytes: int, redis: RedisOptions | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._sessions: dict[str, Session] = {}
@@ -228,13 +227,7 @@ class SessionHub:
         """client -> the bytes of its sessions, live ones included."""
         self._used = 0
         self.tasks: set[asyncio.Task[Any]] = set()
-        self._redis: Any = (
-            aioredis.Redis.from_url(
-                redis_url, socket_timeout=REDIS_OP_TIMEOUT_S, socket_connect_timeout=REDIS_OP_TIMEOUT_S
-            )
-            if redis_url
-            else None
-        )
+        self._redis: Any = redis_client(redis, "streams") if redis is not None else None
         self._queue: asyncio.Queue[tuple[Session, int, Event | str]] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._failed_writes = 0

@@ -23,10 +23,12 @@ from proxy.state.feedback import (
     with_verdict,
 )
 from proxy.state.outbox import RedisOutbox
+from proxy.state.redis_client import RedisOptions
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
 REDIS_URL = redis_url(15)
+SHARED = RedisOptions(REDIS_URL)
 DELIVERY_S = 10.0
 
 
@@ -112,9 +114,9 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
 ) -> None:
     prefix, client = redis_keys
     clock = Clock(1000.0)
-    outbox = RedisOutbox(REDIS_URL)
+    outbox = RedisOutbox(SHARED)
     outbox.start()
-    one, two = RedisFeedbackStore(REDIS_URL, outbox, clock), RedisFeedbackStore(REDIS_URL, outbox, clock)
+    one, two = RedisFeedbackStore(SHARED, outbox, clock), RedisFeedbackStore(SHARED, outbox, clock)
     try:
         one.remember(record(prefix + "a", window=30.0), 10)
         await outbox.flush(DELIVERY_S)
@@ -130,10 +132,10 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
         assert await one.get("anonymous", prefix + "a") == record(
             prefix + "a", window=30.0
         )  # its own cache is older
-        fresh = RedisFeedbackStore(REDIS_URL, outbox, clock)
+        fresh = RedisFeedbackStore(SHARED, outbox, clock)
         assert await fresh.get("anonymous", prefix + "a") == judged
         await fresh.aclose()
-        assert [r async for r in scan_records(REDIS_URL) if r.trace_id.startswith(prefix)] == [judged]
+        assert [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)] == [judged]
         clock.now = 1031.0
         assert (
             await two.get("anonymous", prefix + "a") is None
@@ -146,9 +148,9 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
 
 async def test_redis_store_keeps_serving_and_queues_while_redis_is_down() -> None:
     down = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-    outbox = RedisOutbox(down)
+    outbox = RedisOutbox(RedisOptions(down))
     outbox.start()
-    store = RedisFeedbackStore(down, outbox, Clock(1000.0))
+    store = RedisFeedbackStore(RedisOptions(down), outbox, Clock(1000.0))
     try:
         store.remember(record("down"), 10)
         assert await store.get("anonymous", "down") == record("down")  # from this replica's memory
@@ -178,9 +180,9 @@ async def test_memory_store_keys_records_by_client_and_trace_id() -> None:
 async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys: tuple[str, Any]) -> None:
     prefix, client = redis_keys
     clock = Clock(1000.0)
-    outbox = RedisOutbox(REDIS_URL)
+    outbox = RedisOutbox(SHARED)
     outbox.start()
-    one, two = RedisFeedbackStore(REDIS_URL, outbox, clock), RedisFeedbackStore(REDIS_URL, outbox, clock)
+    one, two = RedisFeedbackStore(SHARED, outbox, clock), RedisFeedbackStore(SHARED, outbox, clock)
     try:
         alice, bob = record(prefix + "t", client="alice"), record(prefix + "t", client="bob")
         one.remember(alice, 10)

@@ -151,7 +151,12 @@ async def test_60_rpm_shared_by_two_replicas_admits_60(
     keys.write_text(KEYS)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(priced(fake_upstream, {"clients": {"alice": {"rpm": 60}}})))
-    args = ("--policy", str(policy), "--api-keys-file", str(keys), "--redis-url", REDIS_URL)
+    # a generous limits timeout: under load a check past the default 250 ms would fall back to
+    # each replica's local window (60 each) and admit all 80, which is not what this test is about
+    args = (
+        *("--policy", str(policy), "--api-keys-file", str(keys)),
+        *("--redis-url", REDIS_URL, "--redis-limits-timeout", "5"),
+    )
     env = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
     async with (
         proxy_process(*args, env=env) as one,

@@ -12,6 +12,7 @@ import aiohttp
 import yaml
 
 from proxy.state.outbox import RedisOutbox, StreamWrite, Write
+from proxy.state.redis_client import RedisOptions
 from proxy.state.spool import SPOOL_FILE
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.conftest import ProxyWith
@@ -119,7 +120,7 @@ def dropped_trace_ids(writes: list[Write]) -> list[str]:
 async def test_a_full_outbox_drops_new_writes_and_counts_them(relay: RedisRelay, redis_db: Any) -> None:
     relay.cut()
     dropped: list[Write] = []
-    outbox = RedisOutbox(relay.url(DB), bound=3, on_drop=dropped.append)
+    outbox = RedisOutbox(RedisOptions(relay.url(DB)), bound=3, on_drop=dropped.append)
     outbox.start()
     accepted = [outbox.put(StreamWrite(STREAM, {"trace_id": str(i)}, 100)) for i in range(5)]
     assert accepted == [True, True, True, False, False]
@@ -132,7 +133,7 @@ async def test_a_full_outbox_drops_new_writes_and_counts_them(relay: RedisRelay,
 async def test_a_write_redis_refuses_is_dropped_and_never_blocks_the_ones_behind_it(redis_db: Any) -> None:
     await redis_db.set("not-a-stream", "x")
     dropped: list[Write] = []
-    outbox = RedisOutbox(REDIS_URL, on_drop=dropped.append)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), on_drop=dropped.append)
     outbox.start()
     outbox.put(StreamWrite("not-a-stream", {"trace_id": "refused"}, 100))
     outbox.put(StreamWrite(STREAM, {"trace_id": "next"}, 100))

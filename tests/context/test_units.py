@@ -16,6 +16,7 @@ from proxy.context.store import MemoryContextStore
 from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.state.outbox import KeyWrite, RedisOutbox
+from proxy.state.redis_client import RedisOptions
 from tests.conftest import write_module
 from tests.context.helpers import REDIS_URL
 
@@ -160,11 +161,11 @@ async def test_context_writes_go_through_the_outbox_and_its_spool(tmp_path: Path
 
     client: Any = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
     await client.delete("cogproxy:ctx:test:a", "cogproxy:ctx:test:b")
-    dead = RedisOutbox("redis://127.0.0.1:1/0", spool_dir=tmp_path)
+    dead = RedisOutbox(RedisOptions("redis://127.0.0.1:1/0"), spool_dir=tmp_path)
     dead.put_key(KeyWrite("cogproxy:ctx:test:a", '{"v": 1}', 60))
     dead.put_key(KeyWrite("cogproxy:ctx:test:b", '{"v": 2}', None))
     await dead.aclose(timeout=0)
-    outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)  # replays the spool
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)  # replays the spool
     outbox.start()
     delivered = outbox.put_key(KeyWrite("cogproxy:ctx:test:c", "3", 5))
     assert delivered is not None

@@ -25,6 +25,7 @@ from proxy.state.outbox import (
     StreamWrite,
     Write,
 )
+from proxy.state.redis_client import RedisOptions
 from proxy.state.spool import OFFSET_FILE, SPOOL_FILE, Spool, adopt_spools, spool_dir_of
 from tests.redis_relay import RedisRelay
 from tests.support.polling import until
@@ -70,7 +71,7 @@ async def delivered(outbox: RedisOutbox) -> None:
 async def test_write_ids_follow_the_queue_and_survive_a_replay(
     tmp_path: Path, redis_db: Any, stream: str
 ) -> None:
-    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     for n in range(3):
         first.put(entry(stream, n))
     await first.aclose()
@@ -78,7 +79,7 @@ async def test_write_ids_follow_the_queue_and_survive_a_replay(
     run = ids[0].rsplit(":", 1)[0]
     assert ids == [f"{run}:0", f"{run}:1", f"{run}:2"] and len(run) == 32
     with capture_logs() as logs:
-        second = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+        second = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
     assert {"event": "proxy.outbox_replayed", "writes": 3} in [
         {k: v for k, v in log.items() if k in ("event", "writes")} for log in logs
     ]
@@ -101,7 +102,7 @@ async def test_a_replay_of_writes_redis_already_has_applies_none_of_them(
 ) -> None:
     """A crash after Redis applied the writes and before the spool recorded it: 250 writes (more
     than the 200 newest stream entries the previous version looked at) come back, none twice."""
-    outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
     for n in range(250):
         outbox.put(entry(stream, n))
     before_delivery = (tmp_path / SPOOL_FILE).read_bytes()
@@ -110,7 +111,7 @@ async def test_a_replay_of_writes_redis_already_has_applies_none_of_them(
     await outbox.aclose()
     (tmp_path / SPOOL_FILE).write_bytes(before_delivery)
     (tmp_path / OFFSET_FILE).unlink()
-    replayed = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+    replayed = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
     assert len(replayed) == 250
     replayed.put(entry(stream, 250))
     replayed.start()
@@ -151,7 +152,7 @@ async def test_a_torn_last_append_never_swallows_the_next_write(tmp_path: Path) 
     killed.append(b'{"stream":"s","fields":{},"maxlen":1,"id":"r:1"}')
     killed.close((tmp_path / SPOOL_FILE).read_bytes().splitlines())  # the same bytes; its lock freed
     with capture_logs() as logs:
-        outbox = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+        outbox = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     assert len(outbox) == 2
     await outbox.aclose()
     assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
@@ -160,7 +161,7 @@ async def test_a_torn_last_append_never_swallows_the_next_write(tmp_path: Path) 
 async def test_shutdown_leaves_only_the_undelivered_writes_in_the_spool(
     tmp_path: Path, relay: RedisRelay, redis_db: Any, stream: str
 ) -> None:
-    outbox = RedisOutbox(relay.url(DB), spool_dir=tmp_path)
+    outbox = RedisOutbox(RedisOptions(relay.url(DB)), spool_dir=tmp_path)
     outbox.start()
     for n in range(3):
         outbox.put(entry(stream, n))
@@ -179,7 +180,7 @@ async def test_a_refused_write_is_dropped_and_the_rest_of_its_batch_delivered(
     not_a_stream = f"{stream}:string"
     await redis_db.set(not_a_stream, "x")
     dropped: list[Write] = []
-    outbox = RedisOutbox(REDIS_URL, on_drop=dropped.append)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), on_drop=dropped.append)
     outbox.put(entry(stream, 0))
     refused = entry(not_a_stream, 1)
     outbox.put(refused)
@@ -204,7 +205,7 @@ async def test_a_refused_write_is_dropped_and_the_rest_of_its_batch_delivered(
 async def test_a_refused_key_write_settles_its_waiter_false(redis_db: Any, stream: str) -> None:
     owner = f"owner-{uuid.uuid4().hex}"
     await redis_db.set(f"cogproxy:ctxquota:{owner}:sizes", "not a hash")
-    outbox = RedisOutbox(REDIS_URL)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL))
     outbox.start()
     refused = outbox.put_key(KeyWrite(f"{stream}:k", "v", None, owner=owner, max_entries=5, max_bytes=100))
     assert refused is not None and await refused is False
@@ -213,7 +214,7 @@ async def test_a_refused_key_write_settles_its_waiter_false(redis_db: Any, strea
 
 async def test_every_kind_of_write_lands_as_its_command(redis_db: Any, stream: str) -> None:
     evicted: list[int] = []
-    outbox = RedisOutbox(REDIS_URL, on_evict=evicted.append)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), on_evict=evicted.append)
     outbox.start()
     owner = f"owner-{uuid.uuid4().hex}"
     outbox.put(KeyWrite(f"{stream}:forever", "a", None))
@@ -230,7 +231,7 @@ async def test_every_kind_of_write_lands_as_its_command(redis_db: Any, stream: s
 
 
 async def test_scripts_flushed_from_redis_are_loaded_again(redis_db: Any, stream: str) -> None:
-    outbox = RedisOutbox(REDIS_URL)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL))
     outbox.start()
     outbox.put(entry(stream, 0))
     await delivered(outbox)
@@ -247,7 +248,7 @@ async def test_a_replay_past_the_bound_drops_and_counts_the_rest(tmp_path: Path,
         spool.append(orjson.dumps({"stream": stream, "fields": {"n": str(n)}, "maxlen": 10, "id": f"r:{n}"}))
     spool.close([orjson.dumps({"key": "k", "value": "v", "ttl": None, "id": f"r:{n}"}) for n in range(5)])
     dropped: list[Write] = []
-    outbox = RedisOutbox(UNREACHABLE, spool_dir=tmp_path, bound=3, on_drop=dropped.append)
+    outbox = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path, bound=3, on_drop=dropped.append)
     assert len(outbox) == 3 and [w.id for w in dropped] == ["r:3", "r:4"]
     assert all(isinstance(w, KeyWrite) and w.ttl is None for w in dropped)
     with capture_logs() as logs:
@@ -265,7 +266,7 @@ async def test_a_spool_of_the_previous_version_is_delivered(
     ]
     legacy.append({"key": f"{stream}:k", "value": "v", "ttl": 30, "id": uuid.uuid4().hex})
     (tmp_path / SPOOL_FILE).write_bytes(b"".join(orjson.dumps(doc) + b"\n" for doc in legacy))
-    outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
     outbox.start()
     await delivered(outbox)
     await outbox.aclose()
@@ -277,7 +278,7 @@ async def test_a_spool_of_the_previous_version_is_delivered(
 
 
 async def test_without_a_spool_what_is_left_at_shutdown_is_logged_as_lost(stream: str) -> None:
-    outbox = RedisOutbox(UNREACHABLE, op_timeout=0.1)
+    outbox = RedisOutbox(RedisOptions(UNREACHABLE).with_timeout("outbox", 0.1))
     outbox.start()
     outbox.put(entry(stream, 0))
     with capture_logs() as logs:
@@ -299,14 +300,14 @@ def test_adopting_a_spool_takes_only_its_undelivered_writes(tmp_path: Path) -> N
 
 
 async def test_every_kind_of_write_comes_back_from_the_spool_as_it_went_in(tmp_path: Path) -> None:
-    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     first.put(StreamWrite("s", {"a": "1", "b": "2"}, 7))
     first.put(KeyWrite("k", "v", None))
     first.put(KeyWrite("k2", "v2", 30, owner="o", max_entries=3, max_bytes=99))
     first.put(HashWrite("h", "alice", "record", 1234))
     await first.aclose()
     written = (tmp_path / SPOOL_FILE).read_bytes()
-    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)  # parses every line, writes them back
+    second = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)  # parses every line, writes them back
     await second.aclose()
     assert (tmp_path / SPOOL_FILE).read_bytes() == written
     assert [sorted(doc) for doc in spooled(tmp_path)] == [
@@ -362,7 +363,7 @@ async def test_a_spool_line_of_the_wrong_shape_is_skipped_and_the_rest_delivered
     good = {"stream": stream, "fields": {"n": "1"}, "maxlen": 10, "id": f"{uuid.uuid4().hex}:1"}
     (tmp_path / SPOOL_FILE).write_bytes(orjson.dumps(wrong) + b"\n" + orjson.dumps(good) + b"\n")
     with capture_logs() as logs:
-        outbox = RedisOutbox(REDIS_URL, spool_dir=tmp_path)
+        outbox = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
     assert len(outbox) == 1
     outbox.start()
     await delivered(outbox)
@@ -404,11 +405,11 @@ async def test_a_second_process_on_a_spool_in_use_is_refused(tmp_path: Path) -> 
     """Adversarial pass #29: two proxies given one --spool-dir each replayed the other's writes,
     and one's rewrite renamed a new file over the one the other appended to: its later appends
     were gone at its next start. The second is refused until the first has exited."""
-    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     with pytest.raises(ValueError, match=f"--spool-dir {tmp_path}: another process is using this spool"):
-        RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+        RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     await first.aclose()
-    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    second = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     await second.aclose()
 
 
@@ -417,12 +418,12 @@ async def test_client_text_with_line_breaks_stays_one_spool_line_and_comes_back_
     line break a reader might split on is escaped or not one to ``bytes.splitlines``, so a client
     cannot add a spool line."""
     note = 'ok\n{"key":"cogproxy:x","value":"forged","ttl":null,"id":"z:0"}\r\u2028\u0085\x1c\x0b\x0c'
-    first = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    first = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     first.put(HashWrite("h", "alice", note, 1234))
     first.put(StreamWrite("s", {"note": note}, 7))
     await first.aclose()
     assert len((tmp_path / SPOOL_FILE).read_bytes().splitlines()) == 2
-    second = RedisOutbox(UNREACHABLE, spool_dir=tmp_path)
+    second = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)
     assert len(second) == 2
     await second.aclose()
     assert [doc.get("value") or doc["fields"]["note"] for doc in spooled(tmp_path)] == [note, note]
@@ -432,7 +433,7 @@ async def test_every_write_behind_a_failed_batch_reports_its_first_failure_once(
     """The review sink's failure counter hangs on this: a feedback record queued before a review
     record must not hide the review's failure (only the head of the queue was reported)."""
     failed: list[Write] = []
-    outbox = RedisOutbox(UNREACHABLE, on_first_failure=failed.append)
+    outbox = RedisOutbox(RedisOptions(UNREACHABLE), on_first_failure=failed.append)
     record, review = HashWrite("test:feedback", "alice", "{}", 1000), entry(stream, 1)
     outbox.start()
     try:

@@ -12,6 +12,7 @@ import tracemalloc
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.state.redis_client import RedisOptions
 from proxy.stream import sessions
 from proxy.stream.chunks import delta_chunk, final_chunk
 from proxy.stream.sessions import MirrorGap, SessionHub, client_hash, is_session_id
@@ -103,7 +104,7 @@ async def test_mirror_failures_name_no_request_and_are_logged_once_per_outage() 
     from proxy.observability.logging import add_request, bind_request
     from tests.proxy_server import free_port
 
-    hub = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(f"redis://127.0.0.1:{free_port()}/0"))
     bind_request("trace-of-alice", "/v1/chat/completions")
     with capture_logs(processors=[add_request]) as logs:
         for _ in range(5):
@@ -196,8 +197,8 @@ async def test_a_session_whose_mirror_lost_chunks_is_never_served_partial_from_r
     url = redis_url(REDIS_DB)
     store = aioredis.Redis.from_url(url)
     await store.flushdb()
-    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
-    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
     session = producer.create("sk-a", "m")
     events_key = f"cogproxy:stream:{session.id}:events"
     for seq in range(1, 11):
@@ -258,7 +259,7 @@ async def test_a_redis_copy_with_a_gap_is_not_found_on_another_replica(
     for name, value in {"client": client_hash("k"), "module": "m", **info}.items():
         await store.hset(f"cogproxy:stream:{sid}:info", name, value)
     await store.rpush(f"cogproxy:stream:{sid}:events", *entries)
-    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
     try:
         assert await replica.find(sid) is None, why
     finally:
@@ -273,8 +274,8 @@ async def test_a_follower_on_another_replica_stops_when_the_mirror_is_lost() -> 
     waiting a TTL for chunks that will never come or reading a later copy with a hole."""
     url = redis_url(REDIS_DB)
     store = aioredis.Redis.from_url(url)
-    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
-    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis_url=url)
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
     session = producer.create("sk-a", "m")
     for seq in (1, 2):
         session.append(delta_chunk(seq, "data.rationale", "x", "x" * seq))

@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from proxy.policy.model import BreakerPolicy, Failover, Target, Timeouts
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.store import BreakerStore
 from proxy.upstream.base import ProviderError
@@ -31,7 +32,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[BreakerStore]:
         yield MemoryBreakerStore()
         return
     async with fresh_db(15):
-        redis_store = RedisBreakerStore(REDIS_URL)
+        redis_store = RedisBreakerStore(RedisOptions(REDIS_URL))
         yield redis_store
         assert not redis_store.degraded, "the test ran on the memory fallback, not on Redis"
         await redis_store.aclose()

@@ -1,0 +1,130 @@
+"""Every Redis client of the proxy: one frozen ``RedisOptions`` (URL, per-purpose timeouts, TLS and
+ACL auth), one factory ``redis_client(options, purpose)``, and one ``RedisHealth`` ("Redis is down
+until") for the stores that fall back while Redis is away.
+
+A purpose is what a client is for; its timeout is how long one command (and connecting) may take:
+
+* ``limits``: the limits check on every request; past it the replica uses its local windows.
+* ``breakers``, ``context``, ``feedback``: reads on the request path; past it the store falls back.
+* ``outbox``, ``streams``: background writers (the outbox, the stream-session mirror), which retry.
+* ``scan``: ``cogproxy calibration`` reading every feedback record, with no timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
+
+LIMITS_TIMEOUT_S = 0.25
+"""A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
+``--redis-limits-timeout`` sets it."""
+TIMEOUTS_S: Mapping[Purpose, float | None] = MappingProxyType(
+    {
+        "limits": LIMITS_TIMEOUT_S,
+        "breakers": 0.25,
+        "context": 0.25,
+        "feedback": 0.25,
+        "outbox": 1.0,
+        "streams": 1.0,
+        "scan": None,
+    }
+)
+"""Each purpose's command (and connect) timeout; None: none."""
+RETRY_AFTER_S: Mapping[Purpose, float] = MappingProxyType({"limits": 1.0, "breakers": 5.0, "context": 5.0})
+"""After a failure, the stores that fall back skip Redis this long, so a dead Redis costs one
+timeout per interval, not one per request (the limits retry sooner: they are exact only in Redis)."""
+_DECODED: frozenset[Purpose] = frozenset({"breakers", "outbox"})
+"""Purposes whose replies are read as ``str`` (the others read bytes)."""
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    """How every client reaches Redis: built once from the settings."""
+
+    url: str = field(repr=False)
+    timeouts_s: Mapping[Purpose, float | None] = field(default_factory=lambda: TIMEOUTS_S)
+    retry_after_s: Mapping[Purpose, float] = field(default_factory=lambda: RETRY_AFTER_S)
+    connect_timeout_s: float | None = None
+    """None: each purpose's command timeout (a Redis that cannot connect within it is down)."""
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        tls_files = (self.ssl_ca_certs, self.ssl_certfile, self.ssl_keyfile)
+        if any(tls_files) and not self.url.startswith("rediss://"):
+            raise ValueError("Redis TLS files need a rediss:// URL")
+        for purpose, seconds in self.timeouts_s.items():
+            if seconds is not None and seconds <= 0:
+                raise ValueError(f"the Redis {purpose} timeout must be positive, not {seconds}")
+
+    def with_timeout(self, purpose: Purpose, seconds: float | None) -> RedisOptions:
+        """These options with ``purpose``'s timeout replaced."""
+        return replace(self, timeouts_s=MappingProxyType({**self.timeouts_s, purpose: seconds}))
+
+    def timeout_s(self, purpose: Purpose) -> float | None:
+        return self.timeouts_s.get(purpose, TIMEOUTS_S[purpose])
+
+    def health(self, purpose: Purpose, clock: Clock = time.monotonic) -> RedisHealth:
+        """The down-until state of a store of ``purpose`` (its retry interval from these options)."""
+        return RedisHealth(self.retry_after_s.get(purpose, RETRY_AFTER_S[purpose]), clock)
+
+
+def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
+    """A client of ``purpose`` (``redis.asyncio.Redis``; connects on its first command)."""
+    timeout = options.timeout_s(purpose)
+    connect = options.connect_timeout_s if options.connect_timeout_s is not None else timeout
+    secured: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("ssl_ca_certs", options.ssl_ca_certs),
+            ("ssl_certfile", options.ssl_certfile),
+            ("ssl_keyfile", options.ssl_keyfile),
+            ("username", options.username),
+            ("password", options.password),
+        )
+        if value is not None
+    }
+    return aioredis.Redis.from_url(
+        options.url,
+        socket_timeout=timeout,
+        socket_connect_timeout=connect,
+        decode_responses=purpose in _DECODED,
+        **secured,
+    )
+
+
+class RedisHealth:
+    """Redis is "down until": after a failure its store skips Redis for ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: float, clock: Clock = time.monotonic) -> None:
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._down_until = 0.0
+
+    @property
+    def down(self) -> bool:
+        return self._clock() < self._down_until
+
+    def failed(self) -> bool:
+        """Redis failed: skip it for ``retry_after_s``. True when it was not down (report this one)."""
+        first = not self.down
+        self._down_until = self._clock() + self.retry_after_s
+        return first
+
+    def answered(self) -> bool:
+        """Redis answered. True when it had failed since its last answer (report the recovery)."""
+        recovered = self._down_until != 0.0
+        self._down_until = 0.0
+        return recovered

@@ -15,11 +15,11 @@ from proxy.upstream.anthropic_wire import (
     StreamError,
     StreamTranslator,
     from_messages_response,
-    parse_sse,
     to_messages_request,
 )
 from proxy.upstream.base import CallContext, ProviderError, Relayed, relay_from_complete
 from proxy.upstream.http import api_key, post, read_json
+from proxy.upstream.sse import parse_sse
 from proxy.wire import DONE, sse_frame
 
 DEFAULT_VERSION = "2023-06-01"

@@ -181,7 +181,11 @@ def _log_refusal(exc: BaseException | None, *, first: bool) -> None:
 
 
 class EdgeHandler(RequestHandler):
-    """aiohttp's connection protocol with the guard's cap and read deadline."""
+    """aiohttp's connection protocol with the guard's cap and read deadline.
+
+    aiohttp has no hook for "a request head was parsed": ``data_received`` reads its private
+    ``_request_count`` and ``_messages`` (and ``_timed_out`` its ``_reading_paused`` and
+    ``_current_request``), pinned by ``tests/test_server_aiohttp_internals.py``."""
 
     def __init__(self, manager: web.Server, *, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)

@@ -36,6 +36,7 @@ from proxy.api.relay import serve
 from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.api.target import ClientTarget, parse_target, upstream_url
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
+from proxy.policy.provider_kinds import PROVIDER_KINDS
 from proxy.upstream.base import CallContext, Provider, ProviderError
 from proxy.upstream.http import auth_headers, client_timeout, status_error
 from proxy.upstream.relay import body_chunks, first_chunk, send
@@ -264,7 +265,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
     record.route = template
     names = _provider_names(request, runtime.policy, target)
     first = runtime.policy.providers.get(names[0])
-    if first is not None and first.kind == "offline":
+    if first is not None and PROVIDER_KINDS[first.kind].passthrough == "local":  # the offline demo
         return await answer_offline(request, body, first, template)
     _refuse_oversized(request)
     replay = body is not None or resendable(request, template)

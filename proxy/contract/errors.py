@@ -305,12 +305,6 @@ def to_numeric(code: str) -> str | None:
     return _LEGACY_ALIASES.get(code)
 
 
-def to_legacy(code: str) -> str | None:
-    """Map an E-code (or a known name) to its name in the taxonomy, else None."""
-    numeric = to_numeric(code)
-    return BY_CODE[numeric].name if numeric else None
-
-
 def spec_for(code: str) -> ErrorSpec | None:
     numeric = to_numeric(code)
     return BY_CODE[numeric] if numeric else None

@@ -87,8 +87,3 @@ def body(payload: dict[str, Any], media: Sequence[Media]) -> bytes | AsyncIterat
     if not present:
         return encoded
     return _chunks(_split(encoded, present))
-
-
-def encoded_size(media: Media) -> int:
-    """Bytes of base64 text ``media`` becomes in a provider body."""
-    return (media.size + 2) // 3 * 4

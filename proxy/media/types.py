@@ -89,10 +89,6 @@ def normalise(media_type: str) -> str:
     return ALIASES.get(base, base)
 
 
-def category_of(media_type: str) -> MediaCategory | None:
-    return ALLOWED.get(normalise(media_type))
-
-
 class MediaError(Exception):
     """A media input refused: ``code`` is the spec's E-code, ``details`` go into the envelope."""
 

@@ -5,6 +5,7 @@ A bad file is refused with ``path.to.key: problem``; nothing half-loaded is ever
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +37,7 @@ from proxy.policy.model import (
     Thresholds,
     Timeouts,
 )
+from proxy.policy.provider_kinds import PROVIDER_KINDS, kinds_with
 from proxy.policy.quota import cross_check as quota_checks
 from proxy.policy.quota import parse_limits, parse_prices
 from proxy.schema import Validator, check, compile_schema
@@ -67,8 +69,19 @@ class PolicyError(ValueError):
 
 
 @cache
+def policy_schema() -> dict[str, Any]:
+    """The shipped policy schema, with ``PROVIDER_KINDS``'s names as the ``kind`` enum (a kind is
+    written in the table only; the file leaves the enum out)."""
+    schema = copy.deepcopy(schemas.load("policy.schema.json"))
+    schema["properties"]["providers"]["additionalProperties"]["properties"]["kind"]["enum"] = list(
+        PROVIDER_KINDS
+    )
+    return schema
+
+
+@cache
 def _validator() -> Validator:
-    return compile_schema(schemas.load("policy.schema.json"))
+    return compile_schema(policy_schema())
 
 
 def _thresholds(raw: dict[str, Any]) -> Thresholds:
@@ -156,7 +169,9 @@ def _provider(name: str, raw: dict[str, Any]) -> ProviderConfig:
 
 
 def _passthrough(raw: dict[str, Any], providers: dict[str, Any]) -> PassthroughPolicy:
-    default = raw.get("provider") or next((n for n, p in providers.items() if p["kind"] == "openai"), None)
+    default = raw.get("provider") or next(
+        (n for n, p in providers.items() if PROVIDER_KINDS[p["kind"]].default_passthrough), None
+    )
     routes = tuple(PassthroughRoute(r["prefix"], tuple(r["providers"])) for r in raw.get("routes", ()))
     return PassthroughPolicy(default, routes)
 
@@ -231,6 +246,12 @@ def _media(raw: dict[str, Any]) -> MediaPolicy:
     )
 
 
+_PASSTHROUGH_KINDS = (
+    f"passthrough needs kind {' or '.join(kinds_with('forward'))} "
+    f"(or {' or '.join(kinds_with('local'))}, for demos)"
+)
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
     problems = []
     providers = as_dict(doc.get("providers"))
@@ -243,7 +264,7 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
             if provider not in providers:
                 problems.append(f"ladder[{i}].targets[{j}]: unknown provider {provider!r}")
     for name, provider in providers.items():
-        if provider["kind"] in ("openai", "anthropic") and "base_url" not in provider:
+        if PROVIDER_KINDS[provider["kind"]].base_url_required and "base_url" not in provider:
             problems.append(f"providers.{name}.base_url: required for kind {provider['kind']}")
         elif "base_url" in provider:
             problems += [f"providers.{name}.base_url: {p}" for p in _base_url_problems(provider["base_url"])]
@@ -259,11 +280,8 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for where, name in named:
         if name not in providers:
             problems.append(f"{where}: unknown provider {name!r}")
-        elif providers[name]["kind"] not in ("openai", "offline"):
-            problems.append(
-                f"{where}: {name!r} is kind {providers[name]['kind']}; passthrough needs kind openai "
-                "(or offline, for demos)"
-            )
+        elif PROVIDER_KINDS[providers[name]["kind"]].passthrough is None:
+            problems.append(f"{where}: {name!r} is kind {providers[name]['kind']}; {_PASSTHROUGH_KINDS}")
     review = as_dict(doc.get("review"))
     if review.get("sink") == "webhook" and "url" not in review:
         problems.append("review.url: required when review.sink is webhook")

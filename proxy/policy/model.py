@@ -7,18 +7,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
-from proxy.contract.rules import KNOWN_PREFERENCES
 from proxy.policy.calibration import CalibrationMap
+from proxy.policy.provider_kinds import PROVIDER_KINDS, ProviderKind
 from proxy.policy.quota import LimitsPolicy, Price
 
-ProviderKind = Literal["openai", "anthropic", "offline"]
 Exhausted = Literal["reject", "review", "accept"]
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderConfig:
     name: str
-    kind: ProviderKind
+    kind: str
+    """A key of ``proxy.policy.provider_kinds.PROVIDER_KINDS``."""
     base_url: str = ""
     api_key_env: str | None = None
     forward_client_key: bool = False
@@ -254,24 +254,7 @@ class MediaPolicy:
 
 
 Modalities = frozenset[str]
-DEFAULT_MODALITIES: Mapping[str, Modalities] = {
-    # What a provider kind's chat API takes when the policy does not say (per target or provider).
-    "openai": frozenset({"text", "image", "audio", "document"}),
-    "anthropic": frozenset({"text", "image", "document"}),
-    "offline": frozenset({"text", "image", "audio", "video", "document"}),
-}
-
-
 Capabilities = frozenset[str]
-CAPABILITIES = ("structured_output", *KNOWN_PREFERENCES)
-"""What a target may be declared to do: module.yaml's ``preferred_capabilities`` plus
-``structured_output`` (``runtime_requirements.structured_output``)."""
-DEFAULT_CAPABILITIES: Mapping[str, Capabilities] = {
-    # What a provider kind's targets do when the policy does not say (per target or provider).
-    "openai": frozenset(CAPABILITIES),
-    "anthropic": frozenset({"structured_output", "long_context", "function_calling", "vision"}),
-    "offline": frozenset(CAPABILITIES),
-}
 
 
 class NeedsCapabilities(Protocol):
@@ -328,13 +311,17 @@ class Policy:
     def timeouts(self) -> Timeouts:
         return self.failover.timeouts
 
+    def _kind_of(self, target: Target) -> ProviderKind | None:
+        provider = self.providers.get(target.provider)
+        return PROVIDER_KINDS.get(provider.kind) if provider else None
+
     def modalities_of(self, target: Target) -> Modalities:
         """What ``target`` accepts: its own entry, else its provider's, else its kind's default."""
         declared = self.modalities.get(str(target)) or self.modalities.get(target.provider)
         if declared is not None:
             return declared
-        provider = self.providers.get(target.provider)
-        return DEFAULT_MODALITIES.get(provider.kind if provider else "", frozenset({"text"}))
+        kind = self._kind_of(target)
+        return kind.modalities if kind else frozenset({"text"})
 
     def capabilities_of(self, target: Target) -> Capabilities:
         """What ``target`` can do: its own entry, else its provider's, else its kind's default."""
@@ -343,8 +330,8 @@ class Policy:
             declared = self.capabilities.get(target.provider)
         if declared is not None:
             return declared
-        provider = self.providers.get(target.provider)
-        return DEFAULT_CAPABILITIES.get(provider.kind if provider else "", frozenset())
+        kind = self._kind_of(target)
+        return kind.capabilities if kind else frozenset()
 
     def capable(self, targets: tuple[Target, ...], runtime: NeedsCapabilities) -> tuple[Target, ...]:
         """The targets that have every capability the module requires; those that also have all

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from functools import cache
 from typing import Any, Literal
 
-import fastjsonschema
-
-from proxy import schemas
 from proxy.jsonshape import as_dict
 
 Kind = Literal["chunk", "progress", "final", "error"]
@@ -45,11 +41,6 @@ def kind_of(chunk: Mapping[str, Any]) -> Kind:
     if "progress" in chunk:
         return "progress"
     return "final" if chunk.get("final") is True else "error"
-
-
-def seq_of(chunk: Mapping[str, Any]) -> int:
-    value = as_dict(chunk.get("chunk")).get("seq", chunk.get("seq", 0))
-    return value if isinstance(value, int) else 0
 
 
 def meta_chunk(
@@ -189,13 +180,3 @@ def recovery_info(last_seq: int, last_checkpoint: dict[str, Any] | None) -> dict
     if last_checkpoint is not None:
         info["last_checkpoint"] = last_checkpoint
     return info
-
-
-@cache
-def _validator() -> Any:
-    return fastjsonschema.compile(schemas.load(CHUNK_SCHEMA_FILE))
-
-
-def check_chunk(chunk: Any) -> None:
-    """Raise ``fastjsonschema.JsonSchemaValueException`` unless ``chunk`` is a valid chunk."""
-    _validator()(chunk)

@@ -15,11 +15,11 @@ from proxy.upstream.anthropic_wire import (
     StreamError,
     StreamTranslator,
     from_messages_response,
-    parse_sse,
     to_messages_request,
 )
 from proxy.upstream.base import CallContext, ProviderError, Relayed, relay_from_complete
-from proxy.upstream.http import api_key, post, read_json
+from proxy.upstream.http import auth_headers, post, read_json
+from proxy.upstream.sse import parse_sse
 from proxy.wire import DONE, sse_frame
 
 DEFAULT_VERSION = "2023-06-01"
@@ -42,9 +42,7 @@ class AnthropicProvider:
             "anthropic-version": self._version,
             **self.config.headers,
         }
-        key = api_key(self.config, ctx)
-        if key:
-            headers["x-api-key"] = key
+        headers.update(auth_headers(self.config, ctx))
         return headers
 
     def _request(self, body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Pure translation between the OpenAI chat completions API and the Anthropic Messages API.
 
 Nothing here does I/O: the Anthropic client builds request bodies with :func:`to_messages_request`,
-turns answers back with :func:`from_messages_response`, and for streams splits bytes with
-:func:`parse_sse` and feeds the events to a :class:`StreamTranslator`.
+turns answers back with :func:`from_messages_response`, and for streams feeds the events
+(split by :func:`proxy.upstream.sse.parse_sse`) to a :class:`StreamTranslator`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ __all__ = (
     "StreamTranslator",
     "from_messages_response",
     "map_error",
-    "parse_sse",
     "to_messages_request",
 )
 
@@ -486,36 +485,6 @@ class StreamTranslator:
             call = {"index": self._tool_index[index], "function": {"arguments": fragment}}
             return [self._chunk({"tool_calls": [call]})]
         return []  # thinking, signature and citation deltas have no OpenAI counterpart
-
-
-def parse_sse(buffer: bytes) -> tuple[list[tuple[str, str]], bytes]:
-    """Split ``buffer`` into complete SSE events ``(event name, data)`` and the unconsumed remainder.
-
-    Events end with a blank line; ``\\r\\n`` line ends are accepted, ``data:`` lines are joined with
-    ``"\\n"``, comments (``:``) are skipped, and an event without data is not dispatched.
-    """
-    events: list[tuple[str, str]] = []
-    consumed = 0
-    name = ""
-    data: list[str] = []
-    pos = 0
-    while (end := buffer.find(b"\n", pos)) != -1:
-        line = buffer[pos:end].removesuffix(b"\r").decode("utf-8", errors="replace")
-        pos = end + 1
-        if not line:
-            if data:
-                events.append((name or "message", "\n".join(data)))
-            name, data, consumed = "", [], pos
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            name = value
-        elif field == "data":
-            data.append(value)
-    return events, buffer[consumed:]
 
 
 # --------------------------------------------------------------------------- errors

@@ -16,6 +16,7 @@ from proxy import __version__
 from proxy.media.model import Media
 from proxy.media.parts import body as request_body
 from proxy.policy.model import ProviderConfig
+from proxy.policy.provider_kinds import PROVIDER_KINDS
 from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
 
 USER_AGENT = f"cognitive-proxy/{__version__}"
@@ -41,12 +42,14 @@ def api_key(config: ProviderConfig, ctx: CallContext) -> str | None:
 
 
 def auth_headers(config: ProviderConfig, ctx: CallContext) -> dict[str, str]:
-    """The header carrying the key of an OpenAI-wire provider: ``Authorization: Bearer <key>``,
-    or the raw key in ``options.auth_header`` (e.g. Azure's ``api-key``); none without a key."""
+    """The header carrying the provider key, by its kind (``PROVIDER_KINDS``) or the policy's
+    ``options.auth_header`` (e.g. Azure's ``api-key``): ``Authorization: Bearer <key>``, or the
+    raw key in any other header; none without a key, nor for a kind that sends none."""
     key = api_key(config, ctx)
-    if not key:
+    kind = PROVIDER_KINDS.get(config.kind)
+    if not key or kind is None or kind.auth_header is None:
         return {}
-    name = str(config.options.get("auth_header", "Authorization"))
+    name = str(config.options.get("auth_header", kind.auth_header))
     return {"Authorization": f"Bearer {key}"} if name.lower() == "authorization" else {name: key}
 
 

@@ -1,8 +1,11 @@
-"""When a forwarded SSE stream is complete: incremental event framing and one rule per wire format.
+"""Server-sent events: splitting bytes into events, and when a forwarded stream is complete.
 
-The bytes are only watched, never changed or re-encoded. Events may split across TCP chunks;
-an event ends at a blank line (``\\n\\n``, ``\\r\\n\\r\\n`` or ``\\r\\r``); ``data:`` lines are joined
-with ``\\n``; comments (``: keep-alive``) are not events.
+:func:`parse_sse` splits bytes into whole events for the clients that read a stream (the
+Anthropic client, a streamed module call). :class:`StreamCheck` watches a forwarded stream with
+incremental event framing and one rule per wire format; the bytes are only watched, never
+changed or re-encoded. Events may split across TCP chunks; an event ends at a blank line
+(``\\n\\n``, ``\\r\\n\\r\\n`` or ``\\r\\r``); ``data:`` lines are joined with ``\\n``; comments
+(``: keep-alive``) are not events.
 
 Complete means the stream ended as its wire format ends:
 
@@ -32,6 +35,36 @@ RESPONSES_TERMINAL = frozenset({"response.completed", "response.failed", "respon
 # past it the event is judged malformed and no longer buffered, so memory stays bounded.
 MAX_EVENT_BYTES = 1 << 20
 _DONE = b"[DONE]"
+
+
+def parse_sse(buffer: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """Split ``buffer`` into complete SSE events ``(event name, data)`` and the unconsumed remainder.
+
+    Events end with a blank line; ``\\r\\n`` line ends are accepted, ``data:`` lines are joined with
+    ``"\\n"``, comments (``:``) are skipped, and an event without data is not dispatched.
+    """
+    events: list[tuple[str, str]] = []
+    consumed = 0
+    name = ""
+    data: list[str] = []
+    pos = 0
+    while (end := buffer.find(b"\n", pos)) != -1:
+        line = buffer[pos:end].removesuffix(b"\r").decode("utf-8", errors="replace")
+        pos = end + 1
+        if not line:
+            if data:
+                events.append((name or "message", "\n".join(data)))
+            name, data, consumed = "", [], pos
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            name = value
+        elif field == "data":
+            data.append(value)
+    return events, buffer[consumed:]
 
 
 def wire_format(path: str) -> WireFormat | None:

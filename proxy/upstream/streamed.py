@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.anthropic_wire import parse_sse
 from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.sse import parse_sse
 from proxy.wire import completion
 
 DONE_DATA = "[DONE]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.contract.errors import BY_CODE, Origin, error_envelope, http_status, to_legacy, to_numeric
+from proxy.contract.errors import BY_CODE, Origin, error_envelope, http_status, to_numeric
 from proxy.contract.validate import validate_envelope
 
 ALL_CODES = (
@@ -50,12 +50,12 @@ def test_legacy_names_map_to_numeric_codes(legacy: str, numeric: str) -> None:
         ("E2004", "NO_ACTION_POSSIBLE"),
     ],
 )
-def test_numeric_codes_map_to_names(numeric: str, name: str) -> None:
-    assert to_legacy(numeric) == name
+def test_numeric_codes_and_names_map_both_ways(numeric: str, name: str) -> None:
+    assert BY_CODE[numeric].name == name and to_numeric(name) == numeric
 
 
 def test_unknown_codes_map_to_nothing() -> None:
-    assert to_numeric("E5001") is None and to_legacy("WHATEVER") is None
+    assert to_numeric("E5001") is None and to_numeric("WHATEVER") is None
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import Any
 
 import aiohttp
+import fastjsonschema
 
+from proxy import schemas
 from proxy.contract.validate import validate_envelope
-from proxy.stream.chunks import check_chunk
+from proxy.stream.chunks import CHUNK_SCHEMA_FILE
 
 Event = tuple[str, dict[str, Any]]
+
+
+@cache
+def _chunk_validator() -> Any:
+    return fastjsonschema.compile(schemas.load(CHUNK_SCHEMA_FILE))
+
+
+def check_chunk(chunk: Any) -> None:
+    """Raise ``fastjsonschema.JsonSchemaValueException`` unless ``chunk`` is a valid chunk."""
+    _chunk_validator()(chunk)
 
 
 def checked(name: str, chunk: dict[str, Any]) -> Event:

@@ -12,9 +12,9 @@ from proxy.upstream.anthropic_wire import (
     StreamTranslator,
     from_messages_response,
     map_error,
-    parse_sse,
     to_messages_request,
 )
+from proxy.upstream.sse import parse_sse
 
 MODEL = "claude-sonnet-4-5"
 USER_HI: dict[str, Any] = {"role": "user", "content": "hi"}
@@ -499,40 +499,6 @@ def test_stop_reason_maps_to_finish_reason(stop_reason: str, finish_reason: str)
 def test_usage_counts_cached_input_as_prompt_tokens(usage: dict[str, Any], expected: dict[str, int]) -> None:
     out = from_messages_response(anthropic_message([{"type": "text", "text": "x"}], usage=usage), MODEL)
     assert out["usage"] == expected
-
-
-# --------------------------------------------------------------------------- parse_sse
-
-
-@pytest.mark.parametrize(
-    ("buffer", "events", "rest"),
-    [
-        (b'event: ping\ndata: {"type": "ping"}\n\n', [("ping", '{"type": "ping"}')], b""),
-        (b"event: a\r\ndata: 1\r\n\r\nevent: b\r\ndata: 2\r\n\r\n", [("a", "1"), ("b", "2")], b""),
-        (b"data: line1\ndata: line2\n\n", [("message", "line1\nline2")], b""),
-        (b": keep-alive\n\nevent: a\n: note\ndata: 1\n\n", [("a", "1")], b""),
-        (b"event: a\ndata:no-space\n\n", [("a", "no-space")], b""),
-        (b"event: a\ndata: 1\n\nevent: b\ndata: 2", [("a", "1")], b"event: b\ndata: 2"),
-        (b"event: a\ndata: 1\n", [], b"event: a\ndata: 1\n"),
-        (b"event: a\ndata: 1\r\n\r", [], b"event: a\ndata: 1\r\n\r"),
-        (b"", [], b""),
-    ],
-    ids=[
-        "one-event",
-        "crlf",
-        "multi-line-data",
-        "comments-ignored",
-        "no-space-after-colon",
-        "incomplete-tail-kept",
-        "missing-blank-line-kept",
-        "half-crlf-kept",
-        "empty",
-    ],
-)
-def test_parse_sse_splits_complete_events_and_keeps_the_rest(
-    buffer: bytes, events: list[tuple[str, str]], rest: bytes
-) -> None:
-    assert parse_sse(buffer) == (events, rest)
 
 
 # --------------------------------------------------------------------------- streams

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.upstream.sse import MAX_EVENT_BYTES, StreamCheck, wire_format
+from proxy.upstream.sse import MAX_EVENT_BYTES, StreamCheck, parse_sse, wire_format
 
 
 def chunk(finish: str | None = None, index: int = 0, content: str = "x") -> bytes:
@@ -91,3 +91,34 @@ def test_wire_formats_by_path() -> None:
     assert wire_format("/v1/chat/completions") == wire_format("/v1/completions") == "chat"
     assert wire_format("/v1/responses") == "responses"
     assert wire_format("/v1/audio/speech") is None
+
+
+@pytest.mark.parametrize(
+    ("buffer", "events", "rest"),
+    [
+        (b'event: ping\ndata: {"type": "ping"}\n\n', [("ping", '{"type": "ping"}')], b""),
+        (b"event: a\r\ndata: 1\r\n\r\nevent: b\r\ndata: 2\r\n\r\n", [("a", "1"), ("b", "2")], b""),
+        (b"data: line1\ndata: line2\n\n", [("message", "line1\nline2")], b""),
+        (b": keep-alive\n\nevent: a\n: note\ndata: 1\n\n", [("a", "1")], b""),
+        (b"event: a\ndata:no-space\n\n", [("a", "no-space")], b""),
+        (b"event: a\ndata: 1\n\nevent: b\ndata: 2", [("a", "1")], b"event: b\ndata: 2"),
+        (b"event: a\ndata: 1\n", [], b"event: a\ndata: 1\n"),
+        (b"event: a\ndata: 1\r\n\r", [], b"event: a\ndata: 1\r\n\r"),
+        (b"", [], b""),
+    ],
+    ids=[
+        "one-event",
+        "crlf",
+        "multi-line-data",
+        "comments-ignored",
+        "no-space-after-colon",
+        "incomplete-tail-kept",
+        "missing-blank-line-kept",
+        "half-crlf-kept",
+        "empty",
+    ],
+)
+def test_parse_sse_splits_complete_events_and_keeps_the_rest(
+    buffer: bytes, events: list[tuple[str, str]], rest: bytes
+) -> None:
+    assert parse_sse(buffer) == (events, rest)

@@ -16,7 +16,6 @@ never from a code the model wrote.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,9 +24,9 @@ from typing import Any, Protocol
 
 from proxy.context import cache
 from proxy.context.step import ContextCall, Prepared, emit, prepare
-from proxy.context.used import CONTEXT_HEADER, ContextUsed
+from proxy.context.used import ContextUsed
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
-from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
+from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
 from proxy.contract.risk import Risk, RiskSource, routed_risk, rule_risk
@@ -65,8 +64,6 @@ class Listener(Protocol):
     def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
         """The answer just seen is set aside: ``stage`` is ``escalating`` or ``reasking``."""
 
-
-CACHE_HEADER = "X-Cognitive-Cache"
 
 # Bounds on text the proxy writes from provider and contract messages (never from a size the
 # model chooses): a provider error in ``cognitive.attempts``, the violations quoted in a re-ask
@@ -206,12 +203,6 @@ class ModuleAnswer:
     """The context types the model was shown and their sources (None: the call stopped before)."""
 
     @property
-    def status(self) -> int:
-        if self.envelope.get("ok") is True:
-            return 200
-        return http_status(str(as_dict(self.envelope.get("error")).get("code", "")), self.origin)
-
-    @property
     def meta(self) -> dict[str, Any]:
         return as_dict(self.envelope.get("meta"))
 
@@ -254,31 +245,6 @@ class ModuleAnswer:
     def all_attempts(self) -> int:
         """Provider attempts of this answer and of every nested step."""
         return len(self.attempts) + sum(s.answer.all_attempts() for s in self.steps)
-
-    def headers(self) -> dict[str, str]:
-        """The decision headers sent on every module answer."""
-        meta = self.meta
-        headers = {
-            "X-Cognitive-Decision": self.decision,
-            "X-Cognitive-Confidence": f"{meta.get('confidence', 0)}",
-            "X-Cognitive-Risk": str(meta.get("risk", "high")),
-            "X-Cognitive-Tier": self.module.tier,
-            "X-Cognitive-Attempts": str(self.all_attempts()),
-            "X-Cognitive-Cost-Usd": f"{self.total_usd():.9f}",
-            "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
-        }
-        if self.answered_by:  # absent when no model answered (a provider failure, a refused input)
-            headers["X-Cognitive-Model"] = self.answered_by
-        final = self.final
-        if final is not None and final.calibrated is not None:
-            headers["X-Cognitive-Confidence-Calibrated"] = f"{final.calibrated:.6g}"
-        if self.retry_after is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
-        if self.cache is not None:
-            headers[CACHE_HEADER] = self.cache
-        if self.context is not None:
-            headers[CONTEXT_HEADER] = self.context.header()
-        return headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from proxy.api.envelopes import not_installed_response, unavailable_response
 from proxy.api.errors import ApiError, Handler, json_response
 from proxy.api.feedback import answer_record
 from proxy.api.instrument import record_module_answer, record_module_cost
@@ -27,7 +28,7 @@ from proxy.context.identity import (
 )
 from proxy.context.step import ContextCall
 from proxy.context.store import ClientQuota, QuotaStore
-from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
+from proxy.contract.errors import Code, Origin, error_envelope
 from proxy.module.model import Module
 from proxy.module.resolve import Unavailable
 from proxy.observability.metrics import (
@@ -42,64 +43,16 @@ from proxy.review import review_record
 log = structlog.get_logger("proxy.api")
 
 
-def unavailable_response(unavailable: Unavailable, request: web.Request) -> web.Response:
-    """A composite that loaded but cannot run: its load error (E4004, E4005, E4006) as an
-    envelope, before any step or upstream call."""
-    request[RECORD_KEY].module = unavailable.module.name
-    request[RECORD_KEY].outcome = OUTCOME_UNAVAILABLE
-    trace_id = request[TRACE_KEY]
-    envelope = error_envelope(
-        unavailable.code,
-        f"Module {unavailable.module.name!r} is unavailable: {unavailable.reason}"[:1000],
-        details={"load_error": unavailable.reason},
-    )
-    envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope,
-        status=http_status(unavailable.code),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
-
-
 def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.Response:
     """E4006 (404) as an envelope; the module label is ``other`` (names come from the registry).
     A composite that is installed but unavailable answers its load error instead."""
+    record = request[RECORD_KEY]
     unavailable = runtime.registry.unavailable_module(name)
     if unavailable is not None:
-        return unavailable_response(unavailable, request)
-    request[RECORD_KEY].module = OTHER
-    request[RECORD_KEY].outcome = OUTCOME_UNKNOWN_MODULE
-    trace_id = request[TRACE_KEY]
-    known = ", ".join(runtime.registry.names()) or "none"
-    envelope = error_envelope(
-        Code.MODULE_NOT_FOUND,
-        f"Module {name!r} is not installed (installed: {known})",
-        explain=f"Caller error: no module named {name!r} is installed"[:EXPLAIN_MAX],
-    )
-    envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope,
-        status=http_status(Code.MODULE_NOT_FOUND),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
-
-
-def module_error_response(answer: ModuleAnswer) -> web.Response:
-    """A module answer whose status is not 200: the envelope itself is the body."""
-    return json_response(answer.envelope, status=answer.status, headers=answer.headers())
-
-
-def caller_error(
-    code: Code, message: str, trace_id: str, *, suggestion: str | None = None, explain: str | None = None
-) -> web.Response:
-    """The caller's own mistake on a module route, before any module ran: an envelope."""
-    envelope = error_envelope(code, message, suggestion=suggestion, explain=explain)
-    envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope,
-        status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
+        record.module, record.outcome = unavailable.module.name, OUTCOME_UNAVAILABLE
+        return unavailable_response(unavailable, request[TRACE_KEY])
+    record.module, record.outcome = OTHER, OUTCOME_UNKNOWN_MODULE
+    return not_installed_response(name, runtime.registry.names(), request[TRACE_KEY])
 
 
 BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})

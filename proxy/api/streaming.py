@@ -20,7 +20,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from proxy.api.errors import json_response
+from proxy.api.envelopes import answer_status, caller_error, refused_envelope
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import answer_module
@@ -106,7 +106,7 @@ async def _produce(
         emitter.fail(error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while streaming"))
         metrics.streams.labels(module.name, "error").inc()
         return None
-    metrics.streams.labels(module.name, _outcome(emitter.finish(answer))).inc()
+    metrics.streams.labels(module.name, _outcome(emitter.finish(answer, answer_status(answer)))).inc()
     return answer
 
 
@@ -297,16 +297,6 @@ def recovery_of(request: web.Request, body: dict[str, Any]) -> Recovery | None:
     return Recovery(sid, last_seq, checkpoint if isinstance(checkpoint, dict) else None)
 
 
-def recovery_refused(code: Code, message: str, trace_id: str) -> web.Response:
-    envelope = error_envelope(code, message)
-    envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope,
-        status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
-
-
 async def resume(
     request: web.Request, recovery: Recovery, module: Module, framer: Framer, headers: dict[str, str]
 ) -> web.StreamResponse | None:
@@ -322,7 +312,7 @@ async def resume(
         return None
     if not hub.same_client(found.client, request[CALLER].id):
         metrics.stream_resumptions.labels("refused").inc()
-        return recovery_refused(
+        return caller_error(
             Code.PERMISSION_DENIED, "This stream session was started by another client", trace_id
         )
     matches = await _checkpoint_matches(found.chunk_at, recovery)
@@ -363,15 +353,9 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
     refused = check_input(module, without_context(value), schema=check)
     if refused is None:
         return None
-    trace_id = request[TRACE_KEY]
     request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
-    refused["meta"]["trace_id"] = trace_id
     code = str(as_dict(refused.get("error")).get("code"))
-    return json_response(
-        refused,
-        status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
+    return refused_envelope(refused, http_status(code, Origin.CALLER), request[TRACE_KEY])
 
 
 async def _start_and_follow(

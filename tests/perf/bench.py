@@ -835,6 +835,7 @@ def composition_bench(repeat: int = 3_000) -> None:
 def feedback_bench() -> None:
     """Added per-call cost of feedback and calibration, against the existing per-answer metrics."""
     sys.path.insert(0, str(ROOT))
+    from proxy.api.envelopes import answer_headers
     from proxy.api.feedback import answer_record
     from proxy.api.instrument import record_module_answer
     from proxy.contract.errors import Origin
@@ -870,7 +871,7 @@ def feedback_bench() -> None:
         record = answer_record(answer, module, mapped, f"t-{next(counter)}", "sk-client")
         assert record is not None
         store.remember(record, bound)
-        answer.headers()
+        answer_headers(answer)
 
     def baseline() -> None:
         record_module_answer(metrics, mapped, answer)

@@ -354,6 +354,14 @@ def internal_error(module: Module) -> ModuleAnswer:
     return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
 
 
+def finished(answer: ModuleAnswer, trace_id: str) -> ModuleAnswer:
+    """``answer`` with ``trace_id`` in its meta (a new envelope: the answer is not edited)."""
+    meta = answer.envelope.get("meta")
+    if not isinstance(meta, dict):
+        return answer
+    return replace(answer, envelope={**answer.envelope, "meta": {**meta, "trace_id": trace_id}})
+
+
 def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer:
     meta = answer.envelope.get("meta")
     if isinstance(meta, dict):

@@ -11,12 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.api import calls
 from proxy.api.body import read_object
 from proxy.api.envelopes import answer_response, caller_error
 from proxy.api.errors import ApiError
 from proxy.api.frames import framer_for
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
-from proxy.api.modules import answer_module, module_not_found
+from proxy.api.modules import module_not_found
 from proxy.api.state import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
@@ -124,7 +125,7 @@ async def _sync(
     headers: dict[str, str],
 ) -> web.Response:
     """The envelope as one JSON answer; a streaming request that fell back says so (W4010)."""
-    answer = await answer_module(request, runtime, module, value)
+    answer = await calls.answer(request, runtime, module, value)
     if negotiated.fallback_reason is None:
         return answer_response(answer, headers=headers)
     envelope = {**answer.envelope, "_warnings": negotiated.warnings()}

@@ -836,13 +836,13 @@ def feedback_bench() -> None:
     """Added per-call cost of feedback and calibration, against the existing per-answer metrics."""
     sys.path.insert(0, str(ROOT))
     from proxy.api.envelopes import answer_headers
-    from proxy.api.feedback import answer_record
-    from proxy.api.instrument import record_module_answer
     from proxy.contract.errors import Origin
     from proxy.module.registry import ModuleRegistry
     from proxy.observability.metrics import Metrics
     from proxy.pipeline import Attempt, ModuleAnswer
     from proxy.policy.loader import parse_policy
+    from proxy.service.instrument import record_module_answer
+    from proxy.service.records import answer_record
     from proxy.state.feedback import MemoryFeedbackStore
 
     module = ModuleRegistry.load((ROOT / "modules",)).modules["code-reviewer"]

@@ -15,7 +15,6 @@ never from a code the model wrote.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -362,15 +361,34 @@ def finished(answer: ModuleAnswer, trace_id: str) -> ModuleAnswer:
     return replace(answer, envelope={**answer.envelope, "meta": {**meta, "trace_id": trace_id}})
 
 
-def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer:
-    meta = answer.envelope.get("meta")
+def _finish(
+    answer: ModuleAnswer,
+    prepared: Prepared,
+    started: float,
+    trace_id: str,
+    *,
+    emitted: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
+) -> ModuleAnswer:
+    """The finishing step, the one place a module answer's final envelope is built (a new dict:
+    the decided envelope, possibly the cached one, is never edited): what the emit step gave the
+    client (``_emitted_context``), the context step's warnings (and ``warnings``), the trace id,
+    the model and the call's latency. Nothing changes the envelope after it."""
+    envelope = dict(answer.envelope)
+    if emitted:
+        envelope["_emitted_context"] = emitted
+    every = prepared.warnings + (warnings or [])
+    if every:
+        envelope["_warnings"] = every
+    meta = envelope.get("meta")
     if isinstance(meta, dict):
+        meta = envelope["meta"] = dict(meta)
         if trace_id:
             meta["trace_id"] = trace_id
         if answer.model:
             meta["model"] = answer.model
         meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    return answer
+    return replace(answer, envelope=envelope, context=prepared.used)
 
 
 def build_messages(
@@ -407,16 +425,22 @@ class _Assessed:
 
 
 def _assess(result: ContractResult, module: Module, source: RiskSource, calibrate: Calibrate) -> _Assessed:
-    """The meta the router decides on: ``meta.risk`` is replaced by the ``risk_source`` choice
-    (in the envelope too, so that the caller sees the risk that was routed on); the confidence
+    """The meta the router decides on: ``meta.risk`` is the ``risk_source`` choice; the confidence
     goes through the target's calibration map (the envelope keeps the model's)."""
     envelope = result.envelope
     meta = _meta_of(envelope)
     computed = rule_risk(envelope.get("data"), module.risk_rule) if envelope.get("ok") is True else None
     routed = routed_risk(meta.risk, computed, source)
-    if routed != meta.risk and isinstance(envelope.get("meta"), dict):
-        envelope["meta"]["risk"] = routed
     return _Assessed(Meta(calibrate(meta.confidence), routed), meta.risk, computed, meta.confidence)
+
+
+def _routed(result: ContractResult, assessed: _Assessed) -> ContractResult:
+    """``result`` with the risk that was routed on in its envelope's ``meta.risk`` (a new
+    envelope), so that the caller sees it."""
+    meta = result.envelope.get("meta")
+    if assessed.meta.risk == assessed.model_risk or not isinstance(meta, dict):
+        return result
+    return replace(result, envelope={**result.envelope, "meta": {**meta, "risk": assessed.meta.risk}})
 
 
 def reask_messages(messages: list[dict[str, Any]], text: str, result: ContractResult) -> list[dict[str, Any]]:
@@ -551,12 +575,12 @@ async def run_module(call: Call) -> ModuleAnswer:
     error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
-        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
+        return _finish(answer, prepared, started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     refused = unsupported(policy, media, policy.start_rung(thresholds))
     if refused is not None:
         answer = ModuleAnswer(module, refused, "reject", Origin.RUNTIME)
-        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
+        return _finish(answer, prepared, started, call.trace_id)
     rule = cache.rule_for(policy, module) if call.context is not None and prepared.identity else None
     key = version = ""
     state: str | None = None
@@ -577,15 +601,15 @@ async def run_module(call: Call) -> ModuleAnswer:
                     cache=cache.HIT,
                     saved_tokens=entry.tokens,
                 )
-                return _finish(await _emit(call, prepared, hit), started, call.trace_id)
+                return await _emit(call, prepared, hit, started)
     answer = await _ladder(call, prepared, thresholds, media, deadline)
     if state is not None:
         answer = replace(answer, cache=state)
     if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
-        envelope = copy.deepcopy(answer.envelope)
-        entry = cache.Entry(version, envelope, answer.model, dict(answer.usage), answer.emitted)
+        # No copy: nothing edits a decided envelope (``_finish`` builds a new one).
+        entry = cache.Entry(version, answer.envelope, answer.model, dict(answer.usage), answer.emitted)
         await cache.save(call.context.store, key, entry, rule.ttl_s)
-    return _finish(await _emit(call, prepared, answer), started, call.trace_id)
+    return await _emit(call, prepared, answer, started)
 
 
 async def _checked_input(
@@ -604,30 +628,13 @@ async def _checked_input(
     return (found, ()) if isinstance(found, dict) else (None, found)
 
 
-def _with_prepared(
-    answer: ModuleAnswer, prepared: Prepared, warnings: list[str] | None = None
-) -> ModuleAnswer:
-    """The answer with what the context step found: its warnings (and ``warnings``) and the
-    context used."""
-    answer = replace(answer, context=prepared.used)
-    every = prepared.warnings + (warnings or [])
-    if every:
-        answer.envelope["_warnings"] = every
-    return answer
-
-
-async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleAnswer:
+async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer, started: float) -> ModuleAnswer:
     """The emit step: store what an accepted answer emitted; give it (and warnings) to the client."""
     emitted, warnings = await emit(
         answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted
     )
-    envelope = answer.envelope
-    if emitted or prepared.warnings or warnings:
-        envelope = dict(envelope)
-        if emitted:
-            envelope["_emitted_context"] = emitted
-    answer = replace(answer, envelope=envelope, redacted=tuple(prepared.redacted))
-    return _with_prepared(answer, prepared, warnings)
+    answer = replace(answer, redacted=tuple(prepared.redacted))
+    return _finish(answer, prepared, started, call.trace_id, emitted=emitted, warnings=warnings)
 
 
 Asked = Routed[tuple[dict[str, Any], str]]
@@ -773,6 +780,7 @@ async def _ladder(
             continue
         routed, result = await _with_reasks(run, routed, rung_name)
         assessed = run.assess(result, routed.target)
+        result = _routed(result, assessed)
         decision = decide(thresholds, assessed.meta, rung, run.rungs)
         reply = routed.value[0]
         run.attempts.record_answer(
@@ -826,8 +834,9 @@ def _decided(
     elif decision.action == "reject":
         envelope = _reject(run.thresholds, decision, result.envelope, module)
         origin = Origin.POLICY
-    if run.media and isinstance(envelope.get("meta"), dict):
-        envelope["meta"]["media_validation"] = validation_meta(run.media)
+    meta = envelope.get("meta")
+    if run.media and isinstance(meta, dict):
+        envelope = {**envelope, "meta": {**meta, "media_validation": validation_meta(run.media)}}
     return ModuleAnswer(
         module=module,
         envelope=envelope,

@@ -26,7 +26,6 @@ from proxy.api import (
 from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget
 from proxy.api.errors import Handler, error_middleware
-from proxy.api.instrument import MetricsObserver
 from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import echo_trace_id, edge_middleware, expect_continue
 from proxy.api.refusals import EXECUTE_ROUTE
@@ -52,6 +51,7 @@ from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard, settle_heap
+from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore

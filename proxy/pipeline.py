@@ -15,8 +15,6 @@ never from a code the model wrote.
 
 from __future__ import annotations
 
-import copy
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,9 +23,9 @@ from typing import Any, Protocol
 
 from proxy.context import cache
 from proxy.context.step import ContextCall, Prepared, emit, prepare
-from proxy.context.used import CONTEXT_HEADER, ContextUsed
+from proxy.context.used import ContextUsed
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
-from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope, http_status
+from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope
 from proxy.contract.inputs import check_input
 from proxy.contract.repair import Repair
 from proxy.contract.risk import Risk, RiskSource, routed_risk, rule_risk
@@ -65,8 +63,6 @@ class Listener(Protocol):
     def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
         """The answer just seen is set aside: ``stage`` is ``escalating`` or ``reasking``."""
 
-
-CACHE_HEADER = "X-Cognitive-Cache"
 
 # Bounds on text the proxy writes from provider and contract messages (never from a size the
 # model chooses): a provider error in ``cognitive.attempts``, the violations quoted in a re-ask
@@ -206,12 +202,6 @@ class ModuleAnswer:
     """The context types the model was shown and their sources (None: the call stopped before)."""
 
     @property
-    def status(self) -> int:
-        if self.envelope.get("ok") is True:
-            return 200
-        return http_status(str(as_dict(self.envelope.get("error")).get("code", "")), self.origin)
-
-    @property
     def meta(self) -> dict[str, Any]:
         return as_dict(self.envelope.get("meta"))
 
@@ -254,31 +244,6 @@ class ModuleAnswer:
     def all_attempts(self) -> int:
         """Provider attempts of this answer and of every nested step."""
         return len(self.attempts) + sum(s.answer.all_attempts() for s in self.steps)
-
-    def headers(self) -> dict[str, str]:
-        """The decision headers sent on every module answer."""
-        meta = self.meta
-        headers = {
-            "X-Cognitive-Decision": self.decision,
-            "X-Cognitive-Confidence": f"{meta.get('confidence', 0)}",
-            "X-Cognitive-Risk": str(meta.get("risk", "high")),
-            "X-Cognitive-Tier": self.module.tier,
-            "X-Cognitive-Attempts": str(self.all_attempts()),
-            "X-Cognitive-Cost-Usd": f"{self.total_usd():.9f}",
-            "X-Cognitive-Escalated-Cost-Usd": f"{self.cost.escalated_usd:.9f}",
-        }
-        if self.answered_by:  # absent when no model answered (a provider failure, a refused input)
-            headers["X-Cognitive-Model"] = self.answered_by
-        final = self.final
-        if final is not None and final.calibrated is not None:
-            headers["X-Cognitive-Confidence-Calibrated"] = f"{final.calibrated:.6g}"
-        if self.retry_after is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
-        if self.cache is not None:
-            headers[CACHE_HEADER] = self.cache
-        if self.context is not None:
-            headers[CONTEXT_HEADER] = self.context.header()
-        return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,15 +353,42 @@ def internal_error(module: Module) -> ModuleAnswer:
     return ModuleAnswer(module, envelope, "reject", Origin.RUNTIME)
 
 
-def _finish(answer: ModuleAnswer, started: float, trace_id: str) -> ModuleAnswer:
+def finished(answer: ModuleAnswer, trace_id: str) -> ModuleAnswer:
+    """``answer`` with ``trace_id`` in its meta (a new envelope: the answer is not edited)."""
     meta = answer.envelope.get("meta")
+    if not isinstance(meta, dict):
+        return answer
+    return replace(answer, envelope={**answer.envelope, "meta": {**meta, "trace_id": trace_id}})
+
+
+def _finish(
+    answer: ModuleAnswer,
+    prepared: Prepared,
+    started: float,
+    trace_id: str,
+    *,
+    emitted: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
+) -> ModuleAnswer:
+    """The finishing step, the one place a module answer's final envelope is built (a new dict:
+    the decided envelope, possibly the cached one, is never edited): what the emit step gave the
+    client (``_emitted_context``), the context step's warnings (and ``warnings``), the trace id,
+    the model and the call's latency. Nothing changes the envelope after it."""
+    envelope = dict(answer.envelope)
+    if emitted:
+        envelope["_emitted_context"] = emitted
+    every = prepared.warnings + (warnings or [])
+    if every:
+        envelope["_warnings"] = every
+    meta = envelope.get("meta")
     if isinstance(meta, dict):
+        meta = envelope["meta"] = dict(meta)
         if trace_id:
             meta["trace_id"] = trace_id
         if answer.model:
             meta["model"] = answer.model
         meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    return answer
+    return replace(answer, envelope=envelope, context=prepared.used)
 
 
 def build_messages(
@@ -433,16 +425,22 @@ class _Assessed:
 
 
 def _assess(result: ContractResult, module: Module, source: RiskSource, calibrate: Calibrate) -> _Assessed:
-    """The meta the router decides on: ``meta.risk`` is replaced by the ``risk_source`` choice
-    (in the envelope too, so that the caller sees the risk that was routed on); the confidence
+    """The meta the router decides on: ``meta.risk`` is the ``risk_source`` choice; the confidence
     goes through the target's calibration map (the envelope keeps the model's)."""
     envelope = result.envelope
     meta = _meta_of(envelope)
     computed = rule_risk(envelope.get("data"), module.risk_rule) if envelope.get("ok") is True else None
     routed = routed_risk(meta.risk, computed, source)
-    if routed != meta.risk and isinstance(envelope.get("meta"), dict):
-        envelope["meta"]["risk"] = routed
     return _Assessed(Meta(calibrate(meta.confidence), routed), meta.risk, computed, meta.confidence)
+
+
+def _routed(result: ContractResult, assessed: _Assessed) -> ContractResult:
+    """``result`` with the risk that was routed on in its envelope's ``meta.risk`` (a new
+    envelope), so that the caller sees it."""
+    meta = result.envelope.get("meta")
+    if assessed.meta.risk == assessed.model_risk or not isinstance(meta, dict):
+        return result
+    return replace(result, envelope={**result.envelope, "meta": {**meta, "risk": assessed.meta.risk}})
 
 
 def reask_messages(messages: list[dict[str, Any]], text: str, result: ContractResult) -> list[dict[str, Any]]:
@@ -577,12 +575,12 @@ async def run_module(call: Call) -> ModuleAnswer:
     error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
-        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
+        return _finish(answer, prepared, started, call.trace_id)
     thresholds = policy.thresholds_for(module.name, module.tier)
     refused = unsupported(policy, media, policy.start_rung(thresholds))
     if refused is not None:
         answer = ModuleAnswer(module, refused, "reject", Origin.RUNTIME)
-        return _finish(_with_prepared(answer, prepared), started, call.trace_id)
+        return _finish(answer, prepared, started, call.trace_id)
     rule = cache.rule_for(policy, module) if call.context is not None and prepared.identity else None
     key = version = ""
     state: str | None = None
@@ -603,15 +601,15 @@ async def run_module(call: Call) -> ModuleAnswer:
                     cache=cache.HIT,
                     saved_tokens=entry.tokens,
                 )
-                return _finish(await _emit(call, prepared, hit), started, call.trace_id)
+                return await _emit(call, prepared, hit, started)
     answer = await _ladder(call, prepared, thresholds, media, deadline)
     if state is not None:
         answer = replace(answer, cache=state)
     if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
-        envelope = copy.deepcopy(answer.envelope)
-        entry = cache.Entry(version, envelope, answer.model, dict(answer.usage), answer.emitted)
+        # No copy: nothing edits a decided envelope (``_finish`` builds a new one).
+        entry = cache.Entry(version, answer.envelope, answer.model, dict(answer.usage), answer.emitted)
         await cache.save(call.context.store, key, entry, rule.ttl_s)
-    return _finish(await _emit(call, prepared, answer), started, call.trace_id)
+    return await _emit(call, prepared, answer, started)
 
 
 async def _checked_input(
@@ -630,30 +628,13 @@ async def _checked_input(
     return (found, ()) if isinstance(found, dict) else (None, found)
 
 
-def _with_prepared(
-    answer: ModuleAnswer, prepared: Prepared, warnings: list[str] | None = None
-) -> ModuleAnswer:
-    """The answer with what the context step found: its warnings (and ``warnings``) and the
-    context used."""
-    answer = replace(answer, context=prepared.used)
-    every = prepared.warnings + (warnings or [])
-    if every:
-        answer.envelope["_warnings"] = every
-    return answer
-
-
-async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer) -> ModuleAnswer:
+async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer, started: float) -> ModuleAnswer:
     """The emit step: store what an accepted answer emitted; give it (and warnings) to the client."""
     emitted, warnings = await emit(
         answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted
     )
-    envelope = answer.envelope
-    if emitted or prepared.warnings or warnings:
-        envelope = dict(envelope)
-        if emitted:
-            envelope["_emitted_context"] = emitted
-    answer = replace(answer, envelope=envelope, redacted=tuple(prepared.redacted))
-    return _with_prepared(answer, prepared, warnings)
+    answer = replace(answer, redacted=tuple(prepared.redacted))
+    return _finish(answer, prepared, started, call.trace_id, emitted=emitted, warnings=warnings)
 
 
 Asked = Routed[tuple[dict[str, Any], str]]
@@ -799,6 +780,7 @@ async def _ladder(
             continue
         routed, result = await _with_reasks(run, routed, rung_name)
         assessed = run.assess(result, routed.target)
+        result = _routed(result, assessed)
         decision = decide(thresholds, assessed.meta, rung, run.rungs)
         reply = routed.value[0]
         run.attempts.record_answer(
@@ -852,8 +834,9 @@ def _decided(
     elif decision.action == "reject":
         envelope = _reject(run.thresholds, decision, result.envelope, module)
         origin = Origin.POLICY
-    if run.media and isinstance(envelope.get("meta"), dict):
-        envelope["meta"]["media_validation"] = validation_meta(run.media)
+    meta = envelope.get("meta")
+    if run.media and isinstance(meta, dict):
+        envelope = {**envelope, "meta": {**meta, "media_validation": validation_meta(run.media)}}
     return ModuleAnswer(
         module=module,
         envelope=envelope,

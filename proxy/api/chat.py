@@ -12,13 +12,14 @@ import orjson
 import structlog
 from aiohttp import web
 
+from proxy.api import calls
 from proxy.api.body import read_object
+from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
-from proxy.api.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
 from proxy.api.quota import admit, caller, estimate_body_tokens, settle
 from proxy.api.relay import serve
@@ -30,6 +31,7 @@ from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, encodable
 from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
+from proxy.service.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, Request, negotiate
 from proxy.upstream.base import CallContext, Provider, Relayed
 from proxy.upstream.relay import first_chunk
@@ -134,11 +136,11 @@ async def _module_chat(
         return await stream_module_chat(
             request, runtime, module, value, check, body, module_history(body), mode
         )
-    answer = await answer_module(
+    answer = await calls.answer(
         request, runtime, module, value, check_input=check, history=module_history(body), tools=mode.tools
     )
-    if answer.status != 200:
-        return module_error_response(answer)
+    if answer_status(answer) != 200:
+        return answer_response(answer)
     reply = completion(f"{MODULE_PREFIX}{name}", envelope_text(answer.envelope))
     if mode.tool is not None:
         as_tool_call(reply, mode.tool)
@@ -146,7 +148,7 @@ async def _module_chat(
         reply["usage"] = dict(answer.usage)
     reply["cognitive"] = answer.cognitive()
     reply["system_fingerprint"] = decision_fingerprint(answer)
-    headers = answer.headers()
+    headers = answer_headers(answer)
     if negotiated.warning_header is not None:
         headers[WARNING_HEADER] = negotiated.warning_header
     if wants_stream:

@@ -11,16 +11,17 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.api import calls
 from proxy.api.body import read_object
-from proxy.api.errors import ApiError, json_response
+from proxy.api.envelopes import answer_response, caller_error
+from proxy.api.errors import ApiError
 from proxy.api.frames import framer_for
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
-from proxy.api.modules import answer_module, caller_error, module_not_found
+from proxy.api.modules import module_not_found
 from proxy.api.state import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
     recovery_of,
-    recovery_refused,
     resume,
     stream_module_execute,
 )
@@ -80,7 +81,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
     if recovery is not None:
         if not request.app[SETTINGS].stream_recovery:
             request.app[METRICS].stream_resumptions.labels("disabled").inc()
-            return recovery_refused(
+            return caller_error(
                 Code.RECOVERY_NOT_SUPPORTED, "Stream recovery is disabled on this proxy", trace_id
             )
         resumed = await resume(request, recovery, module, framer, headers)
@@ -124,10 +125,8 @@ async def _sync(
     headers: dict[str, str],
 ) -> web.Response:
     """The envelope as one JSON answer; a streaming request that fell back says so (W4010)."""
-    answer = await answer_module(request, runtime, module, value)
-    answer_headers = {**answer.headers(), **headers}
-    envelope = answer.envelope
-    if negotiated.fallback_reason is not None:
-        envelope = {**envelope, "_warnings": negotiated.warnings()}
-        answer_headers[WARNING_HEADER] = negotiated.warning_header or ""
-    return json_response(envelope, status=answer.status, headers=answer_headers)
+    answer = await calls.answer(request, runtime, module, value)
+    if negotiated.fallback_reason is None:
+        return answer_response(answer, headers=headers)
+    envelope = {**answer.envelope, "_warnings": negotiated.warnings()}
+    return answer_response(answer, envelope, {**headers, WARNING_HEADER: negotiated.warning_header or ""})

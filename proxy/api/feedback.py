@@ -11,7 +11,6 @@ answers carry the trace id. A second verdict replaces the first.
 from __future__ import annotations
 
 import hmac
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +18,9 @@ from aiohttp import web
 
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
-from proxy.api.instrument import record_verdict
 from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.api.state import FEEDBACK, METRICS, SETTINGS, runtime_of
-from proxy.module.model import Module
-from proxy.pipeline import ModuleAnswer
-from proxy.policy.model import Policy
+from proxy.service.instrument import record_verdict
 from proxy.state.feedback import AnswerRecord, with_verdict
 
 VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
@@ -41,33 +37,6 @@ NOT_FOUND_REASONS = (
     "client keys, the key's name or hash; without client keys every caller is one client, whatever "
     "bearer it sends)"
 )
-
-
-def answer_record(
-    answer: ModuleAnswer, module: Module, policy: Policy, trace_id: str, client: str
-) -> AnswerRecord | None:
-    """The record of a module answer a model produced (None when no model answered)."""
-    final = answer.final
-    if final is None or final.confidence is None or not trace_id:
-        return None
-    provider, _, model = final.target.partition("/")
-    now = time.time()
-    return AnswerRecord(
-        trace_id=trace_id,
-        module=module.name,
-        tier=module.tier,
-        rung=final.rung,
-        provider=provider,
-        model=model,
-        confidence=final.confidence,
-        calibrated=final.confidence if final.calibrated is None else final.calibrated,
-        risk=str(final.risk),
-        decision=answer.decision,
-        min_confidence=policy.thresholds_for(module.name, module.tier).min_confidence,
-        at=now,
-        expires=now + policy.feedback.window_s,
-        client=client,
-    )
 
 
 def _field(body: dict[str, Any], name: str, max_len: int) -> str | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -17,6 +16,7 @@ from proxy.api.middleware import CALLER, bearer_of
 from proxy.api.state import METRICS, SETTINGS, runtime_of
 from proxy.clients import Caller
 from proxy.contract.inputs import estimate_tokens
+from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
 from proxy.quota.service import Admission, Quota, ratelimit_headers
 
@@ -60,14 +60,31 @@ async def admit(
     """Count the request against its limits (``estimate``: its tokens, asked only when limits are
     configured); raise the 429 when it does not fit. Returns the rung a downgraded module call is
     capped at (over budget with ``on_budget: downgrade``)."""
+
+    def keep(admission: Admission | None) -> None:
+        request[ADMISSION] = admission
+
+    return await _admit(
+        request.app[QUOTA], request.app[METRICS], policy, caller(request), estimate, keep, downgradable
+    )
+
+
+async def _admit(
+    quota: Quota,
+    metrics: Metrics,
+    policy: Policy,
+    who: Caller,
+    estimate: Callable[[], int],
+    keep: Callable[[Admission | None], None],
+    downgradable: bool,
+) -> int | None:
+    """``admit`` without the request: ``keep`` receives the admission before any 429 is raised."""
     limits = policy.limits
     if not limits.active:
-        request[ADMISSION] = None
+        keep(None)
         return None
-    who = caller(request)
-    admission = await request.app[QUOTA].admit(limits, who, estimate())
-    request[ADMISSION] = admission
-    metrics = request.app[METRICS]
+    admission = await quota.admit(limits, who, estimate())
+    keep(admission)
     refused = admission.refused
     if refused is not None:
         metrics.limited.labels(refused.scope, refused.kind, who.label).inc()
@@ -111,23 +128,41 @@ def _to_period_end(period: str) -> float:
     return (end - now).total_seconds()
 
 
-@dataclass(frozen=True, slots=True)
-class Cap:
-    rung: int | None
-    """The rung a downgraded module call is capped at; None: the whole ladder."""
+class CallLimits:
+    """The limits of one module call, for the module-call service (``proxy.service.module_call.
+    Limits``): admitted once (a streamed call before its stream starts, a 429 still being an HTTP
+    answer; its producer reuses the verdict), settled with what it spent. Holds the quota and the
+    caller, not the request: the edge copies ``admission`` into the request (``keep_admission``)."""
 
+    def __init__(self, quota: Quota, metrics: Metrics, who: Caller) -> None:
+        self._quota, self._metrics, self._who = quota, metrics, who
+        self.admitted = False
+        self.admission: Admission | None = None
+        self._rung: int | None = None
 
-CAP = web.RequestKey("ladder_cap", Cap)
+    @classmethod
+    def of(cls, request: web.Request) -> CallLimits:
+        return cls(request.app[QUOTA], request.app[METRICS], caller(request))
 
+    def _keep(self, admission: Admission | None) -> None:
+        self.admitted, self.admission = True, admission
 
-async def admit_module(request: web.Request, policy: Policy, value: Any) -> int | None:
-    """``admit`` for a module call, once per request: a streamed call is admitted before its
-    stream starts (a 429 is still an HTTP answer), and its producer reuses the verdict."""
-    cap = request.get(CAP)
-    if cap is None:
-        rung = await admit(request, policy, partial(estimate_input_tokens, value), downgradable=True)
-        cap = request[CAP] = Cap(rung)
-    return cap.rung
+    async def admit(self, policy: Policy, value: Any) -> int | None:
+        if not self.admitted:
+            estimate = partial(estimate_input_tokens, value)
+            self._rung = await _admit(
+                self._quota, self._metrics, policy, self._who, estimate, self._keep, downgradable=True
+            )
+        return self._rung
+
+    async def settle(self, tokens: int, cost_usd: float) -> None:
+        if self.admission is not None:
+            await self._quota.settle(self.admission, tokens, cost_usd)
+
+    def keep_admission(self, request: web.Request) -> None:
+        """The request's admission, for its ``x-ratelimit-*`` headers (``add_ratelimit_headers``)."""
+        if self.admitted:
+            request[ADMISSION] = self.admission
 
 
 async def count_request(request: web.Request) -> None:

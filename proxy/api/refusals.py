@@ -11,7 +11,8 @@ from typing import Final
 
 from aiohttp import web
 
-from proxy.api.errors import ApiError, json_response
+from proxy.api.envelopes import refused_envelope
+from proxy.api.errors import ApiError
 from proxy.contract.errors import Code, error_envelope
 
 EXECUTE_ROUTE: Final = "/v1/modules/{name}/execute"
@@ -56,8 +57,4 @@ def refusal_code(error: ApiError, *, takes_media: bool) -> str:
 
 def refusal_response(error: ApiError, *, takes_media: bool, trace_id: str | None) -> web.Response:
     envelope = error_envelope(refusal_code(error, takes_media=takes_media), error.message)
-    if trace_id:
-        envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope, status=error.status, headers={**error.headers, "X-Cognitive-Decision": "reject"}
-    )
+    return refused_envelope(envelope, error.status, trace_id, error.headers)

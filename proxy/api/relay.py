@@ -10,9 +10,9 @@ import structlog
 from aiohttp import web
 
 from proxy.api.failures import broken_stream_event
-from proxy.api.instrument import target_labels
 from proxy.api.state import METRICS, runtime_of
 from proxy.policy.model import Target
+from proxy.service.instrument import target_labels
 from proxy.upstream.relay import StreamEnd, copy
 from proxy.upstream.sse import StreamCheck
 

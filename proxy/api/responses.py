@@ -6,10 +6,12 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.api import calls
 from proxy.api.body import read_json
 from proxy.api.chat import MODULE_PREFIX, module_history, module_input
+from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import json_response
-from proxy.api.modules import answer_module, module_error_response, module_not_found
+from proxy.api.modules import module_not_found
 from proxy.api.passthrough import forward
 from proxy.api.quota import count_request
 from proxy.api.state import runtime_of
@@ -59,12 +61,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     history = module_history(messages)
     if body.get("stream") is True and module.response_mode != "sync":
         return await stream_module_response(request, runtime, module, value, check, history)
-    answer = await answer_module(request, runtime, module, value, check_input=check, history=history)
-    if answer.status != 200:
-        return module_error_response(answer)
+    answer = await calls.answer(request, runtime, module, value, check_input=check, history=history)
+    if answer_status(answer) != 200:
+        return answer_response(answer)
     final = response_object(f"{MODULE_PREFIX}{name}", envelope_text(answer.envelope), answer.usage)
     final["cognitive"] = answer.cognitive()
-    headers = answer.headers()
+    headers = answer_headers(answer)
     if body.get("stream") is not True:
         return json_response(final, headers=headers)
     response = web.StreamResponse(

@@ -1,9 +1,7 @@
-"""What the application holds: settings, the HTTP session and the current runtime snapshot."""
+"""What the application holds: settings, the HTTP session and the current runtime snapshot
+(``proxy.service.runtime.Runtime``)."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -11,26 +9,12 @@ from aiohttp import web
 from proxy.api.errors import ApiError
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore
-from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
-from proxy.policy.model import Policy
-from proxy.review import ReviewSink
+from proxy.service.runtime import Runtime as Runtime
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore
 from proxy.state.outbox import RedisOutbox
-from proxy.upstream.base import Provider
 from proxy.upstream.router import Router
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """An immutable snapshot; a reload builds a new one and swaps it in whole, so a request
-    finishes on the policy and modules it started with."""
-
-    policy: Policy
-    registry: ModuleRegistry
-    providers: Mapping[str, Provider]
-    review: ReviewSink
 
 
 class RuntimeHolder:

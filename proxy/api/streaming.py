@@ -20,12 +20,12 @@ import orjson
 import structlog
 from aiohttp import web
 
-from proxy.api.errors import json_response
+from proxy.api.calls import module_call, record_report, services_of
+from proxy.api.envelopes import answer_status, caller_error, refused_envelope
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
-from proxy.api.modules import answer_module
 from proxy.api.output_mode import OutputMode
-from proxy.api.quota import admit_module
+from proxy.api.quota import CallLimits
 from proxy.api.state import METRICS, SETTINGS, Runtime
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
@@ -33,7 +33,7 @@ from proxy.contract.inputs import check_input
 from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
-from proxy.pipeline import ModuleAnswer
+from proxy.service.module_call import Answered, ModuleCall, Services, answer_module
 from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
 from proxy.stream.emitter import ChunkEmitter
 from proxy.stream.fields import RATIONALE, streamable_fields
@@ -70,28 +70,12 @@ def _outcome(chunk: dict[str, Any]) -> str:
     return "final" if chunk.get("final") is True else "error"
 
 
-async def _produce(
-    request: web.Request,
-    runtime: Runtime,
-    module: Module,
-    value: Any,
-    check: bool,
-    emitter: ChunkEmitter,
-    history: Sequence[Mapping[str, Any]],
-    tools: tuple[Mapping[str, Any], ...],
-) -> ModuleAnswer | None:
-    metrics = request.app[METRICS]
+async def _produce(call: ModuleCall, services: Services, emitter: ChunkEmitter) -> Answered | None:
+    """The producer of a streamed call: the service's answer appended to the session as its last
+    chunk. Holds no request: the edge copies the returned report into its record."""
+    metrics, module = services.metrics, call.module
     try:
-        answer = await answer_module(
-            request,
-            runtime,
-            module,
-            value,
-            check_input=check,
-            listener=emitter,
-            history=history,
-            tools=tools,
-        )
+        answered = await answer_module(call, services)
     except asyncio.CancelledError:
         emitter.fail(
             error_envelope(
@@ -106,14 +90,15 @@ async def _produce(
         emitter.fail(error_envelope(Code.INTERNAL_ERROR, "Internal error in the proxy while streaming"))
         metrics.streams.labels(module.name, "error").inc()
         return None
-    metrics.streams.labels(module.name, _outcome(emitter.finish(answer))).inc()
-    return answer
+    answer = answered.answer
+    metrics.streams.labels(module.name, _outcome(emitter.finish(answer, answer_status(answer)))).inc()
+    return answered
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
     session: Session
-    producer: asyncio.Task[ModuleAnswer | None]
+    producer: asyncio.Task[Answered | None]
 
 
 def start_stream(
@@ -122,6 +107,7 @@ def start_stream(
     module: Module,
     value: Any,
     check: bool,
+    limits: CallLimits,
     history: Sequence[Mapping[str, Any]] = (),
     tools: tuple[Mapping[str, Any], ...] = (),
 ) -> Started:
@@ -134,9 +120,18 @@ def start_stream(
         streamable_fields(module),
         on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
     )
-    return Started(
-        session, hub.spawn(_produce(request, runtime, module, value, check, emitter, history, tools))
+    call = module_call(
+        request,
+        runtime,
+        module,
+        value,
+        limits,
+        check_input=check,
+        listener=emitter,
+        history=history,
+        tools=tools,
     )
+    return Started(session, hub.spawn(_produce(call, services_of(request), emitter)))
 
 
 def primary_field(module: Module) -> str:
@@ -297,16 +292,6 @@ def recovery_of(request: web.Request, body: dict[str, Any]) -> Recovery | None:
     return Recovery(sid, last_seq, checkpoint if isinstance(checkpoint, dict) else None)
 
 
-def recovery_refused(code: Code, message: str, trace_id: str) -> web.Response:
-    envelope = error_envelope(code, message)
-    envelope["meta"]["trace_id"] = trace_id
-    return json_response(
-        envelope,
-        status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
-
-
 async def resume(
     request: web.Request, recovery: Recovery, module: Module, framer: Framer, headers: dict[str, str]
 ) -> web.StreamResponse | None:
@@ -322,7 +307,7 @@ async def resume(
         return None
     if not hub.same_client(found.client, request[CALLER].id):
         metrics.stream_resumptions.labels("refused").inc()
-        return recovery_refused(
+        return caller_error(
             Code.PERMISSION_DENIED, "This stream session was started by another client", trace_id
         )
     matches = await _checkpoint_matches(found.chunk_at, recovery)
@@ -363,15 +348,9 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
     refused = check_input(module, without_context(value), schema=check)
     if refused is None:
         return None
-    trace_id = request[TRACE_KEY]
     request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
-    refused["meta"]["trace_id"] = trace_id
     code = str(as_dict(refused.get("error")).get("code"))
-    return json_response(
-        refused,
-        status=http_status(code, Origin.CALLER),
-        headers={"X-Cognitive-Decision": "reject"},
-    )
+    return refused_envelope(refused, http_status(code, Origin.CALLER), request[TRACE_KEY])
 
 
 async def _start_and_follow(
@@ -387,14 +366,30 @@ async def _start_and_follow(
     refused = input_refused(request, module, value, check)
     if refused is not None:
         return refused
-    await admit_module(request, runtime.policy, value)  # a 429 before the stream starts
+    request[RECORD_KEY].module = module.name
+    limits = CallLimits.of(request)
+    try:
+        await limits.admit(runtime.policy, value)  # a 429 before the stream starts
+    finally:
+        limits.keep_admission(request)
     trace_id = request[TRACE_KEY]
-    started = start_stream(request, runtime, module, value, check, history, tools)
+    started = start_stream(request, runtime, module, value, check, limits, history, tools)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
-    return await respond(
+    response = await respond(
         request, started.session, first, _Position(0), framer, headers, producer=started.producer
     )
+    _report_if_done(request, started.producer)
+    return response
+
+
+def _report_if_done(request: web.Request, producer: asyncio.Task[Answered | None]) -> None:
+    """The producer's report into the request's log line, when the call finished while the client
+    followed it (a producer that outlives the request reports nothing to it)."""
+    if producer.done() and not producer.cancelled() and producer.exception() is None:
+        answered = producer.result()
+        if answered is not None:
+            record_report(request, answered.report)
 
 
 async def stream_module_execute(

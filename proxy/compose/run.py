@@ -168,10 +168,14 @@ class Composer:
                 task.cancel()
         answer = self._with_steps(state, answer, incoming)
         meta = answer.envelope.get("meta")
-        if isinstance(meta, dict) and call.trace_id:
+        if not isinstance(meta, dict):
+            return answer
+        meta = dict(meta)  # _with_steps' envelope is the composite's own: completed in place
+        if call.trace_id:
             meta.setdefault("trace_id", call.trace_id)
-        if isinstance(meta, dict) and not answer.attempts:
+        if not answer.attempts:
             meta["latency_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        answer.envelope["meta"] = meta
         return answer
 
     # -- steps ---------------------------------------------------------------------------------
@@ -452,14 +456,16 @@ class Composer:
         return ModuleAnswer(state.call.module, envelope, "reject", Origin.RUNTIME)
 
     def _with_steps(self, state: _Run, answer: ModuleAnswer, incoming: Mapping[str, Any]) -> ModuleAnswer:
-        envelope = answer.envelope
+        """The composite's answer with its steps' warnings and (``main`` mode) what they emitted, in
+        a new envelope (the answer's own is not edited)."""
+        envelope = dict(answer.envelope)
         if state.warnings:
             envelope[WARNINGS] = [*as_list(envelope.get(WARNINGS)), *state.warnings]
         if state.call.module.context.mode == "main":
             emitted = {k: v for k, v in state.context.items() if incoming.get(k) != v}
             if emitted and envelope.get("ok") is True:
                 envelope[EMITTED] = {**as_dict(envelope.get(EMITTED)), **emitted}
-        return replace(answer, steps=tuple(state.steps) + answer.steps)
+        return replace(answer, envelope=envelope, steps=tuple(state.steps) + answer.steps)
 
 
 def _code(answer: ModuleAnswer | None) -> str:

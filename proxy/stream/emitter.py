@@ -61,14 +61,15 @@ class ChunkEmitter:
         self._dirty = False
         self._differ.reset()
 
-    def finish(self, answer: ModuleAnswer) -> dict[str, Any]:
-        """Append the decided answer as the last chunk and close the session; returns it."""
+    def finish(self, answer: ModuleAnswer, status: int) -> dict[str, Any]:
+        """Append the decided answer (``status``: its HTTP status) as the last chunk and close the
+        session; returns it."""
         envelope = answer.envelope
         if envelope.get("ok") is True:
             chunk = final_chunk(self._next_seq(), envelope, answer.usage, answer.cognitive())
         else:
             chunk = error_chunk(self._next_seq(), self.session.id, envelope, cognitive=answer.cognitive())
-        self.session.append(with_answer(chunk, answer.status, envelope))
+        self.session.append(with_answer(chunk, status, envelope))
         self.session.finish()
         return chunk
 

@@ -75,6 +75,25 @@ async def test_repeated_input_is_a_cache_hit_without_an_upstream_call(
     assert await metric(px, 'cognitive_cache_saved_tokens_total{module="code-reviewer"}') > 0
 
 
+def _without_call_meta(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The envelope less what each call stamps on its own answer (its trace id and latency)."""
+    meta = {k: v for k, v in envelope["meta"].items() if k not in ("trace_id", "latency_ms")}
+    return {**envelope, "meta": meta}
+
+
+async def test_a_hit_answers_the_envelope_the_miss_answered(
+    px: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """The cache keeps the decided envelope uncopied: nothing may edit it after it is saved, or
+    a hit would answer something else than the miss did (the envelope is finished in a new dict)."""
+    fake_upstream.script("cheap", review_answer())
+    _, _, first = await execute(px.url, "code-reviewer", REVIEW)
+    _, headers, second = await execute(px.url, "code-reviewer", REVIEW)
+    assert headers["X-Cognitive-Cache"] == "hit"
+    assert first["meta"]["model"] and first["meta"]["latency_ms"] >= 0
+    assert _without_call_meta(second) == _without_call_meta(first)
+
+
 async def test_no_cache_from_the_client_bypasses_the_cache(
     px: RunningProxy, fake_upstream: FakeUpstream
 ) -> None:

@@ -835,13 +835,14 @@ def composition_bench(repeat: int = 3_000) -> None:
 def feedback_bench() -> None:
     """Added per-call cost of feedback and calibration, against the existing per-answer metrics."""
     sys.path.insert(0, str(ROOT))
-    from proxy.api.feedback import answer_record
-    from proxy.api.instrument import record_module_answer
+    from proxy.api.envelopes import answer_headers
     from proxy.contract.errors import Origin
     from proxy.module.registry import ModuleRegistry
     from proxy.observability.metrics import Metrics
     from proxy.pipeline import Attempt, ModuleAnswer
     from proxy.policy.loader import parse_policy
+    from proxy.service.instrument import record_module_answer
+    from proxy.service.records import answer_record
     from proxy.state.feedback import MemoryFeedbackStore
 
     module = ModuleRegistry.load((ROOT / "modules",)).modules["code-reviewer"]
@@ -870,7 +871,7 @@ def feedback_bench() -> None:
         record = answer_record(answer, module, mapped, f"t-{next(counter)}", "sk-client")
         assert record is not None
         store.remember(record, bound)
-        answer.headers()
+        answer_headers(answer)
 
     def baseline() -> None:
         record_module_answer(metrics, mapped, answer)

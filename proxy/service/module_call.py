@@ -1,0 +1,254 @@
+"""One module call for a caller: identity -> limits -> pipeline (a composite's steps included) ->
+metrics, cost, settlement, feedback record, review.
+
+Every input is explicit (``ModuleCall``: who asks and what, ``Services``: what the process holds);
+what the request's log line reports comes back as a ``CallReport``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from proxy.clients import Caller
+from proxy.compose.run import Composer
+from proxy.context.identity import (
+    SESSION_HEADER,
+    USER_HEADER,
+    Identity,
+    IdentityError,
+    check_id,
+    namespace_of,
+)
+from proxy.context.sanitise import NameMatcher
+from proxy.context.step import ContextCall
+from proxy.context.store import ClientQuota, ContextStore, QuotaStore
+from proxy.contract.errors import Code, Origin, error_envelope
+from proxy.media.step import MediaEnv
+from proxy.module.model import Module
+from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
+from proxy.pipeline import Call, Listener, ModuleAnswer, finished, internal_error, run_module
+from proxy.policy.model import Policy
+from proxy.review import review_record
+from proxy.service.instrument import record_module_answer, record_module_cost
+from proxy.service.records import answer_record
+from proxy.service.runtime import Runtime
+from proxy.state.feedback import FeedbackStore
+from proxy.upstream.router import Router
+
+log = structlog.get_logger("proxy.api")
+
+BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
+
+
+class Limits(Protocol):
+    """The caller's limits for this call (``proxy.api.quota.CallLimits``)."""
+
+    async def admit(self, policy: Policy, value: Any) -> int | None:
+        """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
+        downgraded call is capped at."""
+
+    async def settle(self, tokens: int, cost_usd: float) -> None:
+        """Settle what the call spent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who asks, as the edge parsed the request: the caller's identity, the client key (only to
+    forward it), the trace id and the raw context headers."""
+
+    caller: Caller
+    client_key: str | None
+    trace_id: str
+    session: str = ""
+    """``X-Cognitive-Session``, stripped (checked by the service)."""
+    user: str = ""
+    """``X-Cognitive-User``, stripped (checked by the service)."""
+    cache_control: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the process holds for module calls."""
+
+    metrics: Metrics
+    router: Router
+    context_store: ContextStore
+    redact: NameMatcher
+    feedback: FeedbackStore
+    edge_errors: tuple[type[Exception], ...] = ()
+    """Exceptions that are the edge's own answers (a busy memory budget: 503): raised as they are,
+    never turned into E4000."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleCall:
+    """One module call: what is asked, by whom, on which runtime."""
+
+    runtime: Runtime
+    module: Module
+    value: Any
+    requester: Requester
+    limits: Limits
+    media: MediaEnv = field(default_factory=MediaEnv)
+    check_input: bool = True
+    """False for plain-text input: the input schema is skipped."""
+    listener: Listener | None = None
+    """Set when the call streams (``proxy.api.streaming``)."""
+    history: Sequence[Mapping[str, Any]] = ()
+    """The earlier messages of a chat-style call (``conversation_history``)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CallReport:
+    """What the request's log line and metrics say about the call."""
+
+    module: str
+    outcome: str
+    upstream_s: float = 0.0
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    answer: ModuleAnswer
+    report: CallReport
+
+
+def context_call(
+    requester: Requester, runtime: Runtime, services: Services, history: Sequence[Mapping[str, Any]] = ()
+) -> ContextCall:
+    """The caller's context identity: the client key's hash, ``X-Cognitive-Session`` and
+    ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
+    ``IdentityError`` for an id that is not an opaque short name."""
+    identity = Identity(
+        namespace_of(requester.caller.id),
+        check_id(requester.session, SESSION_HEADER),
+        check_id(requester.user, USER_HEADER),
+    )
+    directives = {d.strip().lower() for d in requester.cache_control.split(",")}
+    cache = runtime.policy.cache
+    return ContextCall(
+        QuotaStore(services.context_store, ClientQuota(cache.client_max_entries, cache.client_max_bytes)),
+        identity,
+        history,
+        bypass_cache=bool(directives & BYPASS_DIRECTIVES),
+        matcher=services.redact,
+    )
+
+
+@dataclass
+class Spent:
+    """Tokens and cost of a composite's steps, settled with the request's own."""
+
+    tokens: int = 0
+    usd: float = 0.0
+
+
+def _step_runner(
+    call: ModuleCall, services: Services, spent: Spent
+) -> Callable[[Call], Awaitable[ModuleAnswer]]:
+    """``run_module`` for the steps of a composite, each recorded like a module answer of its own
+    (metrics, cost, review); the composite's own call is recorded once, by ``answer_module``."""
+    top, policy, metrics = call.module, call.runtime.policy, services.metrics
+    who = call.requester.caller
+
+    async def run(step: Call) -> ModuleAnswer:
+        answer = await run_module(step)
+        if step.module.name != top.name:
+            record_module_answer(metrics, policy, answer)
+            spent.tokens += record_module_cost(metrics, policy, answer, who.label)
+            spent.usd += answer.cost.usd
+            metrics.composition_steps.labels(top.name, step.module.name, answer.decision).inc()
+            if answer.decision == "review":
+                await call.runtime.review.submit(
+                    review_record(
+                        step.module.name,
+                        step.module.tier,
+                        step.trace_id,
+                        answer.decision,
+                        answer.envelope,
+                        who.id,
+                    )
+                )
+        return answer
+
+    return run
+
+
+async def _run(
+    call: ModuleCall, services: Services, context: ContextCall, top_rung: int | None, spent: Spent
+) -> ModuleAnswer:
+    """The module call (a composite's steps included), with any unexpected exception turned into
+    E4000 (logged with its trace id)."""
+    runtime, module, trace_id = call.runtime, call.module, call.requester.trace_id
+    try:
+        pipeline_call = Call(
+            module,
+            call.value,
+            runtime.policy,
+            runtime.providers,
+            services.router,
+            trace_id,
+            call.requester.client_key,
+            call.check_input,
+            call.listener,
+            context,
+            top_rung=top_rung,
+            media=call.media,
+            tools=call.tools,
+        )
+        if module.is_composite:
+            runner = _step_runner(call, services, spent)
+            return await Composer(runtime.registry.modules, runner).run(pipeline_call)
+        return await run_module(pipeline_call)
+    except services.edge_errors:
+        raise
+    except Exception:  # asyncio.CancelledError is a BaseException and passes through
+        log.exception("proxy.internal_error", module=module.name, trace_id=trace_id)
+        return finished(internal_error(module), trace_id)
+
+
+async def answer_module(call: ModuleCall, services: Services) -> Answered:
+    """Run one module call and record it (metrics, cost, limits, feedback, review when so
+    decided)."""
+    module, runtime, requester = call.module, call.runtime, call.requester
+    try:
+        context = context_call(requester, runtime, services, call.history)
+    except IdentityError as exc:
+        refused = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
+        return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))
+    top_rung = await call.limits.admit(runtime.policy, call.value)
+    spent = Spent()
+    answer = await _run(call, services, context, top_rung, spent)
+    fields: dict[str, Any] = {} if answer.cache is None else {"cache": answer.cache}
+    fields.update(
+        tier=module.tier,
+        decision=answer.decision,
+        confidence=answer.meta.get("confidence"),
+        risk=answer.meta.get("risk"),
+        attempts=len(answer.attempts),
+        target=answer.answered_by or None,
+    )
+    outcome = record_module_answer(services.metrics, runtime.policy, answer)
+    tokens = record_module_cost(services.metrics, runtime.policy, answer, requester.caller.label)
+    await call.limits.settle(tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
+    remembered = answer_record(answer, module, runtime.policy, requester.trace_id, requester.caller.id)
+    if remembered is not None:
+        services.feedback.remember(remembered, runtime.policy.feedback.max_entries)
+    if answer.decision == "review":
+        await runtime.review.submit(
+            review_record(
+                module.name,
+                module.tier,
+                requester.trace_id,
+                answer.decision,
+                answer.envelope,
+                requester.caller.id,
+            )
+        )
+    return Answered(answer, CallReport(module.name, outcome, answer.upstream_s, fields))

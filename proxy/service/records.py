@@ -1,0 +1,37 @@
+"""What a module answer leaves for ``POST /v1/feedback``: its answer record."""
+
+from __future__ import annotations
+
+import time
+
+from proxy.module.model import Module
+from proxy.pipeline import ModuleAnswer
+from proxy.policy.model import Policy
+from proxy.state.feedback import AnswerRecord
+
+
+def answer_record(
+    answer: ModuleAnswer, module: Module, policy: Policy, trace_id: str, client: str
+) -> AnswerRecord | None:
+    """The record of a module answer a model produced (None when no model answered)."""
+    final = answer.final
+    if final is None or final.confidence is None or not trace_id:
+        return None
+    provider, _, model = final.target.partition("/")
+    now = time.time()
+    return AnswerRecord(
+        trace_id=trace_id,
+        module=module.name,
+        tier=module.tier,
+        rung=final.rung,
+        provider=provider,
+        model=model,
+        confidence=final.confidence,
+        calibrated=final.confidence if final.calibrated is None else final.calibrated,
+        risk=str(final.risk),
+        decision=answer.decision,
+        min_confidence=policy.thresholds_for(module.name, module.tier).min_confidence,
+        at=now,
+        expires=now + policy.feedback.window_s,
+        client=client,
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from proxy.api.errors import ApiError, Handler, json_response
+from proxy.api.errors import ApiError, json_response
 from proxy.api.feedback import answer_record
 from proxy.api.instrument import record_module_answer, record_module_cost
 from proxy.api.media import media_env
@@ -295,19 +295,3 @@ async def get_module(request: web.Request) -> web.Response:
             return json_response(_unavailable_summary(unavailable))
         return module_not_found(name, runtime, request)
     return json_response({"id": module.name, "object": "module", **module.summary(), "available": True})
-
-
-def method_not_allowed(*allowed: str) -> Handler:
-    """A handler for the other methods of a route the proxy owns: 405 with ``Allow``, instead of
-    falling through to the ``/v1/*`` passthrough."""
-    allow = ", ".join(allowed)
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        raise ApiError(
-            405,
-            f"{request.method} is not allowed on {request.path}; use {allow}",
-            code="method_not_allowed",
-            headers={"Allow": allow},
-        )
-
-    return handler

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.api.access import ANY_METHOD, ROUTE_INDEX
 from proxy.api.openapi import OPENAPI_VERSION, document
 from proxy.app import build_app
 from proxy.schemas import load
@@ -18,12 +19,14 @@ TEMPLATED = "/v1/modules/{name}/execute"
 
 
 def own_routes() -> set[tuple[str, str]]:
+    """The operations of the route table, as the router names their paths (the passthrough's
+    catch-all is no operation of the proxy's own)."""
     app = build_app(Settings(policy_path=Path("unused.yaml"), module_dirs=()))
     return {
-        (route.method, route.resource.canonical)  # type: ignore[union-attr]
-        for route in app.router.routes()
-        # "*": the 405 refusals of the other methods on the proxy's own routes, not operations
-        if route.method not in ("HEAD", "*") and not route.resource.canonical.startswith("/v1/{")  # type: ignore[union-attr]
+        (method, resource.canonical)
+        for resource, route in app[ROUTE_INDEX].items()
+        for method in route.methods
+        if method != ANY_METHOD
     }
 
 

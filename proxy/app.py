@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import structlog
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.api import quota, routes, streaming
+from proxy.api.access import Route
 from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget
 from proxy.api.errors import error_middleware
@@ -235,8 +236,9 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
     quota.add_ratelimit_headers(request, response)
 
 
-def build_app(settings: Settings) -> web.Application:
-    """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
+def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web.Application:
+    """The proxy as an ``web.Application`` serving ``table`` (``proxy.api.routes``); resources open
+    and close with ``cleanup_ctx``."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[edge_middleware])
     app[BROWSER_GUARD] = guards_browsers(settings)
     app.on_response_prepare.append(_on_response_prepare)
@@ -250,7 +252,7 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx])
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
-    routes.register(app, routes.ROUTES)
+    routes.register(app, table)
     return app
 
 

@@ -29,6 +29,8 @@ CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 class Sample:
     """A request a row answers, and its status once a key opens the row."""
 
+    scope: Scope
+    """Pinned here, not read from the row: a row whose scope changes fails this walk."""
     method: str
     target: str
     admitted: int
@@ -36,21 +38,25 @@ class Sample:
 
 
 SAMPLES: dict[str, Sample] = {
-    "/v1/chat/completions": Sample("POST", "/v1/chat/completions", 200, CHAT),
-    "/v1/models": Sample("GET", "/v1/models", 200),
-    "/v1/models/{model:.+}": Sample("GET", "/v1/models/gpt-4o-mini", 200),
-    EXECUTE_ROUTE: Sample("POST", "/v1/modules/nope/execute", 404, {"input": {}}),
-    "/v1/modules": Sample("GET", "/v1/modules", 200),
-    "/v1/modules/{name}": Sample("GET", "/v1/modules/code-reviewer", 200),
-    "/v1/feedback": Sample("POST", "/v1/feedback", 404, {"trace_id": "t-1", "verdict": "correct"}),
-    "/v1/capabilities": Sample("GET", "/v1/capabilities", 200),
-    "/healthz": Sample("GET", "/healthz", 200),
-    "/readyz": Sample("GET", "/readyz", 200),
-    "/metrics": Sample("GET", "/metrics", 200),
-    "/openapi.json": Sample("GET", "/openapi.json", 200),
-    "/v1/responses": Sample("POST", "/v1/responses", 200, {"model": "gpt-4o-mini", "input": "hi"}),
-    "/v1/usage": Sample("GET", "/v1/usage?client=nobody", 404),
-    r"/v1/{tail:[\s\S]*}": Sample("POST", "/v1/embeddings", 200, {"model": "e", "input": "x"}),
+    "/v1/chat/completions": Sample(Scope.CLIENT, "POST", "/v1/chat/completions", 200, CHAT),
+    "/v1/models": Sample(Scope.CLIENT, "GET", "/v1/models", 200),
+    "/v1/models/{model:.+}": Sample(Scope.CLIENT, "GET", "/v1/models/gpt-4o-mini", 200),
+    EXECUTE_ROUTE: Sample(Scope.CLIENT, "POST", "/v1/modules/nope/execute", 404, {"input": {}}),
+    "/v1/modules": Sample(Scope.CLIENT, "GET", "/v1/modules", 200),
+    "/v1/modules/{name}": Sample(Scope.CLIENT, "GET", "/v1/modules/code-reviewer", 200),
+    "/v1/feedback": Sample(
+        Scope.CLIENT_OR_ADMIN, "POST", "/v1/feedback", 404, {"trace_id": "t-1", "verdict": "correct"}
+    ),
+    "/v1/capabilities": Sample(Scope.CLIENT, "GET", "/v1/capabilities", 200),
+    "/healthz": Sample(Scope.PUBLIC, "GET", "/healthz", 200),
+    "/readyz": Sample(Scope.PUBLIC, "GET", "/readyz", 200),
+    "/metrics": Sample(Scope.PUBLIC, "GET", "/metrics", 200),
+    "/openapi.json": Sample(Scope.CLIENT, "GET", "/openapi.json", 200),
+    "/v1/responses": Sample(
+        Scope.CLIENT, "POST", "/v1/responses", 200, {"model": "gpt-4o-mini", "input": "hi"}
+    ),
+    "/v1/usage": Sample(Scope.ADMIN, "GET", "/v1/usage?client=nobody", 404),
+    r"/v1/{tail:[\s\S]*}": Sample(Scope.CLIENT, "POST", "/v1/embeddings", 200, {"model": "e", "input": "x"}),
 }
 ADMITTED = "admitted"
 REFUSALS: dict[Scope, dict[str, tuple[int, str] | str]] = {
@@ -112,8 +118,8 @@ def keyed_proxy(fake_upstream: FakeUpstream, tmp_path: Path, **options: Any) -> 
     )
 
 
-def test_every_row_has_a_sample() -> None:
-    assert set(SAMPLES) == {route.path for route in ROUTES}
+def test_every_row_has_a_sample_and_its_pinned_scope() -> None:
+    assert {route.path: route.scope for route in ROUTES} == {path: s.scope for path, s in SAMPLES.items()}
 
 
 async def test_every_route_with_every_key(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
@@ -124,7 +130,7 @@ async def test_every_route_with_every_key(fake_upstream: FakeUpstream, tmp_path:
         for route in ROUTES:
             sample = SAMPLES[route.path]
             for who, key in KEYS.items():
-                expected = REFUSALS[route.scope][who]
+                expected = REFUSALS[sample.scope][who]
                 status, body, _ = await call(session, px, sample.method, sample, key)
                 if expected == ADMITTED:
                     if status != sample.admitted:
@@ -135,7 +141,7 @@ async def test_every_route_with_every_key(fake_upstream: FakeUpstream, tmp_path:
                 elif (status, error_code(route, body)) != expected:
                     wrong.append((route.path, who, status, body))
             if "GET" in route.methods:
-                status, body, _ = await call(session, px, "HEAD", sample, OPENING_KEY[route.scope])
+                status, body, _ = await call(session, px, "HEAD", sample, OPENING_KEY[sample.scope])
                 if (status, body) != (sample.admitted, b""):
                     wrong.append((route.path, "HEAD", status, body))
     assert wrong == []
@@ -150,7 +156,7 @@ async def test_a_method_a_row_does_not_list(fake_upstream: FakeUpstream, tmp_pat
                 continue
             sample = SAMPLES[route.path]
             fake_upstream.reset()
-            status, body, answer = await call(session, px, "DELETE", sample, OPENING_KEY[route.scope])
+            status, body, answer = await call(session, px, "DELETE", sample, OPENING_KEY[sample.scope])
             if route.shares_path:
                 key_opens = route.scope is not Scope.ADMIN  # the admin key is no client key
                 assert status == (404 if key_opens else 401), (route.path, body)
@@ -174,7 +180,7 @@ async def test_a_new_admin_row_is_closed_to_a_client_key_without_handler_code(
     extra = Route("/v1/secret", ("GET",), Scope.ADMIN, secret)
     table = (*ROUTES[:-1], extra, ROUTES[-1])
     async with keyed_proxy(fake_upstream, tmp_path, table=table) as px, aiohttp.ClientSession() as session:
-        sample = Sample("GET", "/v1/secret", 200)
+        sample = Sample(Scope.ADMIN, "GET", "/v1/secret", 200)
         assert (await call(session, px, "GET", sample, None))[0] == 401
         assert (await call(session, px, "GET", sample, CLIENT))[0] == 403
         assert (await call(session, px, "GET", sample, ADMIN))[:2] == (200, {"secret": True})

@@ -49,11 +49,15 @@ class Route:
     """Also served on the probe listener (``--admin-port``)."""
     allowed: frozenset[str] = field(init=False)
     allow_header: str = field(init=False)
+    template: str = field(init=False)
+    """The path as the router names it (``/v1/models/{model}``): metric labels, OpenAPI paths."""
 
     def __post_init__(self) -> None:
         methods = (*self.methods, hdrs.METH_HEAD) if hdrs.METH_GET in self.methods else self.methods
         object.__setattr__(self, "allowed", frozenset(methods))
         object.__setattr__(self, "allow_header", ", ".join(dict.fromkeys(methods)))
+        template = web.DynamicResource(self.path).canonical if "{" in self.path else self.path
+        object.__setattr__(self, "template", template)
 
     def takes(self, method: str) -> bool:
         return ANY_METHOD in self.allowed or method in self.allowed

@@ -56,7 +56,6 @@ class RequestRecord:
 
 
 RECORD_KEY = web.RequestKey("record", RequestRecord)
-QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}\Z")  # \Z: "$" also matches before a final newline
@@ -125,7 +124,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         check_target_form(request)
         route = route_of(request)
         bind_trace(request, route)
-        return await _observed(request, handler, route)
+        return await _observed(request, handler, route, route_of_request(request))
     except BaseException as exc:
         if route_of(request) in MODULE_ROUTES:
             return _module_refusal(request, api_error_of(request, exc))
@@ -140,15 +139,17 @@ def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
     return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
 
 
-async def _observed(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
+async def _observed(
+    request: web.Request, handler: Handler, route: str, row: Route | None
+) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
-    canonical log line per request."""
+    canonical log line per request (quiet for the probe routes: polled every few seconds)."""
     started = time.perf_counter()
     record = RequestRecord()
     request[RECORD_KEY] = record
     status = 500
     try:
-        response = await _admitted(request, handler)
+        response = await _admitted(request, handler, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -172,7 +173,7 @@ async def _observed(request: web.Request, handler: Handler, route: str) -> web.S
                 "overhead_ms": round(overhead * 1000, 3),
                 **record.fields,
             },
-            quiet=route in QUIET_ROUTES,
+            quiet=row is not None and row.probe,
         )
 
 
@@ -191,14 +192,13 @@ async def expect_continue(request: web.Request) -> None:
         request.writer.output_size = 0  # the answer's own body has not started
 
 
-async def _admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _admitted(request: web.Request, handler: Handler, route: Route | None) -> web.StreamResponse:
     """The browser guard, the route's scope, then the handler holding a body-budget reservation;
     a method the route's row does not list is refused just before the handler would run."""
     app = request.app
     settings = app[SETTINGS]
     if app[BROWSER_GUARD]:
         check_browser(request)
-    route = route_of_request(request)
     authenticate(request, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes

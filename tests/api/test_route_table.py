@@ -9,11 +9,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from structlog.testing import capture_logs
 from yarl import URL
 
 from proxy.api.access import ANY_METHOD, Route, Scope
 from proxy.api.refusals import EXECUTE_ROUTE
-from proxy.api.routes import ROUTES
+from proxy.api.routes import PROBE_ROUTES, ROUTES
 from proxy.contract.errors import Code
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import RunningProxy, running_proxy, upstream_policy
@@ -255,3 +256,14 @@ async def test_another_method_on_the_admin_route_is_no_way_past_client_auth(
                 assert answer.status == 401, method
                 assert (await answer.json())["error"]["code"] == "invalid_api_key"
     assert fake_upstream.requests == []
+
+
+async def test_the_probe_rows_log_quietly(proxy: RunningProxy) -> None:
+    """A probe row's request line is a debug line (polled every few seconds); others are info."""
+    async with aiohttp.ClientSession() as session:
+        with capture_logs() as logs:
+            for route in PROBE_ROUTES:
+                assert (await session.get(proxy.url + route.path)).status == 200
+            assert (await session.get(proxy.url + "/v1/models")).status == 200
+    lines = [line["log_level"] for line in logs if line["event"] == "proxy.request"]
+    assert lines.count("info") == 1 and lines[-1] == "info", lines

@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import (
-    chat,
-    execute,
-    feedback,
-    meta,
-    modules,
-    openapi,
-    passthrough,
-    quota,
-    responses,
-    streaming,
-)
+from proxy.api import quota, routes, streaming
+from proxy.api.access import Route
 from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget
-from proxy.api.errors import Handler, error_middleware
+from proxy.api.errors import error_middleware
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import echo_trace_id, edge_middleware, expect_continue
-from proxy.api.refusals import EXECUTE_ROUTE
+from proxy.api.middleware import echo_trace_id, edge_middleware
 from proxy.api.state import (
     CONTEXT_STORE,
     FEEDBACK,
@@ -50,7 +39,7 @@ from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
-from proxy.server import SERVER_OPTIONS, EdgeRunner, admin_guard, settle_heap
+from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
@@ -66,8 +55,8 @@ from proxy.upstream.router import Router
 
 log = structlog.get_logger("proxy.app")
 
-ADMIN_MAX_BODY_BYTES = 1024
-"""The admin routes take no body: anything larger is refused unread (413)."""
+PROBE_MAX_BODY_BYTES = 1024
+"""The probe listener's routes take no body: anything larger is refused unread (413)."""
 
 
 def load_runtime(
@@ -246,8 +235,9 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
     quota.add_ratelimit_headers(request, response)
 
 
-def build_app(settings: Settings) -> web.Application:
-    """The proxy as an ``web.Application``; resources open and close with ``cleanup_ctx``."""
+def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web.Application:
+    """The proxy as an ``web.Application`` serving ``table`` (``proxy.api.routes``); resources open
+    and close with ``cleanup_ctx``."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[edge_middleware])
     app[BROWSER_GUARD] = guards_browsers(settings)
     app.on_response_prepare.append(_on_response_prepare)
@@ -258,42 +248,10 @@ def build_app(settings: Settings) -> web.Application:
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
     app[MEDIA_CACHES] = MediaCaches()
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
-    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _admin_ctx])
+    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx])
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
-    app.router.add_post("/v1/chat/completions", chat.chat_completions, expect_handler=expect_continue)
-    app.router.add_get("/v1/models", meta.list_models, expect_handler=expect_continue)
-    app.router.add_get("/v1/models/{model:.+}", meta.retrieve_model, expect_handler=expect_continue)
-    # The module routes are the proxy's own: other methods get 405, not the passthrough's 404.
-    app.router.add_post(EXECUTE_ROUTE, execute.execute, expect_handler=expect_continue)
-    app.router.add_route(
-        "*", EXECUTE_ROUTE, modules.method_not_allowed("POST"), expect_handler=expect_continue
-    )
-    app.router.add_get("/v1/modules", modules.list_modules, expect_handler=expect_continue)
-    app.router.add_route(
-        "*", "/v1/modules", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
-    )
-    app.router.add_get("/v1/modules/{name}", modules.get_module, expect_handler=expect_continue)
-    app.router.add_route(
-        "*", "/v1/modules/{name}", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
-    )
-    app.router.add_post("/v1/feedback", feedback.post_feedback, expect_handler=expect_continue)
-    app.router.add_route(
-        "*", "/v1/feedback", modules.method_not_allowed("POST"), expect_handler=expect_continue
-    )
-    app.router.add_get("/v1/capabilities", meta.capabilities, expect_handler=expect_continue)
-    app.router.add_route(
-        "*", "/v1/capabilities", modules.method_not_allowed("GET", "HEAD"), expect_handler=expect_continue
-    )
-    app.router.add_get("/healthz", meta.healthz, expect_handler=expect_continue)
-    app.router.add_get("/readyz", meta.readyz, expect_handler=expect_continue)
-    app.router.add_get("/metrics", meta.metrics, expect_handler=expect_continue)
-    app.router.add_get("/openapi.json", openapi.openapi, expect_handler=expect_continue)
-    app.router.add_post("/v1/responses", responses.create_response, expect_handler=expect_continue)
-    app.router.add_get(quota.USAGE_PATH, quota.usage, expect_handler=expect_continue)
-    # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
-    # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
-    app.router.add_route("*", r"/v1/{tail:[\s\S]*}", passthrough.catch_all, expect_handler=expect_continue)
+    routes.register(app, table)
     return app
 
 
@@ -304,36 +262,28 @@ async def _share_metrics_ctx(app: web.Application) -> AsyncIterator[None]:
     sharing.cancel()
 
 
-ADMIN_ROUTES: dict[str, Handler] = {
-    "/healthz": meta.healthz,
-    "/readyz": meta.readyz,
-    "/metrics": meta.metrics,
-}
-"""Everything the admin listener serves: probes and Prometheus, never the keyed LLM API."""
+def build_probe_app(app: web.Application) -> web.Application:
+    """The probe listener's application (``--admin-port``): the main app's health, readiness and
+    metrics handlers (``routes.PROBE_ROUTES``) on the same runtime and registry; every other path
+    is a 404 in OpenAI's format."""
+    probe = web.Application(middlewares=[error_middleware], client_max_size=PROBE_MAX_BODY_BYTES)
+    probe[RUNTIME] = app[RUNTIME]
+    probe[METRICS] = app[METRICS]
+    probe[SETTINGS] = app[SETTINGS]
+    if OUTBOX in app:  # built in _state_ctx, which starts before _probe_ctx
+        probe[OUTBOX] = app[OUTBOX]
+    routes.register_probes(probe)
+    return probe
 
 
-def build_admin_app(app: web.Application) -> web.Application:
-    """The admin listener's application: the main app's health, readiness and metrics
-    handlers on the same runtime and registry; every other path is a 404 in OpenAI's format."""
-    admin = web.Application(middlewares=[error_middleware], client_max_size=ADMIN_MAX_BODY_BYTES)
-    admin[RUNTIME] = app[RUNTIME]
-    admin[METRICS] = app[METRICS]
-    admin[SETTINGS] = app[SETTINGS]
-    if OUTBOX in app:  # built in _state_ctx, which starts before _admin_ctx
-        admin[OUTBOX] = app[OUTBOX]
-    for path, handler in ADMIN_ROUTES.items():
-        admin.router.add_get(path, handler)
-    return admin
-
-
-async def _admin_ctx(app: web.Application) -> AsyncIterator[None]:
-    """``--admin-port``: the admin listener on ``--admin-host`` (the pod IP in Kubernetes)."""
+async def _probe_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``--admin-port``: the probe listener on ``--admin-host`` (the pod IP in Kubernetes)."""
     settings = app[SETTINGS]
     if settings.admin_port is None:
         yield
         return
     runner = EdgeRunner(
-        build_admin_app(app), admin_guard(settings, app[METRICS]), access_log=None, **SERVER_OPTIONS
+        build_probe_app(app), probe_guard(settings, app[METRICS]), access_log=None, **SERVER_OPTIONS
     )
     await runner.setup()
     await web.TCPSite(

@@ -52,9 +52,9 @@ FD_HEADROOM = 64
 Redis, log and policy files, DNS."""
 DEFAULT_MAX_CONNECTIONS = 10_000
 """Used when the open-file limit is unlimited or larger than this needs."""
-ADMIN_MAX_CONNECTIONS = 64
-"""The admin listener's own cap: probes and Prometheus need a handful, and a flood of the API
-port must not starve the probes (nor the other way round)."""
+PROBE_MAX_CONNECTIONS = 64
+"""The probe listener's own cap (``--admin-port``): probes and Prometheus need a handful, and a
+flood of the API port must not starve the probes (nor the other way round)."""
 _REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
 
 
@@ -65,7 +65,7 @@ def max_connections(settings: Settings) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return DEFAULT_MAX_CONNECTIONS
-    spare = soft - settings.pool_size - FD_HEADROOM - ADMIN_MAX_CONNECTIONS
+    spare = soft - settings.pool_size - FD_HEADROOM - PROBE_MAX_CONNECTIONS
     return max(1, min(DEFAULT_MAX_CONNECTIONS, spare))
 
 
@@ -324,8 +324,9 @@ def api_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
     return ConnectionGuard("api", max_connections(settings), settings.client_read_timeout_s, metrics)
 
 
-def admin_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
-    return ConnectionGuard("admin", ADMIN_MAX_CONNECTIONS, settings.client_read_timeout_s, metrics)
+def probe_guard(settings: Settings, metrics: Metrics) -> ConnectionGuard:
+    # "admin": the listener's label in metrics and logs, named after its flag (--admin-port).
+    return ConnectionGuard("admin", PROBE_MAX_CONNECTIONS, settings.client_read_timeout_s, metrics)
 
 
 GC_THRESHOLDS: Final = (10_000, 50, 100)

@@ -23,6 +23,8 @@ import yaml
 from aiohttp import web
 from pydantic import BaseModel
 
+from proxy.api.access import Route
+from proxy.api.routes import ROUTES
 from proxy.api.state import ROUTER
 from proxy.app import build_app
 from proxy.policy.loader import DEFAULT_TIERS
@@ -91,12 +93,18 @@ def record_router_sleeps(px: RunningProxy, monkeypatch: pytest.MonkeyPatch) -> R
 
 @asynccontextmanager
 async def running_proxy(
-    tmp_path: Path, policy: dict[str, Any], *, modules: tuple[Path, ...] = (MODULES,), **settings: Any
+    tmp_path: Path,
+    policy: dict[str, Any],
+    *,
+    modules: tuple[Path, ...] = (MODULES,),
+    table: tuple[Route, ...] = ROUTES,
+    **settings: Any,
 ) -> AsyncIterator[RunningProxy]:
-    """Write ``policy`` to disk and serve the proxy on 127.0.0.1 (random port) as `serve` does."""
+    """Write ``policy`` to disk and serve the proxy on 127.0.0.1 (random port) as `serve` does
+    (``table``: its routes)."""
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(json.loads(json.dumps(policy))))
-    app = build_app(Settings(policy_path=policy_path, module_dirs=modules, port=0, **settings))
+    app = build_app(Settings(policy_path=policy_path, module_dirs=modules, port=0, **settings), table)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -10,16 +10,16 @@ answers carry the trace id. A second verdict replaces the first.
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from proxy.api.access import ADMIN_CALLER
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
-from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_ID_PATTERN
-from proxy.api.state import FEEDBACK, METRICS, SETTINGS, runtime_of
+from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
+from proxy.api.state import FEEDBACK, METRICS, runtime_of
 from proxy.service.instrument import record_verdict
 from proxy.state.feedback import AnswerRecord, with_verdict
 
@@ -82,18 +82,11 @@ def _parse(body: dict[str, Any]) -> Verdict:
     )
 
 
-def _is_admin(request: web.Request) -> bool:
-    token = request[CLIENT_KEY]
-    return token is not None and any(
-        hmac.compare_digest(token.encode(), k.encode()) for k in request.app[SETTINGS].admin_keys
-    )
-
-
 async def _record_for(request: web.Request, asked: Verdict) -> AnswerRecord | None:
     """The caller's own record of the trace id; for an admin key, the one client's record
     (``client`` names it when several carry the trace id)."""
     store = request.app[FEEDBACK]
-    if not _is_admin(request):
+    if not request[ADMIN_CALLER]:  # set by the edge: the route's scope takes an admin key
         if asked.client is not None:
             raise ApiError(
                 400,

@@ -1,6 +1,7 @@
 """The API's one middleware, ``edge_middleware``, and the steps it runs in this order: error
 mapping (outermost), the request-target check, the trace id, observation (metrics and the one
-log line), the browser guard, client auth, and the body budget's reservation.
+log line), the browser guard, the route's scope (``proxy.api.access``), the body budget's
+reservation, and the route's methods.
 
 One middleware instead of a chain: each layer of aiohttp's chain is a coroutine frame and a call
 per request; the steps are plain functions here.
@@ -9,7 +10,6 @@ per request; the steps are plain functions here.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 import secrets
 import time
@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
+from proxy.api.access import ADMIN_CALLER, Route, check_method, check_scope, route_of_request
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
@@ -55,7 +56,6 @@ class RequestRecord:
 
 
 RECORD_KEY = web.RequestKey("record", RequestRecord)
-QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/=+-]{1,128}\Z")  # \Z: "$" also matches before a final newline
@@ -63,11 +63,6 @@ TRACE_ID_BYTES = 16
 """128 random bits: a W3C trace id's size."""
 TRACE_ID_PATTERN = _REQUEST_ID
 """Every trace id the proxy hands out matches it (a traceparent's 32 hex digits included)."""
-UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-ADMIN_PATHS = frozenset({"/v1/usage"})
-ADMIN_JUDGED_PATHS = frozenset({"/v1/feedback"})
-"""Client routes an admin key may also call (judging any answer); an admin key opens nothing else."""
-"""Authorised by an admin key in their handler (``proxy.api.quota``), never by a client key."""
 
 
 def trace_id_of(request: web.Request) -> str:
@@ -107,26 +102,13 @@ def bearer_of(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def authenticate(request: web.Request, settings: Settings) -> None:
-    """When client keys are configured, demand one of them as a bearer token (constant-time); an
-    admin key counts only on ``ADMIN_JUDGED_PATHS``."""
-    keys = settings.api_keys
+def authenticate(request: web.Request, route: Route | None, settings: Settings) -> None:
+    """Who the caller is, and whether its key opens ``route`` (its row's scope, ``check_scope``)."""
     token = request[CLIENT_KEY] = bearer_of(request)
     # Identities come from the keys file with the keys; an embedder naming identities alone keys them too.
-    keyed = bool(keys or settings.client_identities)
+    keyed = bool(settings.api_keys or settings.client_identities)
     request[CALLER] = caller_of(token, settings.client_identities, keyed=keyed)
-    if keys and request.path not in UNAUTHENTICATED_PATHS and request.path not in ADMIN_PATHS:
-        presented = (token or "").encode()
-        admin_here = request.path in ADMIN_JUDGED_PATHS and any(
-            hmac.compare_digest(presented, key.encode()) for key in settings.admin_keys
-        )
-        if not admin_here and not any(hmac.compare_digest(presented, key.encode()) for key in keys):
-            raise ApiError(
-                401,
-                "Missing or invalid API key for this proxy (Authorization: Bearer ...)",
-                "authentication_error",
-                "invalid_api_key",
-            )
+    request[ADMIN_CALLER] = check_scope(request, route, token, settings)
 
 
 def route_of(request: web.Request) -> str:
@@ -142,7 +124,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         check_target_form(request)
         route = route_of(request)
         bind_trace(request, route)
-        return await _observed(request, handler, route)
+        return await _observed(request, handler, route, route_of_request(request))
     except BaseException as exc:
         if route_of(request) in MODULE_ROUTES:
             return _module_refusal(request, api_error_of(request, exc))
@@ -157,15 +139,17 @@ def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
     return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
 
 
-async def _observed(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
+async def _observed(
+    request: web.Request, handler: Handler, route: str, row: Route | None
+) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
-    canonical log line per request."""
+    canonical log line per request (quiet for the probe routes: polled every few seconds)."""
     started = time.perf_counter()
     record = RequestRecord()
     request[RECORD_KEY] = record
     status = 500
     try:
-        response = await _admitted(request, handler)
+        response = await _admitted(request, handler, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -189,7 +173,7 @@ async def _observed(request: web.Request, handler: Handler, route: str) -> web.S
                 "overhead_ms": round(overhead * 1000, 3),
                 **record.fields,
             },
-            quiet=route in QUIET_ROUTES,
+            quiet=row is not None and row.probe,
         )
 
 
@@ -208,18 +192,20 @@ async def expect_continue(request: web.Request) -> None:
         request.writer.output_size = 0  # the answer's own body has not started
 
 
-async def _admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The browser guard, client auth, then the handler holding a body-budget reservation."""
+async def _admitted(request: web.Request, handler: Handler, route: Route | None) -> web.StreamResponse:
+    """The browser guard, the route's scope, then the handler holding a body-budget reservation;
+    a method the route's row does not list is refused just before the handler would run."""
     app = request.app
     settings = app[SETTINGS]
     if app[BROWSER_GUARD]:
         check_browser(request)
-    authenticate(request, settings)
+    authenticate(request, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
         raise ApiError(417, "Expect: only 100-continue is understood", code="expectation_failed")
     reservation = reserve(request)
     try:
+        check_method(request, route)
         return await handler(request)
     finally:
         reservation.release()

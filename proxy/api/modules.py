@@ -8,7 +8,7 @@ import structlog
 from aiohttp import web
 
 from proxy.api.envelopes import not_installed_response, unavailable_response
-from proxy.api.errors import ApiError, Handler, json_response
+from proxy.api.errors import json_response
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
 from proxy.api.state import Runtime, runtime_of
 from proxy.module.resolve import Unavailable
@@ -66,19 +66,3 @@ async def get_module(request: web.Request) -> web.Response:
             return json_response(_unavailable_summary(unavailable))
         return module_not_found(name, runtime, request)
     return json_response({"id": module.name, "object": "module", **module.summary(), "available": True})
-
-
-def method_not_allowed(*allowed: str) -> Handler:
-    """A handler for the other methods of a route the proxy owns: 405 with ``Allow``, instead of
-    falling through to the ``/v1/*`` passthrough."""
-    allow = ", ".join(allowed)
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        raise ApiError(
-            405,
-            f"{request.method} is not allowed on {request.path}; use {allow}",
-            code="method_not_allowed",
-            headers={"Allow": allow},
-        )
-
-    return handler

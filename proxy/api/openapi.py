@@ -9,7 +9,7 @@ The envelope schemas are the shipped ``response-envelope.schema.json``, hoisted 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from proxy import __version__, schemas
+from proxy.api.access import ROUTE_INDEX, Route, Scope
 from proxy.api.errors import json_response
 from proxy.api.state import runtime_of
 from proxy.contract.errors import BY_CODE
@@ -419,19 +420,17 @@ def _client_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
 
 
 def _operational_paths() -> dict[str, Any]:
-    """Health, readiness and metrics: open without a key."""
+    """Health, readiness and metrics (public routes)."""
     return {
         "/healthz": {
             "get": {
                 "operationId": "healthz",
-                "security": [],
                 "responses": {"200": _json(_ref("Health"), "Alive")},
             }
         },
         "/readyz": {
             "get": {
                 "operationId": "readyz",
-                "security": [],
                 "responses": {
                     "200": _json(_ref("Readiness"), "Policy and modules loaded"),
                     "503": _json(_ref("Readiness"), "Still loading, with Retry-After"),
@@ -441,7 +440,6 @@ def _operational_paths() -> dict[str, Any]:
         "/metrics": {
             "get": {
                 "operationId": "metrics",
-                "security": [],
                 "responses": {
                     "200": {
                         "description": "Prometheus text, or OpenMetrics when Accept asks for it",
@@ -463,7 +461,6 @@ def _usage_and_document_paths(api_errors: dict[str, Any]) -> dict[str, Any]:
             "get": {
                 "operationId": "usage",
                 "summary": "A client's current windows and spend (admin keys only)",
-                "security": [{"adminKey": []}],
                 "parameters": [
                     {"name": "client", "in": "query", "required": True, "schema": {"type": "string"}}
                 ],
@@ -524,10 +521,24 @@ def _module_execute(module: Module) -> dict[str, Any]:
     return {"post": operation}
 
 
-def document(modules: Sequence[Module]) -> dict[str, Any]:
-    """The document, with one execute path per installed module (its input schema) and the
-    installed names offered for the ``name`` parameters."""
+_SECURITY: Mapping[Scope, list[dict[str, list[str]]]] = {
+    Scope.PUBLIC: [],
+    Scope.ADMIN: [{"adminKey": []}],
+    Scope.CLIENT_OR_ADMIN: [{}, {"clientKey": []}, {"adminKey": []}],
+}
+"""Each scope's ``security`` (``Scope.CLIENT``: the document's default)."""
+
+
+def document(modules: Sequence[Module], routes: Iterable[Route]) -> dict[str, Any]:
+    """The document, with one execute path per installed module (its input schema), the
+    installed names offered for the ``name`` parameters, and each operation's security from its
+    route's scope (``routes``: the route table)."""
     doc = copy.deepcopy(_base_document())
+    for route in routes:
+        security = _SECURITY.get(route.scope)
+        if security is not None and route.template in doc["paths"]:
+            for operation in doc["paths"][route.template].values():
+                operation["security"] = copy.deepcopy(security)
     if modules:
         schema = {"anyOf": [{"enum": [m.name for m in modules]}, {"type": "string"}]}
         for path in ("/v1/modules/{name}/execute", "/v1/modules/{name}"):
@@ -541,4 +552,5 @@ def document(modules: Sequence[Module]) -> dict[str, Any]:
 async def openapi(request: web.Request) -> web.Response:
     """``GET /openapi.json``."""
     registry = runtime_of(request).registry
-    return json_response(document([registry.modules[name] for name in registry.names()]))
+    modules = [registry.modules[name] for name in registry.names()]
+    return json_response(document(modules, request.app[ROUTE_INDEX].values()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -12,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from proxy.api.errors import ApiError, json_response, retry_after_value
-from proxy.api.middleware import CALLER, bearer_of
+from proxy.api.middleware import CALLER
 from proxy.api.state import METRICS, SETTINGS, runtime_of
 from proxy.clients import Caller
 from proxy.contract.inputs import estimate_tokens
@@ -26,7 +25,6 @@ QUOTA = web.AppKey("quota", Quota)
 ADMISSION = web.RequestKey[Admission | None]("admission")
 """Set by ``admit`` on every request it sees (None without active limits), so ``settle`` reads it
 without ``request.get``'s exception for a missing key."""
-USAGE_PATH = "/v1/usage"
 BYTES_PER_TOKEN = 4
 """The passthrough's token estimate: JSON bytes / 4 (OpenAI's rule of thumb for English)."""
 
@@ -188,17 +186,8 @@ def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) ->
 
 
 async def usage(request: web.Request) -> web.Response:
-    """``GET /v1/usage?client=NAME`` (admin keys only): the client's windows and spend, read
-    without counting."""
-    admin = request.app[SETTINGS].admin_keys
-    presented = (bearer_of(request) or "").encode()
-    if not admin or not any(hmac.compare_digest(presented, key.encode()) for key in admin):
-        raise ApiError(
-            401 if not presented else 403,
-            "GET /v1/usage needs an admin key (--admin-keys), not a client key",
-            "authentication_error" if not presented else "permission_error",
-            "admin_key_required",
-        )
+    """``GET /v1/usage?client=NAME`` (an admin route: ``proxy.api.routes``): the client's windows
+    and spend, read without counting."""
     name = request.query.get("client", "").strip()
     if not name:
         raise ApiError(400, "Name the client: /v1/usage?client=NAME", param="client", code="missing_client")

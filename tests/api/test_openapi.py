@@ -7,10 +7,10 @@ from pathlib import Path
 
 import aiohttp
 
+from proxy.api.access import ANY_METHOD, Scope
 from proxy.api.openapi import OPENAPI_VERSION, document
-from proxy.app import build_app
+from proxy.api.routes import ROUTES
 from proxy.schemas import load
-from proxy.settings import Settings
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import RunningProxy, running_proxy, upstream_policy
 
@@ -18,24 +18,39 @@ TEMPLATED = "/v1/modules/{name}/execute"
 
 
 def own_routes() -> set[tuple[str, str]]:
-    app = build_app(Settings(policy_path=Path("unused.yaml"), module_dirs=()))
-    return {
-        (route.method, route.resource.canonical)  # type: ignore[union-attr]
-        for route in app.router.routes()
-        # "*": the 405 refusals of the other methods on the proxy's own routes, not operations
-        if route.method not in ("HEAD", "*") and not route.resource.canonical.startswith("/v1/{")  # type: ignore[union-attr]
-    }
+    """The operations of the route table (the passthrough's catch-all is no operation of the
+    proxy's own)."""
+    return {(method, route.template) for route in ROUTES for method in route.methods if method != ANY_METHOD}
 
 
 def test_every_own_route_is_documented_and_nothing_else() -> None:
-    documented = {(method.upper(), path) for path, item in document([])["paths"].items() for method in item}
+    documented = {
+        (method.upper(), path) for path, item in document([], ROUTES)["paths"].items() for method in item
+    }
     proxied = {("POST", "/v1/chat/completions"), ("POST", "/v1/responses")}  # the providers' API
     assert documented == own_routes() - proxied
 
 
+def test_each_operations_security_is_its_routes_scope() -> None:
+    doc = document([], ROUTES)
+    default = doc["security"]
+    assert default == [{}, {"clientKey": []}]  # no key needed when the proxy runs without --api-keys
+    expected = {
+        Scope.PUBLIC: [],
+        Scope.CLIENT: default,
+        Scope.ADMIN: [{"adminKey": []}],
+        Scope.CLIENT_OR_ADMIN: [{}, {"clientKey": []}, {"adminKey": []}],
+    }
+    for route in ROUTES:
+        for operation in doc["paths"].get(route.template, {}).values():
+            assert operation.get("security", default) == expected[route.scope], route.path
+    assert doc["paths"]["/v1/usage"]["get"]["security"] == [{"adminKey": []}]
+    assert doc["paths"]["/healthz"]["get"]["security"] == []
+
+
 def test_the_envelope_components_are_the_shipped_schema() -> None:
     shipped = load("response-envelope.schema.json")
-    schemas = document([])["components"]["schemas"]
+    schemas = document([], ROUTES)["components"]["schemas"]
     as_text = json.dumps(schemas)
     assert "#/definitions/" not in as_text
     for name, definition in shipped["definitions"].items():

@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from proxy.api.access import ROUTE_INDEX
 from proxy.app import build_app
 from proxy.settings import Settings
 from tests.deploy.kustomize import pod_spec, render
@@ -40,12 +41,10 @@ def serve_env_vars() -> frozenset[str]:
 
 @cache
 def routes() -> dict[str, frozenset[str]]:
-    """Path -> HTTP methods of the proxy's application, as build_app registers them."""
+    """Path -> HTTP methods of the proxy's application, as build_app registers them and the edge
+    admits them (``proxy.api.routes``)."""
     app = build_app(Settings(policy_path=Path("unused.yaml"), module_dirs=()))
-    table: dict[str, set[str]] = {}
-    for route in app.router.routes():
-        table.setdefault(route.resource.canonical, set()).add(route.method)  # type: ignore[union-attr]
-    return {path: frozenset(methods) for path, methods in table.items()}
+    return {resource.canonical: route.allowed for resource, route in app[ROUTE_INDEX].items()}
 
 
 @cache

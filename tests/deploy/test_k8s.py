@@ -15,7 +15,8 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import ADMIN_ROUTES, build_app
+from proxy.api.routes import PROBE_ROUTES
+from proxy.app import build_app
 from proxy.module.registry import ModuleRegistry
 from proxy.policy.loader import parse_policy
 from proxy.settings import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RELOAD_INTERVAL_S, Settings
@@ -197,7 +198,8 @@ def test_ports_and_probes_match_the_proxy(name: str) -> None:
     assert probes["readinessProbe"]["path"] == "/readyz"
     for kind, probe in probes.items():
         assert "GET" in routes().get(probe["path"], set()), f"{kind}: {probe['path']} is not a route"
-        assert probe["path"] in ADMIN_ROUTES, f"{kind}: {probe['path']} is not served on the admin port"
+        served = {route.path for route in PROBE_ROUTES}
+        assert probe["path"] in served, f"{kind}: {probe['path']} is not served on the probe listener"
         assert ports.get(probe["port"], probe["port"]) == port, f"{kind}: port {probe['port']}"
 
 

@@ -26,6 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from proxy.api.openapi import document
+from proxy.api.routes import ROUTES
 from proxy.module.registry import ModuleRegistry
 from tests.conftest import MODULES, ROOT
 from tests.proxy_server import PIPE_CLOSE_S, Drain, free_port
@@ -82,7 +83,7 @@ def served_url() -> Iterator[str]:
 # Built in-process from the same code the server runs (schemathesis' fixture-based lazy loader
 # does not run under pytest 9); test_the_served_document_is_the_one_fuzzed checks they agree.
 _REGISTRY = ModuleRegistry.load([MODULES])
-DOCUMENT = document([_REGISTRY.modules[name] for name in _REGISTRY.names()])
+DOCUMENT = document([_REGISTRY.modules[name] for name in _REGISTRY.names()], ROUTES)
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 

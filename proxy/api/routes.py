@@ -1,0 +1,73 @@
+"""The route table: every path the proxy serves, its methods, which keys open it (``Scope``) and
+its handler. ``build_app`` registers it, the edge enforces scope and methods from it
+(``proxy.api.access``), the probe listener serves its ``probe`` rows, and ``/openapi.json``
+documents each operation's security from it: a new route is one row, and no handler checks a key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import hdrs, web
+
+from proxy.api import chat, execute, feedback, meta, modules, openapi, passthrough, quota, responses
+from proxy.api.access import ANY_METHOD, ROUTE_INDEX, Route, Scope
+from proxy.api.middleware import expect_continue
+from proxy.api.refusals import EXECUTE_ROUTE
+
+GET, POST = hdrs.METH_GET, hdrs.METH_POST
+
+ROUTES: tuple[Route, ...] = (
+    Route("/v1/chat/completions", (POST,), Scope.CLIENT, chat.chat_completions, shares_path=True),
+    Route("/v1/models", (GET,), Scope.CLIENT, meta.list_models, shares_path=True),
+    Route("/v1/models/{model:.+}", (GET,), Scope.CLIENT, meta.retrieve_model, shares_path=True),
+    Route(EXECUTE_ROUTE, (POST,), Scope.CLIENT, execute.execute),
+    Route("/v1/modules", (GET,), Scope.CLIENT, modules.list_modules),
+    Route("/v1/modules/{name}", (GET,), Scope.CLIENT, modules.get_module),
+    Route("/v1/feedback", (POST,), Scope.CLIENT_OR_ADMIN, feedback.post_feedback),
+    Route("/v1/capabilities", (GET,), Scope.CLIENT, meta.capabilities),
+    Route("/healthz", (GET,), Scope.PUBLIC, meta.healthz, probe=True),
+    Route("/readyz", (GET,), Scope.PUBLIC, meta.readyz, probe=True),
+    Route("/metrics", (GET,), Scope.PUBLIC, meta.metrics, probe=True),
+    Route("/openapi.json", (GET,), Scope.CLIENT, openapi.openapi),
+    Route("/v1/responses", (POST,), Scope.CLIENT, responses.create_response, shares_path=True),
+    Route("/v1/usage", (GET,), Scope.ADMIN, quota.usage, shares_path=True),
+    # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
+    # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
+    Route(r"/v1/{tail:[\s\S]*}", (ANY_METHOD,), Scope.CLIENT, passthrough.catch_all),
+)
+"""In matching order: the router tries the rows top down."""
+
+PROBE_ROUTES: tuple[Route, ...] = tuple(route for route in ROUTES if route.probe)
+"""Everything the probe listener serves: probes and Prometheus, never the keyed LLM API."""
+
+
+def register(app: web.Application, routes: Iterable[Route]) -> None:
+    """Add ``routes`` to ``app``'s router, in order, and index them for the edge. A row that owns
+    its path takes every method at the router (the edge answers the ones it does not list with
+    405); a row sharing its path with the passthrough takes only its own methods."""
+    index: dict[web.AbstractResource, Route] = {}
+    for route in routes:
+        methods = route.methods if route.shares_path else (ANY_METHOD,)
+        for method in methods:
+            index[_add(app, method, route, expect_handler=expect_continue)] = route
+    app[ROUTE_INDEX] = index
+
+
+def register_probes(app: web.Application) -> None:
+    """The probe listener's routes: its rows' own methods (it has no edge: aiohttp answers the
+    others, and every other path, through the listener's error middleware)."""
+    for route in PROBE_ROUTES:
+        for method in route.methods:
+            _add(app, method, route)
+
+
+def _add(app: web.Application, method: str, route: Route, **options: Any) -> web.AbstractResource:
+    """One method of ``route`` on ``app``'s router (GET with HEAD, as ``add_get``); its resource."""
+    if method == hdrs.METH_GET:
+        added = app.router.add_get(route.path, route.handler, **options)
+    else:
+        added = app.router.add_route(method, route.path, route.handler, **options)
+    assert added.resource is not None
+    return added.resource

@@ -11,14 +11,9 @@ import structlog
 from aiohttp import web
 
 from proxy import __version__
-from proxy.api import quota, routes, streaming
+from proxy.api import limits, routes, streaming
 from proxy.api.access import Route
-from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
-from proxy.api.budget import BUDGET, BodyBudget
-from proxy.api.errors import error_middleware
-from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import echo_trace_id, edge_middleware
-from proxy.api.state import (
+from proxy.api.app_keys import (
     CONTEXT_STORE,
     FEEDBACK,
     METRICS,
@@ -31,8 +26,13 @@ from proxy.api.state import (
     Runtime,
     RuntimeHolder,
 )
+from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
+from proxy.api.budget import BUDGET, BodyBudget
+from proxy.api.errors import error_middleware
+from proxy.api.media import MEDIA_CACHES, MediaCaches
+from proxy.api.middleware import echo_trace_id, edge_middleware
 from proxy.context.sanitise import NameMatcher
-from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore, RedisContextStore
+from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
@@ -42,6 +42,7 @@ from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
+from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
@@ -101,7 +102,7 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics = app[METRICS]
     store: BreakerStore = RedisBreakerStore(settings.redis) if settings.redis else MemoryBreakerStore()
     _route_and_watch(app, Breakers(store))
-    limits = app[quota.QUOTA] = quota.Quota.build(
+    limiter = app[limits.LIMITER] = limits.Limiter.build(
         settings.redis,
         settings.replicas_hint * settings.workers,  # with Redis down each worker takes its share
         lambda down: metrics.limits_degraded.set(int(down)),
@@ -124,7 +125,7 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     if outbox is not None:
         await outbox.aclose()
     await store.aclose()
-    await limits.aclose()
+    await limiter.aclose()
 
 
 def _route_and_watch(app: web.Application, breakers: Breakers) -> None:
@@ -232,7 +233,7 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
     """The headers every answer of the API gets just before it is sent: one signal callback (a
     coroutine per answer) for both."""
     echo_trace_id(request, response)
-    quota.add_ratelimit_headers(request, response)
+    limits.add_ratelimit_headers(request, response)
 
 
 def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web.Application:

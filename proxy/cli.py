@@ -42,7 +42,7 @@ from proxy.module.registry import ModuleRegistry
 from proxy.module.scaffold import ScaffoldError, scaffold
 from proxy.observability.logbuffer import DEFAULT_FLUSH_INTERVAL_S, MAX_FLUSH_INTERVAL_S
 from proxy.observability.logging import configure_logging
-from proxy.pipeline import Call, ModuleAnswer, run_module
+from proxy.pipeline import ModuleAnswer, ModuleRun, run_module
 from proxy.policy.decide import Meta
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import MediaPolicy, Policy
@@ -257,7 +257,7 @@ async def _run_with_policy(
     composite's steps from ``modules``)."""
     async with upstream_session() as session:
         router = Router(Breakers(MemoryBreakerStore()))
-        call = Call(module, value, policy, build_providers(policy, session), router)
+        call = ModuleRun(module, value, policy, build_providers(policy, session), router)
         return await Composer(modules, run_module).run(call)
 
 
@@ -915,7 +915,7 @@ async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcom
         providers = build_providers(policy, session)
         router = Router(Breakers(MemoryBreakerStore()))
         for case in cases:
-            answer = await composer.run(Call(module, case.input, policy, providers, router))
+            answer = await composer.run(ModuleRun(module, case.input, policy, providers, router))
             problems = evaluate(case, answer.envelope, answer.decision)
             outcomes.append(CaseOutcome(case.name, tuple(problems), answer.envelope))
     return outcomes

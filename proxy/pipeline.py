@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from proxy.context import cache
-from proxy.context.step import ContextCall, Prepared, emit, prepare
+from proxy.context.step import CallerContext, Prepared, emit, prepare
 from proxy.context.used import ContextUsed
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope
@@ -40,7 +40,7 @@ from proxy.module.tools import denied_tool_calls, network_violation, permitted_t
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
 from proxy.upstream.base import (
-    CallContext,
+    CallInfo,
     Provider,
     ProviderError,
     content_of,
@@ -255,7 +255,7 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class ModuleRun:
     """The fixed inputs of one module call."""
 
     module: Module
@@ -269,7 +269,7 @@ class Call:
     """False for plain-text input: the input schema is skipped; size and depth are still checked."""
     listener: Listener | None = None
     """Set when the answer streams: providers are asked for a stream and the listener sees it."""
-    context: ContextCall | None = None
+    context: CallerContext | None = None
     """The caller's context store and identity (None: no context is built or stored)."""
     top_rung: int | None = None
     """Cap the ladder at this rung (start there at most): ``limits.on_budget: downgrade``."""
@@ -463,7 +463,7 @@ def reask_messages(messages: list[dict[str, Any]], text: str, result: ContractRe
 
 
 async def _complete(
-    provider: Provider, target: Target, timeout: float, body: dict[str, Any], ctx: CallContext
+    provider: Provider, target: Target, timeout: float, body: dict[str, Any], ctx: CallInfo
 ) -> tuple[dict[str, Any], str]:
     reply = await provider.complete(body, target.model, ctx, timeout)
     return reply, content_of(reply)  # no message: a malformed answer, failed over like one
@@ -474,7 +474,7 @@ async def _streamed(
     target: Target,
     timeout: float,
     body: dict[str, Any],
-    ctx: CallContext,
+    ctx: CallInfo,
     listener: Listener,
 ) -> tuple[dict[str, Any], str]:
     listener.attempt()
@@ -561,7 +561,7 @@ class _Attempts:
         )
 
 
-async def run_module(call: Call) -> ModuleAnswer:
+async def run_module(call: ModuleRun) -> ModuleAnswer:
     """Run ``call`` through the ladder and return the decided answer (never raises for
     provider or contract failures: those are envelopes).
 
@@ -613,7 +613,7 @@ async def run_module(call: Call) -> ModuleAnswer:
 
 
 async def _checked_input(
-    call: Call, prepared: Prepared, deadline: float
+    call: ModuleRun, prepared: Prepared, deadline: float
 ) -> tuple[dict[str, Any] | None, tuple[Media, ...]]:
     """The input check, the module's ``policies``, then the media step: the error envelope that
     refuses the call, or the call's validated media (the input is sized with its media stubbed)."""
@@ -628,7 +628,7 @@ async def _checked_input(
     return (found, ()) if isinstance(found, dict) else (None, found)
 
 
-async def _emit(call: Call, prepared: Prepared, answer: ModuleAnswer, started: float) -> ModuleAnswer:
+async def _emit(call: ModuleRun, prepared: Prepared, answer: ModuleAnswer, started: float) -> ModuleAnswer:
     """The emit step: store what an accepted answer emitted; give it (and warnings) to the client."""
     emitted, warnings = await emit(
         answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted
@@ -645,7 +645,7 @@ Asked = Routed[tuple[dict[str, Any], str]]
 class _Ladder:
     """One module call's walk down the rungs: what its asks, re-asks and decisions share."""
 
-    call: Call
+    call: ModuleRun
     thresholds: Thresholds
     capable: list[tuple[Target, ...]]
     """Per usable rung (the whole ladder, or fewer when capped by ``top_rung``): its targets that
@@ -655,7 +655,7 @@ class _Ladder:
     extra: dict[str, Any]
     """What every request body carries besides the messages: the permitted client tools."""
     stripped: tuple[str, ...]
-    ctx: CallContext
+    ctx: CallInfo
     deadline: float
     attempts: _Attempts
     failures: list[ProviderError] = field(default_factory=list)
@@ -711,12 +711,12 @@ class _Ladder:
 
 
 def _start_ladder(
-    call: Call, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
+    call: ModuleRun, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
 ) -> _Ladder:
     module, policy = call.module, call.policy
     rungs = len(policy.ladder) if call.top_rung is None else min(call.top_rung + 1, len(policy.ladder))
     tools, stripped = permitted_tools(module, call.tools)
-    ctx = CallContext(
+    ctx = CallInfo(
         trace_id=call.trace_id,
         client_key=call.client_key,
         module=module,
@@ -753,7 +753,7 @@ def _incapable(module: Module, policy: Policy) -> ModuleAnswer:
 
 
 async def _ladder(
-    call: Call, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
+    call: ModuleRun, prepared: Prepared, thresholds: Thresholds, media: tuple[Media, ...], deadline: float
 ) -> ModuleAnswer:
     """The rungs: provider call -> contract (with re-asks) -> decide, escalating until a decision.
     A rung's targets without the module's capabilities, or that cannot take the call's media, are

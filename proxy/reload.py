@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from proxy.api.state import Runtime, RuntimeHolder
+from proxy.api.app_keys import Runtime, RuntimeHolder
 from proxy.observability.metrics import Metrics
 from proxy.policy.loader import PolicyError
 from proxy.settings import Settings

@@ -39,8 +39,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from proxy.api.app_keys import METRICS
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
-from proxy.api.state import METRICS
 from proxy.observability.logging import log_lines
 from proxy.observability.metrics import Metrics
 from proxy.settings import Settings

@@ -24,8 +24,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from proxy.api.access import Route
+from proxy.api.app_keys import ROUTER
 from proxy.api.routes import ROUTES
-from proxy.api.state import ROUTER
 from proxy.app import build_app
 from proxy.policy.loader import DEFAULT_TIERS
 from proxy.server import SERVER_OPTIONS

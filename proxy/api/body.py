@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.app_keys import SETTINGS
 from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
-from proxy.api.state import SETTINGS
 
 # zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from proxy.api.app_keys import SETTINGS
 from proxy.api.errors import ApiError
-from proxy.api.state import SETTINGS
 from proxy.settings import Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})

@@ -8,11 +8,11 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.api.app_keys import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime
 from proxy.api.errors import ApiError
+from proxy.api.limits import CallLimits
 from proxy.api.media import media_env
 from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_KEY
-from proxy.api.quota import CallLimits
-from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime
 from proxy.context.identity import SESSION_HEADER, USER_HEADER
 from proxy.module.model import Module
 from proxy.pipeline import Listener, ModuleAnswer

@@ -13,17 +13,17 @@ import structlog
 from aiohttp import web
 
 from proxy.api import calls
+from proxy.api.app_keys import METRICS, ROUTER, Runtime, runtime_of
 from proxy.api.body import read_object
 from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
+from proxy.api.limits import admit, caller, estimate_body_tokens, settle
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
-from proxy.api.quota import admit, caller, estimate_body_tokens, settle
-from proxy.api.relay import serve
-from proxy.api.state import METRICS, ROUTER, Runtime, runtime_of
+from proxy.api.relay_answer import serve
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
@@ -32,8 +32,8 @@ from proxy.observability.metrics import NO_MODULE
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
 from proxy.service.instrument import record_cost, record_usage, target_labels, total_tokens
-from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, Request, negotiate
-from proxy.upstream.base import CallContext, Provider, Relayed
+from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, ModeSignals, negotiate
+from proxy.upstream.base import CallInfo, Provider, Relayed
 from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.upstream.sse import StreamCheck
@@ -122,7 +122,7 @@ async def _module_chat(
     try:
         negotiated = negotiate(
             module,
-            Request(header=request.headers.get(MODE_HEADER), accept=SSE if wants_stream else ""),
+            ModeSignals(header=request.headers.get(MODE_HEADER), accept=SSE if wants_stream else ""),
         )
     except BadMode as exc:
         raise ApiError(400, str(exc), code="invalid_response_mode") from exc
@@ -261,14 +261,14 @@ async def _passthrough(
             code="too_deeply_nested",
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
-    ctx = CallContext(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
+    ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
     route = _Route(request, runtime, targets, time.monotonic())
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)
 
 
-async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) -> web.StreamResponse:
+async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> web.StreamResponse:
     """A plain completion: the upstream body as it came, its usage accounted."""
     asked = time.perf_counter()
     try:
@@ -286,7 +286,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallContext) ->
     )
 
 
-async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallContext) -> web.StreamResponse:
+async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> web.StreamResponse:
     """A streamed completion: relayed chunk by chunk within the idle and stream bounds."""
     request, policy = route.request, route.runtime.policy
     timeouts, record = policy.timeouts, request[RECORD_KEY]
@@ -337,7 +337,7 @@ class _Opened:
 
 
 def _relay(
-    provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallContext
+    provider: Provider, target: Target, timeout: float, *, body: dict[str, Any], ctx: CallInfo
 ) -> Awaitable[Relayed]:
     """The router's operation for a plain completion: the provider's own coroutine (no frame of
     its own to wrap it)."""
@@ -350,7 +350,7 @@ async def _open_stream(
     timeout: float,
     *,
     body: dict[str, Any],
-    ctx: CallContext,
+    ctx: CallInfo,
     idle_s: float,
 ) -> _Opened:
     """Start a stream and read it up to its first real chunk: failures up to here (a drop, a stall,

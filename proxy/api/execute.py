@@ -12,13 +12,13 @@ from typing import Any
 from aiohttp import web
 
 from proxy.api import calls
+from proxy.api.app_keys import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.body import read_object
 from proxy.api.envelopes import answer_response, caller_error
 from proxy.api.errors import ApiError
 from proxy.api.frames import framer_for
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
 from proxy.api.modules import module_not_found
-from proxy.api.state import METRICS, SETTINGS, Runtime, runtime_of
 from proxy.api.streaming import (
     BadRecovery,
     recovery_of,
@@ -33,15 +33,15 @@ from proxy.stream.negotiate import (
     MODE_HEADER,
     WARNING_HEADER,
     BadMode,
+    ModeSignals,
     Negotiated,
-    Request,
     negotiate,
     transport_of,
 )
 
 
-def _signals(request: web.Request, body: dict[str, Any]) -> Request:
-    return Request(
+def _signals(request: web.Request, body: dict[str, Any]) -> ModeSignals:
+    return ModeSignals(
         header=request.headers.get(MODE_HEADER),
         option=as_dict(body.get("_options")).get("response_mode"),
         query=request.query.get("response_mode"),

@@ -16,10 +16,10 @@ from typing import Any
 from aiohttp import web
 
 from proxy.api.access import ADMIN_CALLER
+from proxy.api.app_keys import FEEDBACK, METRICS, runtime_of
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
-from proxy.api.state import FEEDBACK, METRICS, runtime_of
 from proxy.service.instrument import record_verdict
 from proxy.state.feedback import AnswerRecord, with_verdict
 

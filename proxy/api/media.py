@@ -8,7 +8,7 @@ from aiohttp import web
 
 from proxy.api.budget import RESERVATION, Reservation
 from proxy.api.errors import ApiError
-from proxy.api.quota import caller
+from proxy.api.limits import caller
 from proxy.media.cache import ClientCache, MediaCache
 from proxy.media.step import MediaEnv
 from proxy.media.types import MediaError

@@ -9,9 +9,9 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from proxy import __version__
+from proxy.api.app_keys import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
 from proxy.api.chat import MODULE_PREFIX
 from proxy.api.errors import ApiError, json_response
-from proxy.api.state import METRICS, OUTBOX, RUNTIME, SETTINGS, runtime_of
 from proxy.conformance_table import CLAIMED_LEVEL, SPEC_VERSIONS
 from proxy.media.step import ladder_modalities, max_media_size_mb
 from proxy.stream.negotiate import TRANSPORTS

@@ -20,11 +20,11 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from proxy.api.access import ADMIN_CALLER, Route, check_method, check_scope, route_of_request
+from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
-from proxy.api.state import METRICS, RUNTIME, SETTINGS
 from proxy.api.target import check_target_form
 from proxy.clients import Caller, caller_of
 from proxy.observability.logging import bind_request, request_line

@@ -7,10 +7,10 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from proxy.api.app_keys import Runtime, runtime_of
 from proxy.api.envelopes import not_installed_response, unavailable_response
 from proxy.api.errors import json_response
 from proxy.api.middleware import RECORD_KEY, TRACE_KEY
-from proxy.api.state import Runtime, runtime_of
 from proxy.module.resolve import Unavailable
 from proxy.observability.metrics import (
     OTHER,

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from proxy import __version__, schemas
 from proxy.api.access import ROUTE_INDEX, Route, Scope
+from proxy.api.app_keys import runtime_of
 from proxy.api.errors import json_response
-from proxy.api.state import runtime_of
 from proxy.contract.errors import BY_CODE
 from proxy.module.model import Module
 from proxy.stream.chunks import CHUNK_SCHEMA_FILE

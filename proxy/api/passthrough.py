@@ -25,19 +25,19 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.api.app_keys import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
 from proxy.api.body import read_body
 from proxy.api.errors import ApiError
 from proxy.api.failures import failed_relay
 from proxy.api.headers import connection_tokens, forwarded, returned_headers
+from proxy.api.limits import count_request
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
-from proxy.api.quota import count_request
-from proxy.api.relay import serve
-from proxy.api.state import ROUTER, SESSION, SETTINGS, Runtime, runtime_of
+from proxy.api.relay_answer import serve
 from proxy.api.target import ClientTarget, parse_target, upstream_url
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.policy.provider_kinds import PROVIDER_KINDS
-from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.base import CallInfo, Provider, ProviderError
 from proxy.upstream.http import auth_headers, client_timeout, status_error
 from proxy.upstream.relay import body_chunks, first_chunk, send
 from proxy.upstream.router import Routed, RungFailed, Try
@@ -123,7 +123,7 @@ def providers_for(policy: Policy, path: str) -> tuple[str, ...]:
     return (policy.passthrough.provider,) if policy.passthrough.provider else ()
 
 
-def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallContext) -> CIMultiDict[str]:
+def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallInfo) -> CIMultiDict[str]:
     hop = connection_tokens(request.headers)
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value)
@@ -205,7 +205,7 @@ async def _open(
     request: web.Request,
     outgoing: Outgoing,
     session: aiohttp.ClientSession,
-    ctx: CallContext,
+    ctx: CallInfo,
     idle_s: float,
 ) -> _Answer:
     """Send the request to ``target``'s provider and read its answer up to the first bytes. A
@@ -282,7 +282,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         request=request,
         outgoing=Outgoing(request.method, target, body if replay else None),
         session=request.app[SESSION],
-        ctx=CallContext(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY]),
+        ctx=CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY]),
         idle_s=timeouts.idle_s,
     )
     started = time.perf_counter()

@@ -7,14 +7,14 @@ from typing import Any
 from aiohttp import web
 
 from proxy.api import calls
+from proxy.api.app_keys import runtime_of
 from proxy.api.body import read_json
 from proxy.api.chat import MODULE_PREFIX, module_history, module_input
 from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import json_response
+from proxy.api.limits import count_request
 from proxy.api.modules import module_not_found
 from proxy.api.passthrough import forward
-from proxy.api.quota import count_request
-from proxy.api.state import runtime_of
 from proxy.api.streaming import stream_module_response
 from proxy.jsonshape import as_dict, as_list
 from proxy.wire import envelope_text, response_events, response_object, sse_event

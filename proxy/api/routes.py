@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from proxy.api import chat, execute, feedback, meta, modules, openapi, passthrough, quota, responses
+from proxy.api import chat, execute, feedback, limits, meta, modules, openapi, passthrough, responses
 from proxy.api.access import ANY_METHOD, ROUTE_INDEX, Route, Scope
 from proxy.api.middleware import expect_continue
 from proxy.api.refusals import EXECUTE_ROUTE
@@ -32,7 +32,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/metrics", (GET,), Scope.PUBLIC, meta.metrics, probe=True),
     Route("/openapi.json", (GET,), Scope.CLIENT, openapi.openapi),
     Route("/v1/responses", (POST,), Scope.CLIENT, responses.create_response, shares_path=True),
-    Route("/v1/usage", (GET,), Scope.ADMIN, quota.usage, shares_path=True),
+    Route("/v1/usage", (GET,), Scope.ADMIN, limits.usage, shares_path=True),
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
     Route(r"/v1/{tail:[\s\S]*}", (ANY_METHOD,), Scope.CLIENT, passthrough.catch_all),

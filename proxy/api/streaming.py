@@ -20,13 +20,13 @@ import orjson
 import structlog
 from aiohttp import web
 
+from proxy.api.app_keys import METRICS, SETTINGS, Runtime
 from proxy.api.calls import module_call, record_report, services_of
 from proxy.api.envelopes import answer_status, caller_error, refused_envelope
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
+from proxy.api.limits import CallLimits
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
 from proxy.api.output_mode import OutputMode
-from proxy.api.quota import CallLimits
-from proxy.api.state import METRICS, SETTINGS, Runtime
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.contract.inputs import check_input
@@ -34,10 +34,10 @@ from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
 from proxy.service.module_call import Answered, ModuleCall, Services, answer_module
+from proxy.service.stream_emitter import ChunkEmitter
+from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
 from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
-from proxy.stream.emitter import ChunkEmitter
 from proxy.stream.fields import RATIONALE, streamable_fields
-from proxy.stream.sessions import MirrorGap, Session, SessionHub, Source
 
 log = structlog.get_logger("proxy.api")
 

@@ -31,13 +31,13 @@ from proxy.context.identity import CONTEXT_FIELD, without_context
 from proxy.contract.errors import EXPLAIN_MAX, Code, Origin, error_envelope
 from proxy.contract.inputs import check_input
 from proxy.contract.risk import RISK_RANK
+from proxy.json_schema import check
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.model import Module
-from proxy.pipeline import Call, ModuleAnswer, Step, refused_by_policies
+from proxy.pipeline import ModuleAnswer, ModuleRun, Step, refused_by_policies
 from proxy.policy.decide import Meta, decide
-from proxy.schema import check
 
-Runner = Callable[[Call], Awaitable[ModuleAnswer]]
+Runner = Callable[[ModuleRun], Awaitable[ModuleAnswer]]
 MAX_PARALLEL_STEPS = 4
 """Steps of one parallel composite in flight at once: each is a provider call (and a bill); more
 would let one request fan out unboundedly against the providers' rate limits."""
@@ -108,7 +108,7 @@ def aggregate(strategy: str, values: list[Any]) -> Any:
 class _Run:
     """The state of one composite call."""
 
-    call: Call
+    call: ModuleRun
     composition: Composition | None
     depth: int
     context: dict[str, Any]
@@ -131,7 +131,7 @@ class Composer:
         self.modules = modules
         self.runner = runner
 
-    async def run(self, call: Call, depth: int = 0) -> ModuleAnswer:
+    async def run(self, call: ModuleRun, depth: int = 0) -> ModuleAnswer:
         module = call.module
         if not module.is_composite:
             return await self.runner(call)
@@ -233,7 +233,7 @@ class Composer:
             _deep_merge(context, answer.emitted or as_dict(answer.envelope.get(EMITTED)))
         return answer
 
-    async def _call(self, call: Call, depth: int) -> ModuleAnswer:
+    async def _call(self, call: ModuleRun, depth: int) -> ModuleAnswer:
         if call.module.is_composite:
             return await self.run(call, depth + 1)
         return await self.runner(call)

@@ -15,8 +15,8 @@ from typing import Any
 
 from proxy.context.identity import CONTEXT_FIELD
 from proxy.contract.errors import MESSAGE_VIOLATIONS_MAX, Code, error_envelope
+from proxy.json_schema import Violation, check
 from proxy.module.context_spec import ContextSpec, Validator
-from proxy.schema import Violation, check
 
 _MAX_LISTED = 20
 

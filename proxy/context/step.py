@@ -40,7 +40,7 @@ ACCEPTED = frozenset({"accept", "escalated"})
 
 
 @dataclass(frozen=True, slots=True)
-class ContextCall:
+class CallerContext:
     """What the edge knows about the caller's context: where it is stored, who the caller is,
     the earlier chat messages, and whether the result cache is bypassed."""
 
@@ -76,7 +76,7 @@ def _invalid(message: str, **details: Any) -> dict[str, Any]:
     )
 
 
-async def prepare(module: Module, value: Any, call: ContextCall | None) -> Prepared:
+async def prepare(module: Module, value: Any, call: CallerContext | None) -> Prepared:
     if not isinstance(value, dict) or deeper_than(value):
         return Prepared(value, value)  # the input check refuses it (E1001) before anything else
     client = value.get(CONTEXT_FIELD)
@@ -133,7 +133,7 @@ async def prepare(module: Module, value: Any, call: ContextCall | None) -> Prepa
 
 async def emit(
     module: Module,
-    call: ContextCall | None,
+    call: CallerContext | None,
     prepared: Prepared,
     decision: str,
     envelope: dict[str, Any],

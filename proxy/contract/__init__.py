@@ -3,7 +3,7 @@
 from proxy.contract.engine import ContractResult, check_answer, run_contract
 from proxy.contract.repair import Repair
 from proxy.contract.validate import validate_answer, validate_envelope
-from proxy.schema import Violation
+from proxy.json_schema import Violation
 
 __all__ = [
     "ContractResult",

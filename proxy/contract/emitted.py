@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proxy.contract.repair import Repair
-from proxy.schema import Violation, check
+from proxy.json_schema import Violation, check
 
 if TYPE_CHECKING:
     from proxy.contract.rules import ModuleContract

@@ -28,7 +28,7 @@ from proxy.contract.parse import ParseFailure, parse_json_object
 from proxy.contract.repair import Repair, repair
 from proxy.contract.validate import validate_answer
 from proxy.contract.wrap import wrap_v21
-from proxy.schema import Violation
+from proxy.json_schema import Violation
 
 if TYPE_CHECKING:
     from proxy.contract.rules import ModuleContract

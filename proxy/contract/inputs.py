@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.contract.errors import DETAIL_VIOLATIONS_MAX, MESSAGE_VIOLATIONS_MAX, Code, error_envelope
+from proxy.json_schema import check
 from proxy.jsonshape import MAX_JSON_DEPTH, deeper_than
-from proxy.schema import check
 
 if TYPE_CHECKING:
     from proxy.contract.rules import ModuleContract

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from proxy.schema import Validator
+from proxy.json_schema import Validator
 
 Tier = Literal["exec", "decision", "exploration"]
 RiskRule = Literal["max_changes_risk", "max_issues_risk", "explicit", "custom_function"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy import schemas
 from proxy.contract.errors import Code
-from proxy.schema import Validator, Violation, check, compile_schema
+from proxy.json_schema import Validator, Violation, check, compile_schema
 
 if TYPE_CHECKING:
     from proxy.contract.rules import ModuleContract

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.json_schema import SchemaCompileError, compile_schema
 from proxy.jsonshape import as_dict
-from proxy.schema import SchemaCompileError, compile_schema
 
 Validator = Callable[[Any], Any]
 Mode = Literal["main", "fork"]

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 
 from proxy.contract.errors import to_numeric
+from proxy.json_schema import SchemaCompileError, check, compile_schema
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.model import Module
-from proxy.schema import SchemaCompileError, check, compile_schema
 
 Executor = Callable[[Module, Any, "GoldenCase"], dict[str, Any]]
 """Runs one call (input -> final envelope); the case is passed so an offline run can use it."""

@@ -11,12 +11,12 @@ from typing import Any
 from proxy.contract.engine import check_answer
 from proxy.contract.errors import EXPLAIN_MAX
 from proxy.contract.risk import rule_risk
+from proxy.json_schema import SchemaCompileError, check, compile_schema
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import DECISIONS, GoldenCase, load_cases
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import Module, ModuleFormat
 from proxy.module.registry import ModuleRegistry
-from proxy.schema import SchemaCompileError, check, compile_schema
 
 _ENVELOPE_WORDS = ("meta", "confidence", "risk", "explain", "data", "rationale")
 

@@ -31,6 +31,7 @@ from proxy.contract.rules import (
     Validators,
 )
 from proxy.contract.validate import standard_meta_schema
+from proxy.json_schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.jsonshape import as_dict
 from proxy.media import schema as media_schema
 from proxy.module.context_spec import (
@@ -43,7 +44,6 @@ from proxy.module.model import Module, ModuleFormat, Strictness, ToolPolicy
 from proxy.module.refs import RefError, referenced_files
 from proxy.module.strictness import data_contract_schema, with_definitions
 from proxy.module.tiers import LEGACY_TIER, MAX_ITEMS_BY_STRICTNESS, TIER_DEFAULTS
-from proxy.schema import SchemaCompileError, Validator, check, compile_schema
 from proxy.textfile import UnreadableFile, read_small_text
 from proxy.yamlerrors import describe
 

@@ -3,7 +3,7 @@
 A ``$ref`` may be a pointer into its own document (``#/definitions/x``) or a relative file
 reference (``common.json``, ``defs/types.json#/definitions/id``) that resolves, symlinks
 followed, to a file inside the module directory. Those files are read here, once, and handed to
-the schema compiler, which fetches nothing itself (``proxy.schema``). Anything else (a
+the schema compiler, which fetches nothing itself (``proxy.json_schema``). Anything else (a
 URL of any scheme, ``URL:http://...``, an absolute path, ``..`` out of the directory) is refused
 with the JSON path of the ``$ref`` key.
 """

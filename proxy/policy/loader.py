@@ -16,8 +16,11 @@ import yaml
 from yarl import URL
 
 from proxy import schemas
+from proxy.json_schema import Validator, check, compile_schema
 from proxy.jsonshape import as_dict
 from proxy.policy.calibration import parse_map, points_problems
+from proxy.policy.limits import cross_check as quota_checks
+from proxy.policy.limits import parse_limits, parse_prices
 from proxy.policy.model import (
     Backoff,
     BreakerPolicy,
@@ -38,9 +41,6 @@ from proxy.policy.model import (
     Timeouts,
 )
 from proxy.policy.provider_kinds import PROVIDER_KINDS, kinds_with
-from proxy.policy.quota import cross_check as quota_checks
-from proxy.policy.quota import parse_limits, parse_prices
-from proxy.schema import Validator, check, compile_schema
 from proxy.textfile import UnreadableFile, read_small_text
 from proxy.yamlerrors import describe
 

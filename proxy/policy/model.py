@@ -8,8 +8,8 @@ from typing import Any, Literal, Protocol
 
 from proxy.contract.risk import DEFAULT_RISK_SOURCE, Risk, RiskSource
 from proxy.policy.calibration import CalibrationMap
+from proxy.policy.limits import LimitsPolicy, Price
 from proxy.policy.provider_kinds import PROVIDER_KINDS, ProviderKind
-from proxy.policy.quota import LimitsPolicy, Price
 
 Exhausted = Literal["reject", "review", "accept"]
 

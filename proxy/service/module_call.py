@@ -24,13 +24,13 @@ from proxy.context.identity import (
     namespace_of,
 )
 from proxy.context.sanitise import NameMatcher
-from proxy.context.step import ContextCall
+from proxy.context.step import CallerContext
 from proxy.context.store import ClientQuota, ContextStore, QuotaStore
 from proxy.contract.errors import Code, Origin, error_envelope
 from proxy.media.step import MediaEnv
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
-from proxy.pipeline import Call, Listener, ModuleAnswer, finished, internal_error, run_module
+from proxy.pipeline import Listener, ModuleAnswer, ModuleRun, finished, internal_error, run_module
 from proxy.policy.model import Policy
 from proxy.review import review_record
 from proxy.service.instrument import record_module_answer, record_module_cost
@@ -45,7 +45,7 @@ BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
 
 
 class Limits(Protocol):
-    """The caller's limits for this call (``proxy.api.quota.CallLimits``)."""
+    """The caller's limits for this call (``proxy.api.limits.CallLimits``)."""
 
     async def admit(self, policy: Policy, value: Any) -> int | None:
         """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
@@ -119,9 +119,9 @@ class Answered:
     report: CallReport
 
 
-def context_call(
+def caller_context(
     requester: Requester, runtime: Runtime, services: Services, history: Sequence[Mapping[str, Any]] = ()
-) -> ContextCall:
+) -> CallerContext:
     """The caller's context identity: the client key's hash, ``X-Cognitive-Session`` and
     ``X-Cognitive-User``; ``Cache-Control: no-cache`` bypasses the result cache. Raises
     ``IdentityError`` for an id that is not an opaque short name."""
@@ -132,7 +132,7 @@ def context_call(
     )
     directives = {d.strip().lower() for d in requester.cache_control.split(",")}
     cache = runtime.policy.cache
-    return ContextCall(
+    return CallerContext(
         QuotaStore(services.context_store, ClientQuota(cache.client_max_entries, cache.client_max_bytes)),
         identity,
         history,
@@ -151,13 +151,13 @@ class Spent:
 
 def _step_runner(
     call: ModuleCall, services: Services, spent: Spent
-) -> Callable[[Call], Awaitable[ModuleAnswer]]:
+) -> Callable[[ModuleRun], Awaitable[ModuleAnswer]]:
     """``run_module`` for the steps of a composite, each recorded like a module answer of its own
     (metrics, cost, review); the composite's own call is recorded once, by ``answer_module``."""
     top, policy, metrics = call.module, call.runtime.policy, services.metrics
     who = call.requester.caller
 
-    async def run(step: Call) -> ModuleAnswer:
+    async def run(step: ModuleRun) -> ModuleAnswer:
         answer = await run_module(step)
         if step.module.name != top.name:
             record_module_answer(metrics, policy, answer)
@@ -181,13 +181,13 @@ def _step_runner(
 
 
 async def _run(
-    call: ModuleCall, services: Services, context: ContextCall, top_rung: int | None, spent: Spent
+    call: ModuleCall, services: Services, context: CallerContext, top_rung: int | None, spent: Spent
 ) -> ModuleAnswer:
     """The module call (a composite's steps included), with any unexpected exception turned into
     E4000 (logged with its trace id)."""
     runtime, module, trace_id = call.runtime, call.module, call.requester.trace_id
     try:
-        pipeline_call = Call(
+        pipeline_call = ModuleRun(
             module,
             call.value,
             runtime.policy,
@@ -218,7 +218,7 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
     decided)."""
     module, runtime, requester = call.module, call.runtime, call.requester
     try:
-        context = context_call(requester, runtime, services, call.history)
+        context = caller_context(requester, runtime, services, call.history)
     except IdentityError as exc:
         refused = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
         return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))

@@ -40,7 +40,7 @@ class BadMode(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class ModeSignals:
     """The signals of one request, as sent."""
 
     header: str | None = None
@@ -91,7 +91,7 @@ def transport_of(accept: str) -> Transport:
     return "ndjson" if NDJSON in accept.lower() else "sse"
 
 
-def requested(signals: Request) -> Mode | None:
+def requested(signals: ModeSignals) -> Mode | None:
     """The mode the client asked for by the highest-priority signal present, or None."""
     for value, where in (
         (signals.header, MODE_HEADER),
@@ -111,7 +111,7 @@ def declared_mode(module: Module) -> Any:
     return as_dict(module.manifest.get("response")).get("mode")
 
 
-def negotiate(module: Module, signals: Request, *, can_stream: bool = True) -> Negotiated:
+def negotiate(module: Module, signals: ModeSignals, *, can_stream: bool = True) -> Negotiated:
     """The mode to answer in; raises ``BadMode`` for a malformed signal."""
     asked = requested(signals)
     transport = transport_of(signals.accept)

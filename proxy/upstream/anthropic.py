@@ -17,7 +17,7 @@ from proxy.upstream.anthropic_wire import (
     from_messages_response,
     to_messages_request,
 )
-from proxy.upstream.base import CallContext, ProviderError, Relayed, relay_from_complete
+from proxy.upstream.base import CallInfo, ProviderError, Relayed, relay_from_complete
 from proxy.upstream.http import auth_headers, post, read_json
 from proxy.upstream.sse import parse_sse
 from proxy.wire import DONE, sse_frame
@@ -36,7 +36,7 @@ class AnthropicProvider:
         self._version = str(config.options.get("anthropic_version", DEFAULT_VERSION))
         self._max_tokens = int(config.options.get("max_tokens", 4096))
 
-    def _headers(self, ctx: CallContext) -> dict[str, str]:
+    def _headers(self, ctx: CallInfo) -> dict[str, str]:
         headers = {
             "Content-Type": "application/json",
             "anthropic-version": self._version,
@@ -57,7 +57,7 @@ class AnthropicProvider:
         return payload
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         payload = self._request(body, model, stream=False)
         async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
@@ -67,11 +67,11 @@ class AnthropicProvider:
         except SHAPE_ERRORS as exc:
             raise ProviderError("malformed", f"Anthropic answer of an unexpected shape: {exc}") from exc
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         """Anthropic SSE events in, OpenAI ``chat.completion.chunk`` frames out, as they arrive."""
         include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))

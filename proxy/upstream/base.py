@@ -49,7 +49,7 @@ class ProviderError(Exception):
 
 
 @dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
-class CallContext:
+class CallInfo:
     """What a provider may know about the call besides the OpenAI body."""
 
     trace_id: str = ""
@@ -75,12 +75,12 @@ class Provider(Protocol):
     config: ProviderConfig
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         """One non-streamed chat completion, answered as an OpenAI ``chat.completion`` object."""
         ...
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         """A non-streamed passthrough answer as OpenAI ``chat.completion`` JSON bytes (an
         OpenAI-wire provider hands the upstream's bytes over untouched), with its usage.
 
@@ -89,7 +89,7 @@ class Provider(Protocol):
         ...
 
     def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``)."""
         ...
@@ -136,7 +136,7 @@ def finish_reason_of(completion: dict[str, Any]) -> str | None:
 
 
 async def relay_from_complete(
-    provider: Provider, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+    provider: Provider, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
 ) -> Relayed:
     """``relay`` for providers that do not speak the OpenAI wire format natively."""
     try:

@@ -17,7 +17,7 @@ from proxy.media.model import Media
 from proxy.media.parts import body as request_body
 from proxy.policy.model import ProviderConfig
 from proxy.policy.provider_kinds import PROVIDER_KINDS
-from proxy.upstream.base import CallContext, FailureKind, ProviderError, parse_retry_after
+from proxy.upstream.base import CallInfo, FailureKind, ProviderError, parse_retry_after
 
 USER_AGENT = f"cognitive-proxy/{__version__}"
 """What every upstream request names as its software: never the client's, nor aiohttp's (set on the
@@ -33,7 +33,7 @@ def upstream_session(**options: Any) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), **options)
 
 
-def api_key(config: ProviderConfig, ctx: CallContext) -> str | None:
+def api_key(config: ProviderConfig, ctx: CallInfo) -> str | None:
     """The key sent upstream: the client's own only when the provider opts in, else the
     provider's ``api_key_env`` (read per call, so a rotated secret needs no restart)."""
     if config.forward_client_key:
@@ -41,7 +41,7 @@ def api_key(config: ProviderConfig, ctx: CallContext) -> str | None:
     return os.environ.get(config.api_key_env) if config.api_key_env else None
 
 
-def auth_headers(config: ProviderConfig, ctx: CallContext) -> dict[str, str]:
+def auth_headers(config: ProviderConfig, ctx: CallInfo) -> dict[str, str]:
     """The header carrying the provider key, by its kind (``PROVIDER_KINDS``) or the policy's
     ``options.auth_header`` (e.g. Azure's ``api-key``): ``Authorization: Bearer <key>``, or the
     raw key in any other header; none without a key, nor for a kind that sends none."""

@@ -23,13 +23,13 @@ from typing import Any
 
 import orjson
 
+from proxy.json_schema import check
 from proxy.jsonshape import as_dict, as_list
 from proxy.module.golden import GoldenCase, example_for, load_cases
 from proxy.module.model import Module
 from proxy.module.sample import sample
 from proxy.policy.model import ProviderConfig
-from proxy.schema import check
-from proxy.upstream.base import CallContext, Relayed, relay_from_complete
+from proxy.upstream.base import CallInfo, Relayed, relay_from_complete
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
 DEFAULT_REPLY = "Hello from the cognitive-proxy offline demo provider."
@@ -105,7 +105,7 @@ class OfflineProvider:
             self._cases[id(module)] = cached
         return cached[1]
 
-    def _module_answer(self, model: str, ctx: CallContext) -> str:
+    def _module_answer(self, model: str, ctx: CallInfo) -> str:
         assert ctx.module is not None
         text = offline_answer(ctx.module, ctx.input, cases=self._cases_of(ctx.module))
         low = self._low.get((model, ctx.module.name))
@@ -121,16 +121,16 @@ class OfflineProvider:
         return orjson.dumps(answer).decode()
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         content = self._module_answer(model, ctx) if ctx.module is not None else self._reply
         return completion(model, content, prompt_tokens=len(orjson.dumps(body.get("messages", []))) // 4)
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
         full = await self.complete(body, model, ctx, timeout)

@@ -9,14 +9,14 @@ import aiohttp
 from yarl import URL
 
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallContext, ProviderError, Relayed, usage_of
+from proxy.upstream.base import CallInfo, ProviderError, Relayed, usage_of
 from proxy.upstream.http import auth_headers, check_json_object, post, post_for_bytes, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
 _FORMATS = ("json_schema", "json_object", None)
 
 
-def response_format(kind: str | None, ctx: CallContext) -> dict[str, Any] | None:
+def response_format(kind: str | None, ctx: CallInfo) -> dict[str, Any] | None:
     """The ``response_format`` asking for the module's envelope, or None."""
     if kind is None or ctx.module is None:
         return None
@@ -44,7 +44,7 @@ def response_format(kind: str | None, ctx: CallContext) -> dict[str, Any] | None
     }
 
 
-def _with_format(payload: dict[str, Any], level: int, ctx: CallContext) -> dict[str, Any]:
+def _with_format(payload: dict[str, Any], level: int, ctx: CallInfo) -> dict[str, Any]:
     """``payload`` asking for the structured-output form at ``level`` of ``_FORMATS`` (if any)."""
     fmt = response_format(_FORMATS[level], ctx)
     return {**payload, "response_format": fmt} if fmt else payload
@@ -64,14 +64,14 @@ class OpenAIProvider:
         # Which structured-output form each model accepted last (learned from 400s, per process).
         self._format_level: dict[str, int] = {}
 
-    def _headers(self, ctx: CallContext) -> dict[str, str]:
+    def _headers(self, ctx: CallInfo) -> dict[str, str]:
         headers = self._static_headers.copy()
         headers.update(auth_headers(self.config, ctx))
         if ctx.trace_id:
             headers["X-Request-Id"] = ctx.trace_id
         return headers
 
-    def _first_format(self, body: dict[str, Any], model: str, ctx: CallContext) -> int:
+    def _first_format(self, body: dict[str, Any], model: str, ctx: CallInfo) -> int:
         """Where in ``_FORMATS`` a call starts: module calls at the strongest form this model took
         last; other calls (or a client's own ``response_format``) ask for none."""
         wants_format = (
@@ -87,7 +87,7 @@ class OpenAIProvider:
         return level + 1
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         """One chat completion. Module calls ask for structured output and step down on refusal."""
         payload = {**body, "model": model, "stream": False}
@@ -105,14 +105,14 @@ class OpenAIProvider:
                     raise
                 level = lower
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
         payload = {**body, "model": model, "stream": False}
         raw = await post_for_bytes(self._session, self._url, payload, self._headers(ctx), timeout)
         return Relayed(raw, usage_of(check_json_object(raw)))
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded. Module
         calls ask for structured output as ``complete`` does; a refusal comes before any byte."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.upstream.base import CallContext, Provider, ProviderError
+from proxy.upstream.base import CallInfo, Provider, ProviderError
 from proxy.upstream.sse import parse_sse
 from proxy.wire import completion
 
@@ -37,7 +37,7 @@ async def stream_completion(
     provider: Provider,
     body: dict[str, Any],
     model: str,
-    ctx: CallContext,
+    ctx: CallInfo,
     timeout: float,
     on_text: Callable[[str], None],
 ) -> dict[str, Any]:

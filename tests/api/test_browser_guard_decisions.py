@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
+from proxy.api.app_keys import SETTINGS
 from proxy.api.browser_guard import check_browser, check_headers, guards_browsers, host_name, is_loopback
 from proxy.api.errors import ApiError
-from proxy.api.state import SETTINGS
 from proxy.settings import Settings
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.api.state import RUNTIME
+from proxy.api.app_keys import RUNTIME
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallContext, Relayed
+from proxy.upstream.base import CallInfo, Relayed
 from tests.conftest import MODULES, ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, upstream_policy
@@ -354,15 +354,15 @@ class _BrokenProvider:
         self.config = config
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         raise KeyError("a bug inside a module call")
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> Relayed:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         raise KeyError("a bug")
 
     def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         raise KeyError("a bug")
 

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from proxy.api.quota import estimate_body_tokens
+from proxy.api.limits import estimate_body_tokens
 from proxy.clients import read_identities
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
 from tests.fake_upstream import FakeUpstream

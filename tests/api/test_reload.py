@@ -15,7 +15,7 @@ import yaml
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from proxy.api.state import RUNTIME, Runtime, RuntimeHolder
+from proxy.api.app_keys import RUNTIME, Runtime, RuntimeHolder
 from proxy.app import build_app
 from proxy.observability.metrics import Metrics
 from proxy.reload import Reloader

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.api.state import ROUTER
+from proxy.api.app_keys import ROUTER
 from tests.conftest import ProxyWith
 from tests.fake_upstream import DROP, FakeUpstream, Fault
 from tests.proxy_server import (

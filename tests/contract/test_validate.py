@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.contract.validate import standard, validate_answer, validate_envelope
-from proxy.schema import Violation, check, compile_schema
+from proxy.json_schema import Violation, check, compile_schema
 from tests.conftest import SCHEMA, VECTORS, ModuleFactory, schema_with, success
 
 VECTOR_FILES = sorted(VECTORS.rglob("*.json"))

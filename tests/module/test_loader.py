@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from proxy.json_schema import check
 from proxy.module.loader import ModuleLoadError, load_module
 from proxy.module.model import ModuleFormat
 from proxy.module.registry import ModuleRegistry
-from proxy.schema import check
 from tests.conftest import SCHEMA, ModuleFactory, write_module
 from tests.support.unreadable import UNREADABLE_SHAPES
 

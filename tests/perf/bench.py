@@ -587,7 +587,7 @@ def _step_seconds(repeat: int) -> tuple[float, float, float]:
     """Per call: the context steps (prepare + emit) for a module without context, the baseline
     (input check + prompt rendering), and the steps for the §8.1 module in a session."""
     from proxy.context.identity import Identity, namespace_of
-    from proxy.context.step import ContextCall, emit, prepare
+    from proxy.context.step import CallerContext, emit, prepare
     from proxy.context.store import MemoryContextStore
     from proxy.contract.inputs import check_input
     from proxy.module.loader import load_module
@@ -596,11 +596,11 @@ def _step_seconds(repeat: int) -> tuple[float, float, float]:
     module = load_module(ROOT / "modules" / "code-reviewer")
     reviewer = load_module(ROOT / "modules" / "interactive-reviewer")
     value = MODULE_BODY["input"]
-    call = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench")))
-    session = ContextCall(MemoryContextStore(), Identity(namespace_of("sk-bench"), "s1"))
+    call = CallerContext(MemoryContextStore(), Identity(namespace_of("sk-bench")))
+    session = CallerContext(MemoryContextStore(), Identity(namespace_of("sk-bench"), "s1"))
     envelope = {**ENVELOPE}
 
-    async def steps(ctx: ContextCall, mod: object, value: object) -> None:
+    async def steps(ctx: CallerContext, mod: object, value: object) -> None:
         prepared = await prepare(mod, value, ctx)  # type: ignore[arg-type]
         await emit(mod, ctx, prepared, "accept", envelope, None)  # type: ignore[arg-type]
 
@@ -695,18 +695,18 @@ async def _limits_bench() -> None:
     import redis.asyncio as aioredis
 
     from proxy.clients import Caller, ClientIdentity
-    from proxy.policy.quota import LimitSpec, LimitsPolicy
-    from proxy.quota.service import Quota
-    from proxy.quota.windows import MemoryCounters, RedisCounters
+    from proxy.limits.limiter import Limiter
+    from proxy.limits.windows import MemoryCounters, RedisCounters
+    from proxy.policy.limits import LimitSpec, LimitsPolicy
     from tests.support.redis_server import redis_url
 
     url = redis_url(14)
     big = LimitSpec(rpm=10**9, tpm=10**12, usd_per_day=10**6, usd_per_month=10**7)
     policy = LimitsPolicy(clients={"default": big}, teams={"default": big}, global_=big)
     caller = Caller("bench", ClientIdentity("bench", "team"))
-    memory = Quota(MemoryCounters())
+    memory = Limiter(MemoryCounters())
     client = aioredis.from_url(url)
-    shared = Quota(RedisCounters(client), shared=True)
+    shared = Limiter(RedisCounters(client), shared=True)
     try:
         rows: list[tuple[str, float, str]] = []
         none = await _p50_us(lambda: memory.admit(LimitsPolicy(), caller, 100))
@@ -748,7 +748,7 @@ def composition_bench(repeat: int = 3_000) -> None:
     sys.path.insert(0, str(ROOT))
     from proxy.compose.run import Composer
     from proxy.module.registry import ModuleRegistry
-    from proxy.pipeline import Call, run_module
+    from proxy.pipeline import ModuleRun, run_module
     from proxy.policy.loader import parse_policy
     from proxy.state.memory import MemoryBreakerStore
     from proxy.upstream.breaker import Breakers
@@ -814,9 +814,10 @@ def composition_bench(repeat: int = 3_000) -> None:
         for _ in range(repeat):
             t0 = time.perf_counter()
             for name in ("s1", "s2", "s3"):
-                await run_module(Call(registry.modules[name], value, policy, providers, router))  # type: ignore[arg-type]
+                await run_module(ModuleRun(registry.modules[name], value, policy, providers, router))  # type: ignore[arg-type]
             t1 = time.perf_counter()
-            answer_ = await composer.run(Call(registry.modules["pipe"], value, policy, providers, router))  # type: ignore[arg-type]
+            pipe = registry.modules["pipe"]
+            answer_ = await composer.run(ModuleRun(pipe, value, policy, providers, router))  # type: ignore[arg-type]
             t2 = time.perf_counter()
             assert answer_.envelope["ok"] is True, answer_.envelope
             direct.append(t1 - t0)

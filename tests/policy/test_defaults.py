@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from proxy.policy.limits import LimitsPolicy, Price
 from proxy.policy.loader import parse_policy
 from proxy.policy.model import (
     Backoff,
@@ -24,7 +25,6 @@ from proxy.policy.model import (
     Thresholds,
     Timeouts,
 )
-from proxy.policy.quota import LimitsPolicy, Price
 from proxy.schemas import load
 from tests.policy.test_loader import MINIMAL
 

@@ -191,7 +191,7 @@ def test_a_cache_section_parses_per_tier_and_module() -> None:
 
 
 def test_prices_and_limits_parse_with_their_defaults() -> None:
-    from proxy.policy.quota import LimitSpec, LimitsPolicy, Price
+    from proxy.policy.limits import LimitSpec, LimitsPolicy, Price
 
     doc = {
         "version": 1,

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.policy.model import Backoff, BreakerPolicy, Failover, ProviderConfig, RetryBudget, Target, Timeouts
 from proxy.state.memory import MemoryBreakerStore
-from proxy.upstream.base import CallContext, ProviderError
+from proxy.upstream.base import CallInfo, ProviderError
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.router import RetryBudgetTracker, Router, RungFailed, Try, backoff_s
 
@@ -24,7 +24,7 @@ class ScriptedProvider:
         self.calls: list[float] = []
 
     async def complete(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> dict[str, Any]:
         self.calls.append(timeout)
         outcome = self.outcomes.pop(0)
@@ -32,11 +32,11 @@ class ScriptedProvider:
             raise outcome
         return {"model": model, "value": outcome}
 
-    async def relay(self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float) -> bytes:
+    async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> bytes:
         return b"{}"
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallContext, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
     ) -> AsyncIterator[bytes]:
         yield b""
 
@@ -79,7 +79,7 @@ async def run(
     tries: list[Try] = []
 
     async def op(provider: Any, target: Target, timeout: float) -> Any:
-        return await provider.complete({}, target.model, CallContext(), timeout)
+        return await provider.complete({}, target.model, CallInfo(), timeout)
 
     routed = await router.call(targets, providers, op, failover, deadline, tries.append)
     return routed, tries

@@ -19,8 +19,8 @@ from proxy.media.fetch import vet
 from proxy.media.types import MediaError
 from proxy.policy.model import MediaPolicy
 from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
+from proxy.state.stream_sessions import SESSION_OVERHEAD_BYTES, SessionHub
 from proxy.stream.chunks import delta_chunk
-from proxy.stream.sessions import SESSION_OVERHEAD_BYTES, SessionHub
 from tests.fake_upstream import FakeUpstream
 from tests.media import samples
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process, running_proxy, upstream_policy

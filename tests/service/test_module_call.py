@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.api.quota import QUOTA, CallLimits
-from proxy.api.state import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, RUNTIME
+from proxy.api.app_keys import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, RUNTIME
+from proxy.api.limits import LIMITER, CallLimits
 from proxy.clients import ANONYMOUS, Caller, ClientIdentity
 from proxy.observability.metrics import OUTCOME_DECIDED, OUTCOME_INVALID_INPUT
 from proxy.service.module_call import ModuleCall, Requester, Services, answer_module
@@ -31,7 +31,7 @@ def _call(proxy: RunningProxy, limits: CallLimits, **requester: Any) -> ModuleCa
 
 
 def _limits(proxy: RunningProxy) -> CallLimits:
-    return CallLimits(proxy.app[QUOTA], proxy.app[METRICS], CALLER)
+    return CallLimits(proxy.app[LIMITER], proxy.app[METRICS], CALLER)
 
 
 async def test_a_call_answers_and_reports_what_the_log_line_says(

@@ -12,11 +12,11 @@ import pytest
 
 from proxy.cli import build_parser, resolve_serve_options, serve_settings
 from proxy.clients import ANONYMOUS, Caller, ClientIdentity
-from proxy.context.store import RedisContextStore
-from proxy.policy.quota import LimitSpec, LimitsPolicy
-from proxy.quota.service import Quota
-from proxy.quota.windows import MemoryCounters, RedisCounters
+from proxy.limits.limiter import Limiter
+from proxy.limits.windows import MemoryCounters, RedisCounters
+from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.settings import Settings
+from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import RedisFeedbackStore
 from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_client import (
@@ -29,7 +29,7 @@ from proxy.state.redis_client import (
     redis_client,
 )
 from proxy.state.redis_store import RedisBreakerStore
-from proxy.stream.sessions import SessionHub
+from proxy.state.stream_sessions import SessionHub
 from tests.redis_relay import RedisRelay
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import free_port
@@ -63,7 +63,7 @@ def distinct_options() -> RedisOptions:
 async def test_every_store_takes_its_client_from_the_factory_with_its_purpose() -> None:
     options = distinct_options()
     outbox = RedisOutbox(options)
-    quota = Quota.build(options, 1, lambda down: None)
+    quota = Limiter.build(options, 1, lambda down: None)
     assert isinstance(quota.counters, RedisCounters)
     stores: list[tuple[Purpose, Any, Any]] = [
         ("limits", quota, quota.counters._redis),
@@ -184,11 +184,11 @@ GLOBAL_RPM = LimitsPolicy(global_=LimitSpec(rpm=1000))
 CALLER = Caller(ANONYMOUS, ClientIdentity())
 
 
-def shared_quota(url: str, timeout_s: float, clock: Clock, changes: list[bool]) -> Quota:
-    """What ``Quota.build`` makes, with the health on ``clock``."""
+def shared_quota(url: str, timeout_s: float, clock: Clock, changes: list[bool]) -> Limiter:
+    """What ``Limiter.build`` makes, with the health on ``clock``."""
     options = RedisOptions(url).with_timeout("limits", timeout_s)
     health = options.health("limits", clock)
-    return Quota(
+    return Limiter(
         RedisCounters(redis_client(options, "limits")), MemoryCounters(), True, changes.append, health=health
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.stream.negotiate import BadMode, Negotiated, Request, negotiate, requested, transport_of
+from proxy.stream.negotiate import BadMode, ModeSignals, Negotiated, negotiate, requested, transport_of
 from tests.conftest import ModuleFactory
 
 SSE, NDJSON, JSON = "text/event-stream", "application/x-ndjson", "application/json"
@@ -13,27 +13,29 @@ SSE, NDJSON, JSON = "text/event-stream", "application/x-ndjson", "application/js
 @pytest.mark.parametrize(
     ("signals", "expected"),
     [
-        (Request(header="sync", option="streaming", query="streaming", accept=SSE), "sync"),
-        (Request(header="streaming", option="sync", query="sync", accept=JSON), "streaming"),
-        (Request(option="sync", query="streaming", accept=SSE), "sync"),
-        (Request(option="streaming", query="sync"), "streaming"),
-        (Request(query="sync", accept=SSE), "sync"),
-        (Request(query="streaming", accept=JSON), "streaming"),
-        (Request(accept=SSE), "streaming"),
-        (Request(accept=NDJSON), "streaming"),
-        (Request(accept=JSON), None),
-        (Request(accept="*/*"), None),
-        (Request(), None),
-        (Request(header="", option=None, query="", accept=SSE), "streaming"),
-        (Request(header=" Streaming "), "streaming"),
+        (ModeSignals(header="sync", option="streaming", query="streaming", accept=SSE), "sync"),
+        (ModeSignals(header="streaming", option="sync", query="sync", accept=JSON), "streaming"),
+        (ModeSignals(option="sync", query="streaming", accept=SSE), "sync"),
+        (ModeSignals(option="streaming", query="sync"), "streaming"),
+        (ModeSignals(query="sync", accept=SSE), "sync"),
+        (ModeSignals(query="streaming", accept=JSON), "streaming"),
+        (ModeSignals(accept=SSE), "streaming"),
+        (ModeSignals(accept=NDJSON), "streaming"),
+        (ModeSignals(accept=JSON), None),
+        (ModeSignals(accept="*/*"), None),
+        (ModeSignals(), None),
+        (ModeSignals(header="", option=None, query="", accept=SSE), "streaming"),
+        (ModeSignals(header=" Streaming "), "streaming"),
     ],
 )
-def test_priority_header_then_body_then_query_then_accept(signals: Request, expected: str | None) -> None:
+def test_priority_header_then_body_then_query_then_accept(signals: ModeSignals, expected: str | None) -> None:
     assert requested(signals) == expected
 
 
-@pytest.mark.parametrize("signals", [Request(header="fast"), Request(option=3), Request(query="both")])
-def test_a_malformed_mode_is_refused(signals: Request) -> None:
+@pytest.mark.parametrize(
+    "signals", [ModeSignals(header="fast"), ModeSignals(option=3), ModeSignals(query="both")]
+)
+def test_a_malformed_mode_is_refused(signals: ModeSignals) -> None:
     with pytest.raises(BadMode):
         requested(signals)
 
@@ -61,7 +63,7 @@ def test_the_mismatch_table(
     refused: bool,
 ) -> None:
     module = make_module(response={"mode": mode})
-    got = negotiate(module, Request(header=ask), can_stream=can_stream)
+    got = negotiate(module, ModeSignals(header=ask), can_stream=can_stream)
     assert (got.mode, got.fallback_reason, got.refused) == (answer, reason, refused)
     if reason:
         assert got.warning_header == f"STREAMING_UNAVAILABLE; fallback=sync; reason={reason}"
@@ -84,14 +86,14 @@ def test_no_signal_is_sync_unless_module_yaml_declares_streaming(
     make_module: ModuleFactory, tier: str, declared: str | None, answer: str
 ) -> None:
     module = make_module(tier=tier, **({"response": {"mode": declared}} if declared else {}))
-    assert negotiate(module, Request(accept=JSON)).mode == answer
+    assert negotiate(module, ModeSignals(accept=JSON)).mode == answer
 
 
 @pytest.mark.parametrize(
-    "signals", [Request(query="sync"), Request(header="sync"), Request(option="sync")], ids=str
+    "signals", [ModeSignals(query="sync"), ModeSignals(header="sync"), ModeSignals(option="sync")], ids=str
 )
 def test_an_undeclared_exploration_module_answers_an_explicit_sync_request(
-    make_module: ModuleFactory, signals: Request
+    make_module: ModuleFactory, signals: ModeSignals
 ) -> None:
     """v2.5 §0.0.2: an unmodified v2.2 exploration module keeps answering sync; only a declared
     ``response.mode: streaming`` makes a module streaming-only."""
@@ -99,7 +101,7 @@ def test_an_undeclared_exploration_module_answers_an_explicit_sync_request(
     assert module.response_mode == "streaming"
     got = negotiate(module, signals)
     assert (got.mode, got.refused, got.warnings()) == ("sync", False, [])
-    assert negotiate(module, Request(accept=NDJSON)).transport == "ndjson"
+    assert negotiate(module, ModeSignals(accept=NDJSON)).transport == "ndjson"
     declared = make_module(tier="exploration", response={"mode": "streaming"})
     assert negotiate(declared, signals).refused is True
 
@@ -107,15 +109,21 @@ def test_an_undeclared_exploration_module_answers_an_explicit_sync_request(
 @pytest.mark.parametrize(
     ("signals", "message"),
     [
-        (Request(header="fast"), "X-Cognitive-Response-Mode must be sync or streaming, not 'fast'"),
-        (Request(option=3), "_options.response_mode must be sync or streaming, not '3'"),
-        (Request(option=True), "_options.response_mode must be sync or streaming, not 'True'"),
-        (Request(query="both"), "the response_mode query parameter must be sync or streaming, not 'both'"),
-        (Request(header="x" * 50), f"X-Cognitive-Response-Mode must be sync or streaming, not '{'x' * 40}'"),
-        (Request(header="sync", option="fast"), None),  # a lower signal is not read once one decided
+        (ModeSignals(header="fast"), "X-Cognitive-Response-Mode must be sync or streaming, not 'fast'"),
+        (ModeSignals(option=3), "_options.response_mode must be sync or streaming, not '3'"),
+        (ModeSignals(option=True), "_options.response_mode must be sync or streaming, not 'True'"),
+        (
+            ModeSignals(query="both"),
+            "the response_mode query parameter must be sync or streaming, not 'both'",
+        ),
+        (
+            ModeSignals(header="x" * 50),
+            f"X-Cognitive-Response-Mode must be sync or streaming, not '{'x' * 40}'",
+        ),
+        (ModeSignals(header="sync", option="fast"), None),  # a lower signal is not read once one decided
     ],
 )
-def test_the_refusal_names_the_signal_and_a_cut_value(signals: Request, message: str | None) -> None:
+def test_the_refusal_names_the_signal_and_a_cut_value(signals: ModeSignals, message: str | None) -> None:
     if message is None:
         assert requested(signals) == "sync"
         return
@@ -129,9 +137,9 @@ def test_the_refusal_names_the_signal_and_a_cut_value(signals: Request, message:
     [("SYNC", "sync"), (" sync\t", "sync"), ("STREAMING", "streaming"), ("streaming ", "streaming")],
 )
 def test_every_signal_is_read_case_and_space_insensitively(value: str, mode: str) -> None:
-    assert requested(Request(header=value)) == mode
-    assert requested(Request(option=value)) == mode
-    assert requested(Request(query=value)) == mode
+    assert requested(ModeSignals(header=value)) == mode
+    assert requested(ModeSignals(option=value)) == mode
+    assert requested(ModeSignals(query=value)) == mode
 
 
 @pytest.mark.parametrize(
@@ -147,7 +155,7 @@ def test_every_signal_is_read_case_and_space_insensitively(value: str, mode: str
 def test_accept_is_read_case_insensitively_for_mode_and_transport(
     accept: str, mode: str | None, transport: str
 ) -> None:
-    assert requested(Request(accept=accept)) == mode
+    assert requested(ModeSignals(accept=accept)) == mode
     assert transport_of(accept) == transport
 
 
@@ -167,7 +175,7 @@ def test_every_answer_keeps_the_asked_transport(
     make_module: ModuleFactory, declared: str, ask: str | None, can_stream: bool
 ) -> None:
     module = make_module(response={"mode": declared})
-    got = negotiate(module, Request(header=ask, accept=f"{NDJSON}, {JSON}"), can_stream=can_stream)
+    got = negotiate(module, ModeSignals(header=ask, accept=f"{NDJSON}, {JSON}"), can_stream=can_stream)
     assert got.transport == "ndjson"
 
 
@@ -175,9 +183,9 @@ def test_a_declared_streaming_module_asked_nothing_answers_sync_when_no_provider
     make_module: ModuleFactory,
 ) -> None:
     module = make_module(response={"mode": "streaming"})
-    got = negotiate(module, Request(accept=JSON), can_stream=False)
+    got = negotiate(module, ModeSignals(accept=JSON), can_stream=False)
     assert (got.mode, got.fallback_reason, got.refused) == ("sync", None, False)
-    assert negotiate(module, Request(accept=JSON)) == Negotiated("streaming", "sse")
+    assert negotiate(module, ModeSignals(accept=JSON)) == Negotiated("streaming", "sse")
 
 
 @pytest.mark.parametrize("reason", ["module_sync_only", "provider_limitation"])

@@ -8,7 +8,7 @@ import pytest
 from proxy.policy.loader import parse_policy
 from proxy.policy.model import ProviderConfig
 from proxy.policy.provider_kinds import PROVIDER_KINDS
-from proxy.upstream.base import CallContext
+from proxy.upstream.base import CallInfo
 from proxy.upstream.http import auth_headers
 from proxy.upstream.registry import CLIENTS, build_providers
 
@@ -41,7 +41,7 @@ def test_the_key_goes_in_the_kinds_auth_header(name: str, monkeypatch: pytest.Mo
         if header == "Authorization"
         else {header: "sk-provider"}
     )
-    assert auth_headers(config, CallContext()) == expected
+    assert auth_headers(config, CallInfo()) == expected
 
 
 def test_options_auth_header_puts_the_raw_key_in_that_header(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,4 +49,4 @@ def test_options_auth_header_puts_the_raw_key_in_that_header(monkeypatch: pytest
     config = ProviderConfig(
         "p", "openai", URL, api_key_env="PROVIDER_KEY", options={"auth_header": "api-key"}
     )
-    assert auth_headers(config, CallContext()) == {"api-key": "sk-provider"}
+    assert auth_headers(config, CallInfo()) == {"api-key": "sk-provider"}

@@ -12,10 +12,10 @@ import tracemalloc
 import pytest
 import redis.asyncio as aioredis
 
+from proxy.state import stream_sessions
 from proxy.state.redis_client import RedisOptions
-from proxy.stream import sessions
+from proxy.state.stream_sessions import MirrorGap, SessionHub, client_hash, is_session_id
 from proxy.stream.chunks import delta_chunk, final_chunk
-from proxy.stream.sessions import MirrorGap, SessionHub, client_hash, is_session_id
 from tests.support.cost import lines_run
 from tests.support.polling import eventually, until
 from tests.support.redis_server import redis_url, server_pid
@@ -143,7 +143,7 @@ def test_a_streamed_answer_costs_the_same_however_many_sessions_are_kept(max_byt
         hub = _hub_with_finished(kept)
         if max_bytes is None:  # the bound reached: every new answer evicts the oldest finished one
             hub.max_bytes = hub.used_bytes
-        costs.append(lines_run(sessions, functools.partial(_one_streamed_answer, hub)))
+        costs.append(lines_run(stream_sessions, functools.partial(_one_streamed_answer, hub)))
     assert costs[0] == costs[1]
 
 
@@ -152,7 +152,7 @@ def test_finding_a_session_costs_the_same_however_many_are_kept() -> None:
     for kept in (50, 2000):
         hub = _hub_with_finished(kept)
         session = hub.create("client-0", "m")
-        costs.append(lines_run(sessions, functools.partial(_found, hub, session.id)))
+        costs.append(lines_run(stream_sessions, functools.partial(_found, hub, session.id)))
     assert costs[0] == costs[1]
 
 

@@ -14,14 +14,14 @@ import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import Caller
-from proxy.policy.quota import LimitSpec, LimitsPolicy
-from proxy.quota.windows import MICRO, Counters, MemoryCounters, RedisCounters, Window, WindowState
+from proxy.limits.windows import MICRO, Counters, MemoryCounters, RedisCounters, Window, WindowState
+from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.state.redis_client import RETRY_AFTER_S, RedisHealth, RedisOptions, redis_client
 
-log = structlog.get_logger("proxy.quota")
+log = structlog.get_logger("proxy.limits")
 
 Kind = Literal["requests", "tokens"]
-Scope = Literal["client", "team", "global"]
+LimitScope = Literal["client", "team", "global"]
 Period = Literal["day", "month"]
 SECONDS_PER_DAY = 86400
 MAX_PLANS = 10_000
@@ -32,7 +32,7 @@ MAX_PLANS = 10_000
 class Limited:
     """One window of a request."""
 
-    scope: Scope
+    scope: LimitScope
     kind: Kind
     window: Window
     cost: int
@@ -41,7 +41,7 @@ class Limited:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    scope: Scope
+    scope: LimitScope
     period: Literal["day", "month"]
     key: str
     limit_usd: float
@@ -100,8 +100,8 @@ def ratelimit_headers(admission: Admission) -> dict[str, str]:
     return headers
 
 
-def _scopes(policy: LimitsPolicy, caller: Caller) -> list[tuple[Scope, str, LimitSpec]]:
-    scopes: list[tuple[Scope, str, LimitSpec]] = []
+def _scopes(policy: LimitsPolicy, caller: Caller) -> list[tuple[LimitScope, str, LimitSpec]]:
+    scopes: list[tuple[LimitScope, str, LimitSpec]] = []
     client = policy.for_client(caller.identity.name or "")
     if client is not None:
         scopes.append(("client", caller.id, client))
@@ -120,10 +120,10 @@ def _periods(now: float) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    windows: tuple[tuple[Scope, Kind, Window], ...]
+    windows: tuple[tuple[LimitScope, Kind, Window], ...]
     spend_keys: tuple[str, ...]
     """Every scope's day and month spend (all grow, budgeted or not: ``/v1/usage`` shows them)."""
-    budgets: tuple[tuple[Scope, Period, str, float], ...]
+    budgets: tuple[tuple[LimitScope, Period, str, float], ...]
 
     @property
     def budget_keys(self) -> tuple[str, ...]:
@@ -131,9 +131,9 @@ class _Plan:
 
 
 def _build_plan(policy: LimitsPolicy, caller: Caller, periods: dict[str, str]) -> _Plan:
-    windows: list[tuple[Scope, Kind, Window]] = []
+    windows: list[tuple[LimitScope, Kind, Window]] = []
     spend_keys: list[str] = []
-    budgets: list[tuple[Scope, Period, str, float]] = []
+    budgets: list[tuple[LimitScope, Period, str, float]] = []
     for scope, ident, spec in _scopes(policy, caller):
         base = f"{scope}:{ident}"
         if spec.rpm is not None:
@@ -153,7 +153,7 @@ def _build_plan(policy: LimitsPolicy, caller: Caller, periods: dict[str, str]) -
 
 
 @dataclass
-class Quota:
+class Limiter:
     """The limits of every request of this replica."""
 
     counters: Counters
@@ -169,7 +169,7 @@ class Quota:
     @classmethod
     def build(
         cls, redis: RedisOptions | None, replicas_hint: int, on_degraded: Callable[[bool], None]
-    ) -> Quota:
+    ) -> Limiter:
         if redis is None:
             return cls(MemoryCounters())
         counters = RedisCounters(redis_client(redis, "limits"))

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from proxy.clients import caller_of
-from proxy.quota.service import Admission, Limited, ratelimit_headers
-from proxy.quota.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window, WindowState
+from proxy.limits.limiter import Admission, Limited, ratelimit_headers
+from proxy.limits.windows import KEY_PREFIX, MemoryCounters, RedisCounters, Window, WindowState
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 

@@ -1,4 +1,4 @@
-"""The counters' decisions (``proxy.quota.windows``), in-process: the sliding-window arithmetic,
+"""The counters' decisions (``proxy.limits.windows``), in-process: the sliding-window arithmetic,
 spend that adds up, the bounds of the in-memory tables, and Redis settlements (the suite's own
 redis-server, tests.support.redis_server)."""
 
@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from proxy.quota.windows import (
+from proxy.limits.windows import (
     KEY_PREFIX,
     MAX_LOCAL_SPEND_KEYS,
     MAX_LOCAL_WINDOWS,

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 import structlog
 from aiohttp import web
 
+from proxy.api.app_keys import METRICS, runtime_of
 from proxy.api.failures import broken_stream_event
-from proxy.api.state import METRICS, runtime_of
 from proxy.policy.model import Target
 from proxy.service.instrument import target_labels
 from proxy.upstream.relay import StreamEnd, copy

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.pipeline import ModuleAnswer
+from proxy.state.stream_sessions import Session
 from proxy.stream.chunks import (
     delta_chunk,
     error_chunk,
@@ -23,7 +24,6 @@ from proxy.stream.chunks import (
     with_answer,
 )
 from proxy.stream.fields import FieldDiffer
-from proxy.stream.sessions import Session
 
 
 class ChunkEmitter:

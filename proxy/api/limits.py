@@ -10,18 +10,18 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.api.app_keys import METRICS, SETTINGS, runtime_of
 from proxy.api.errors import ApiError, json_response, retry_after_value
 from proxy.api.middleware import CALLER
-from proxy.api.state import METRICS, SETTINGS, runtime_of
 from proxy.clients import Caller
 from proxy.contract.inputs import estimate_tokens
+from proxy.limits.limiter import Admission, Limiter, ratelimit_headers
 from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
-from proxy.quota.service import Admission, Quota, ratelimit_headers
 
-__all__ = ["QUOTA", "Quota"]
+__all__ = ["LIMITER", "Limiter"]
 
-QUOTA = web.AppKey("quota", Quota)
+LIMITER = web.AppKey("quota", Limiter)
 ADMISSION = web.RequestKey[Admission | None]("admission")
 """Set by ``admit`` on every request it sees (None without active limits), so ``settle`` reads it
 without ``request.get``'s exception for a missing key."""
@@ -63,12 +63,12 @@ async def admit(
         request[ADMISSION] = admission
 
     return await _admit(
-        request.app[QUOTA], request.app[METRICS], policy, caller(request), estimate, keep, downgradable
+        request.app[LIMITER], request.app[METRICS], policy, caller(request), estimate, keep, downgradable
     )
 
 
 async def _admit(
-    quota: Quota,
+    quota: Limiter,
     metrics: Metrics,
     policy: Policy,
     who: Caller,
@@ -132,7 +132,7 @@ class CallLimits:
     answer; its producer reuses the verdict), settled with what it spent. Holds the quota and the
     caller, not the request: the edge copies ``admission`` into the request (``keep_admission``)."""
 
-    def __init__(self, quota: Quota, metrics: Metrics, who: Caller) -> None:
+    def __init__(self, quota: Limiter, metrics: Metrics, who: Caller) -> None:
         self._quota, self._metrics, self._who = quota, metrics, who
         self.admitted = False
         self.admission: Admission | None = None
@@ -140,7 +140,7 @@ class CallLimits:
 
     @classmethod
     def of(cls, request: web.Request) -> CallLimits:
-        return cls(request.app[QUOTA], request.app[METRICS], caller(request))
+        return cls(request.app[LIMITER], request.app[METRICS], caller(request))
 
     def _keep(self, admission: Admission | None) -> None:
         self.admitted, self.admission = True, admission
@@ -173,7 +173,7 @@ async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
     """Settle what the request spent against the limits ``admit`` counted it in."""
     admission = request[ADMISSION]
     if admission is not None:
-        await request.app[QUOTA].settle(admission, tokens, cost_usd)
+        await request.app[LIMITER].settle(admission, tokens, cost_usd)
 
 
 def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -198,7 +198,7 @@ async def usage(request: web.Request) -> web.Response:
             404, f"No client named {name!r} in the keys file", param="client", code="client_not_found"
         )
     policy = runtime_of(request).policy
-    admission = await request.app[QUOTA].admit(policy.limits, Caller(name, identity), 0, count=False)
+    admission = await request.app[LIMITER].admit(policy.limits, Caller(name, identity), 0, count=False)
     return json_response(
         {
             "object": "usage",
@@ -225,6 +225,6 @@ async def usage(request: web.Request) -> web.Response:
                 }
                 for b in admission.budgets
             ],
-            "degraded": request.app[QUOTA].degraded,
+            "degraded": request.app[LIMITER].degraded,
         }
     )

@@ -6,6 +6,8 @@ A bad file is refused with ``path.to.key: problem``; nothing half-loaded is ever
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import fields
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -19,7 +21,7 @@ from proxy import schemas
 from proxy.json_schema import Validator, check, compile_schema
 from proxy.jsonshape import as_dict
 from proxy.policy.calibration import parse_map, points_problems
-from proxy.policy.limits import cross_check as quota_checks
+from proxy.policy.limits import cross_check as limits_checks
 from proxy.policy.limits import parse_limits, parse_prices
 from proxy.policy.model import (
     Backoff,
@@ -70,12 +72,24 @@ class PolicyError(ValueError):
 
 @cache
 def policy_schema() -> dict[str, Any]:
-    """The shipped policy schema, with ``PROVIDER_KINDS``'s names as the ``kind`` enum (a kind is
-    written in the table only; the file leaves the enum out)."""
+    """The shipped policy schema, completed with what is written once elsewhere: ``PROVIDER_KINDS``'s
+    names as the ``kind`` enum, and a module's override (``definitions.override``) as the tier
+    entry's properties, none required (a tier field is written in ``definitions.tier`` only)."""
     schema = copy.deepcopy(schemas.load("policy.schema.json"))
     schema["properties"]["providers"]["additionalProperties"]["properties"]["kind"]["enum"] = list(
         PROVIDER_KINDS
     )
+    definitions = schema["definitions"]
+    definitions["override"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "description": "A module's own values for fields of its tier's entry (definitions.tier).",
+        "properties": {
+            name: {k: v for k, v in prop.items() if k != "default"}
+            for name, prop in definitions["tier"]["properties"].items()
+        },
+    }
     return schema
 
 
@@ -84,16 +98,15 @@ def _validator() -> Validator:
     return compile_schema(policy_schema())
 
 
-def _thresholds(raw: dict[str, Any]) -> Thresholds:
-    defaults = Thresholds(0.0, "high")  # read for its defaulted fields only
-    return Thresholds(
-        min_confidence=float(raw["min_confidence"]),
-        max_risk=raw["max_risk"],
-        exhausted=raw.get("exhausted", defaults.exhausted),
-        start=raw.get("start"),
-        reask=int(raw.get("reask", defaults.reask)),
-        risk_source=raw.get("risk_source", defaults.risk_source),
-    )
+def _thresholds(raw: Mapping[str, Any]) -> Thresholds:
+    """A tier entry, validated by the schema, as ``Thresholds``: every field the entry names (a
+    YAML integer where a float is declared becomes a float), the others at their defaults."""
+    named: dict[str, Any] = {
+        f.name: float(raw[f.name]) if f.type == "float" else raw[f.name]
+        for f in fields(Thresholds)
+        if f.name in raw
+    }
+    return Thresholds(**named)
 
 
 def _breaker(raw: dict[str, Any], source: str) -> BreakerPolicy:
@@ -315,7 +328,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
     violations = check(_validator(), doc, "")
     if violations:
         raise PolicyError(source, [str(v) for v in violations])
-    problems = _cross_checks(doc) + quota_checks(doc, [r["name"] for r in doc["ladder"]])
+    problems = _cross_checks(doc) + limits_checks(doc, [r["name"] for r in doc["ladder"]])
     if problems:
         raise PolicyError(source, problems)
     providers = {name: _provider(name, raw) for name, raw in doc["providers"].items()}

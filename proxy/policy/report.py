@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from proxy.policy.calibration import CalibrationMap
 from proxy.policy.decide import Meta, decide
 from proxy.policy.model import BreakerPolicy, CacheRule, Policy, Thresholds
 
 
 def _thresholds(t: Thresholds) -> str:
-    start = f", start {t.start}" if t.start else ""
-    return (
-        f"min_confidence {t.min_confidence:g}, max_risk {t.max_risk}, exhausted {t.exhausted}"
-        f"{start}, reask {t.reask}"
+    """Every field of a tier entry that is set, in declaration order (a new field shows itself)."""
+    values = ((f.name, getattr(t, f.name)) for f in fields(t))
+    return ", ".join(
+        f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in values
+        if value is not None
     )
 
 

@@ -116,9 +116,12 @@ OWN_ROUTES = (
     ("modules", "*"),
     ("modules", "*", "execute"),
     ("capabilities",),
+    ("feedback",),
+    ("usage",),
 )
 """The routes the proxy serves itself under ``/v1/`` (``*``: one segment), which the
-passthrough must never reach on a provider in another spelling."""
+passthrough must never reach on a provider in another spelling: every ``/v1/`` row of
+``proxy.api.routes.ROUTES`` but the passthrough and the model listing (a test holds the two in step)."""
 
 
 def own_route_named(path: str) -> str | None:

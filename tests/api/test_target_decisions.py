@@ -6,10 +6,13 @@ file pins the same decisions on the functions themselves, where mutation testing
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from proxy.api.errors import ApiError
+from proxy.api.routes import ROUTES
 from proxy.api.target import (
     ClientTarget,
     check_target_form,
@@ -214,3 +217,22 @@ def test_check_target_form_refuses_absolute_form_everywhere(raw: str) -> None:
         check_target_form(make_mocked_request("GET", raw))
     assert (caught.value.status, caught.value.code) == (400, "invalid_request_target")
     assert caught.value.message == f"Request target refused: {NOT_ORIGIN_FORM}"
+
+
+PROVIDER_LISTED = frozenset({"/v1/models", "/v1/models/{model:.+}"})
+"""Rows whose other spellings may reach the provider: its own model listing, harmless there."""
+
+
+def test_every_own_v1_route_of_the_table_is_guarded_in_its_other_spellings() -> None:
+    """``OWN_ROUTES`` names every ``/v1/`` row of the route table but the passthrough and the
+    provider's model listing: a client-keyed ``/v1/feedback/`` never reaches the provider."""
+    rows = [
+        r.path
+        for r in ROUTES
+        if r.path.startswith("/v1/") and "{tail" not in r.path and r.path not in PROVIDER_LISTED
+    ]
+    assert "/v1/feedback" in rows and "/v1/usage" in rows
+    for template in rows:
+        path = re.sub(r"\{[^}]+\}", "x", template)
+        assert own_route_named(path + "/") == path, template
+        assert own_route_named(path.upper().replace("/V1/", "/v1/")) == path, template

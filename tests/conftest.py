@@ -62,6 +62,7 @@ SLOW_FILES = frozenset(
         "observability/test_metrics.py",
         "security/test_admin_port.py",
         "security/test_attack_26.py",
+        "security/test_attack_30.py",
         "security/test_body_budget.py",
         "security/test_browser_guard.py",
         "security/test_context.py",

@@ -1,0 +1,89 @@
+"""Issue #30 adversarial pass by an outside attacker: the route table, its scopes and methods, the
+probe listener, and the policy's tier fields, attacked through a real ``cogproxy serve``.
+
+Each test here fails on 379c9fc (the end of #30) and describes the answer the fix should give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests.fake_upstream import FakeUpstream
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    ServedProcess,
+    free_port,
+    proxy_process,
+)
+from tests.security.conftest import security_policy
+from tests.security.harness import RawResponse, raw_http, request_bytes
+
+CLIENT = "sk-client-attack-30"
+ODD_EXPECT = "zqexpect-canary-30"
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """``cogproxy serve`` with a client key and a probe listener (``--admin-port``)."""
+
+    served: ServedProcess
+    api_port: int
+    probe_port: int
+
+    async def api(self, raw: bytes) -> RawResponse:
+        return await raw_http("127.0.0.1", self.api_port, raw)
+
+    async def probe(self, raw: bytes) -> RawResponse:
+        return await raw_http("127.0.0.1", self.probe_port, raw)
+
+
+@pytest.fixture
+async def keyed(fake_upstream: FakeUpstream, tmp_path: Path) -> AsyncIterator[Keyed]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(security_policy(fake_upstream)))
+    probe_port = free_port()
+    async with proxy_process(
+        "--policy",
+        str(path),
+        "--api-keys",
+        CLIENT,
+        "--admin-port",
+        str(probe_port),
+        env={UPSTREAM_KEY_ENV: UPSTREAM_KEY},
+    ) as served:
+        yield Keyed(served, int(served.url.rsplit(":", 1)[1]), probe_port)
+
+
+def _error_code(answer: RawResponse) -> Any:
+    assert answer.headers.get("Content-Type", "").startswith("application/json"), answer
+    return orjson.loads(answer.body)["error"]["code"]
+
+
+async def test_an_unknown_expectation_on_an_unrouted_path_or_the_probe_listener_is_not_echoed(
+    keyed: Keyed,
+) -> None:
+    """#26 gave every row of the route table an ``Expect`` handler; a path no row matches, and
+    every path of the probe listener, still get aiohttp's own ``417 text/plain "Unknown Expect:
+    <the client's value>"``: on the API port before the client key is checked (401 without a key
+    on every other path), and never in the OpenAI error format either listener promises."""
+    expect = {"Expect": ODD_EXPECT}
+    keyless = await keyed.api(request_bytes("GET", "/nope", headers=expect))
+    with_key = await keyed.api(
+        request_bytes("GET", "/v2/x", headers={**expect, "Authorization": f"Bearer {CLIENT}"})
+    )
+    probe_route = await keyed.probe(request_bytes("GET", "/healthz", headers=expect))
+    probe_other = await keyed.probe(request_bytes("GET", "/v1/models", headers=expect))
+    for answer in (keyless, with_key, probe_route, probe_other):
+        assert ODD_EXPECT.encode() not in answer.body, answer
+    assert (keyless.status, _error_code(keyless)) == (401, "invalid_api_key")
+    assert (with_key.status, _error_code(with_key)) == (417, "expectation_failed")
+    assert (probe_route.status, _error_code(probe_route)) == (417, "expectation_failed")
+    assert probe_other.status in (404, 417) and _error_code(probe_other) is not None

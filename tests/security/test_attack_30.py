@@ -87,3 +87,17 @@ async def test_an_unknown_expectation_on_an_unrouted_path_or_the_probe_listener_
     assert (with_key.status, _error_code(with_key)) == (417, "expectation_failed")
     assert (probe_route.status, _error_code(probe_route)) == (417, "expectation_failed")
     assert probe_other.status in (404, 417) and _error_code(probe_other) is not None
+
+
+async def test_the_probe_listeners_405_names_the_methods_it_takes(keyed: Keyed) -> None:
+    """A 405 must say what is allowed (RFC 9110 §15.5.6). The API port's ``POST /metrics`` answers
+    ``Allow: GET, HEAD`` from the route table; the probe listener, serving the same rows, answers
+    405 with no ``Allow``: its error middleware rebuilds aiohttp's ``HTTPMethodNotAllowed`` as an
+    OpenAI error and drops the exception's headers."""
+    api = await keyed.api(request_bytes("POST", "/metrics"))
+    assert (api.status, api.headers.get("Allow")) == (405, "GET, HEAD")
+    for method, path in (("POST", "/metrics"), ("DELETE", "/healthz"), ("PUT", "/readyz")):
+        answer = await keyed.probe(request_bytes(method, path))
+        assert (answer.status, _error_code(answer)) == (405, "method_not_allowed"), answer
+        allowed = {m.strip() for m in answer.headers.get("Allow", "").split(",") if m.strip()}
+        assert allowed == {"GET", "HEAD"}, (method, path, dict(answer.headers))

@@ -7,6 +7,7 @@ Each test here fails on 379c9fc (the end of #30) and describes the answer the fi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from aiohttp import web
 
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import (
@@ -101,3 +103,55 @@ async def test_the_probe_listeners_405_names_the_methods_it_takes(keyed: Keyed) 
         assert (answer.status, _error_code(answer)) == (405, "method_not_allowed"), answer
         allowed = {m.strip() for m in answer.headers.get("Allow", "").split(",") if m.strip()}
         assert allowed == {"GET", "HEAD"}, (method, path, dict(answer.headers))
+
+
+@asynccontextmanager
+async def trace_reflecting_upstream() -> AsyncIterator[tuple[str, list[str]]]:
+    """An upstream that honours TRACE as RFC 9110 §9.3.8 describes (Apache httpd's default,
+    ``TraceEnable on``): the request it received, headers included, comes back as
+    ``message/http``; every other request is 404. Yields its URL and the methods it saw."""
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.method)
+        if request.method != "TRACE":
+            return web.json_response({"error": {"message": "not found"}}, status=404)
+        head = f"TRACE {request.raw_path} HTTP/1.1\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in request.headers.items()
+        )
+        return web.Response(body=head.encode(), content_type="message/http")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_trace_never_reaches_the_provider_with_its_key(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The ``/v1/*`` passthrough takes every method and injects the provider key: ``TRACE
+    /v1/files`` with a client key went to the provider, and an upstream that reflects TRACE
+    handed the client ``Authorization: Bearer <the provider key>``. TRACE is never part of a
+    provider API; the proxy answers it 405 and sends nothing upstream."""
+    async with trace_reflecting_upstream() as (url, seen):
+        policy = security_policy(fake_upstream)
+        policy["providers"]["up"]["base_url"] = url + "/v1"
+        path = tmp_path / "policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        async with proxy_process(
+            "--policy", str(path), "--api-keys", CLIENT, env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}
+        ) as served:
+            port = int(served.url.rsplit(":", 1)[1])
+            auth = {"Authorization": f"Bearer {CLIENT}"}
+            traced = await raw_http("127.0.0.1", port, request_bytes("TRACE", "/v1/files", headers=auth))
+            listed = await raw_http("127.0.0.1", port, request_bytes("GET", "/v1/files", headers=auth))
+    assert listed.status == 404 and seen.count("GET") == 1  # the passthrough itself works
+    assert UPSTREAM_KEY.encode() not in traced.body, traced.body[:300]
+    assert "TRACE" not in seen
+    assert (traced.status, _error_code(traced)) == (405, "method_not_allowed")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import yaml
@@ -24,6 +25,7 @@ from tests.proxy_server import (
     ServedProcess,
     free_port,
     proxy_process,
+    running_proxy,
 )
 from tests.security.conftest import security_policy
 from tests.security.harness import RawResponse, raw_http, request_bytes
@@ -155,3 +157,43 @@ async def test_trace_never_reaches_the_provider_with_its_key(
     assert UPSTREAM_KEY.encode() not in traced.body, traced.body[:300]
     assert "TRACE" not in seen
     assert (traced.status, _error_code(traced)) == (405, "method_not_allowed")
+
+
+EXECUTE_BODY = {"input": {"code": "x = 1", "language": "python"}}
+
+
+async def _execute_once(fake: FakeUpstream, tmp_path: Path, policy: dict[str, Any]) -> tuple[int, Any, int]:
+    """One code-reviewer call on a proxy serving ``policy``: (status, error code, upstream calls)."""
+    fake.reset()
+    async with (
+        running_proxy(tmp_path, policy) as proxy,
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy.url}/v1/modules/code-reviewer/execute", json=EXECUTE_BODY) as resp,
+    ):
+        envelope = await resp.json()
+        return resp.status, envelope.get("error", {}).get("code"), len(fake.requests)
+
+
+@pytest.mark.parametrize("section", ["tiers", "modules"])
+async def test_a_whole_number_written_as_a_float_is_a_valid_reask(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str
+) -> None:
+    """``reask: 1.0`` passes the schema (``type: integer`` takes 1.0), the policy loads and
+    /readyz is 200, but the value reached ``range()`` as a float: every call of the tier (or of
+    the module, for an override) answered 500 E4000. The tier path is a regression of e3ce210
+    (``_thresholds`` no longer applies ``int()``); the override was never converted. It must
+    answer as ``reask: 1`` does."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+
+    def policy(reask: float) -> dict[str, Any]:
+        doc = security_policy(fake_upstream)
+        if section == "tiers":
+            doc["tiers"]["decision"]["reask"] = reask  # code-reviewer is a decision module
+        else:
+            doc["modules"] = {"code-reviewer": {"reask": reask}}
+        return doc
+
+    as_int = await _execute_once(fake_upstream, tmp_path, policy(1))
+    as_float = await _execute_once(fake_upstream, tmp_path, policy(1.0))
+    assert as_int[0] != 500, as_int
+    assert as_float == as_int

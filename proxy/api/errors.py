@@ -96,6 +96,11 @@ def error_answer(request: web.Request, exc: BaseException) -> web.StreamResponse
     return api_error_of(request, exc).response()
 
 
+KEPT_HTTP_HEADERS = ("Allow",)
+"""What an aiohttp ``HTTPException`` says in a header that its OpenAI-format answer keeps (a 405's
+``Allow``)."""
+
+
 def api_error_of(request: web.Request, exc: BaseException) -> ApiError:
     """``exc`` raised by a handler as the ``ApiError`` it answers (500 for an unexpected one,
     logged). Re-raises what is not an error answer (cancellation, an HTTP redirect)."""
@@ -108,11 +113,13 @@ def api_error_of(request: web.Request, exc: BaseException) -> ApiError:
             raise exc
         # aiohttp's own texts are specific ("Maximum request body size N exceeded, ...").
         message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
+        kept = {name: exc.headers[name] for name in KEPT_HTTP_HEADERS if name in exc.headers}
         return ApiError(
             exc.status,
             message,
             _HTTP_TYPES.get(exc.status, "invalid_request_error"),
             exc.reason.lower().replace(" ", "_"),
+            headers=kept or None,
         )
     if not isinstance(exc, Exception):  # CancelledError, KeyboardInterrupt, SystemExit
         raise exc

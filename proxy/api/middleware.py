@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from proxy.api.access import ADMIN_CALLER, Route, check_method, check_scope, route_of_request
+from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope, route_of_request
 from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
@@ -112,9 +112,12 @@ def authenticate(request: web.Request, route: Route | None, settings: Settings) 
 
 
 def route_of(request: web.Request) -> str:
-    """The path template (``/v1/modules/{name}/execute``), never the raw path: a bounded label."""
+    """The path template (``/v1/modules/{name}/execute``), never the raw path: a bounded label;
+    ``unmatched`` for a path no row of the table names."""
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "unmatched"
+    return (
+        resource.canonical if resource is not None and resource in request.app[ROUTE_INDEX] else "unmatched"
+    )
 
 
 @web.middleware
@@ -180,6 +183,21 @@ async def _observed(
 EXPECT_CONTINUE = "100-continue"
 
 
+def unknown_expectation() -> ApiError:
+    """The answer to an ``Expect`` other than 100-continue (the value is the client's: never echoed)."""
+    return ApiError(417, "Expect: only 100-continue is understood", code="expectation_failed")
+
+
+async def expect_on_probes(request: web.Request) -> web.StreamResponse | None:
+    """The probe listener's ``Expect`` handler. No edge runs after it there (no auth, no guard), so
+    an expectation other than 100-continue is answered here, 417 in the OpenAI format; aiohttp's
+    own would be ``text/plain`` echoing the client's value."""
+    if request.headers.get(hdrs.EXPECT, "").lower() != EXPECT_CONTINUE:
+        return unknown_expectation().response()
+    await expect_continue(request)
+    return None
+
+
 async def expect_continue(request: web.Request) -> None:
     """Every route's ``Expect`` handler. aiohttp's own runs before every middleware and answers an
     expectation other than 100-continue with ``417 text/plain "Unknown Expect: <value>"``: the
@@ -202,7 +220,7 @@ async def _admitted(request: web.Request, handler: Handler, route: Route | None)
     authenticate(request, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
-        raise ApiError(417, "Expect: only 100-continue is understood", code="expectation_failed")
+        raise unknown_expectation()
     reservation = reserve(request)
     try:
         check_method(request, route)

@@ -12,11 +12,15 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from proxy.api import chat, execute, feedback, limits, meta, modules, openapi, passthrough, responses
-from proxy.api.access import ANY_METHOD, ROUTE_INDEX, Route, Scope
-from proxy.api.middleware import expect_continue
+from proxy.api.access import ANY_METHOD, ROUTE_INDEX, Route, Scope, check_method
+from proxy.api.errors import Handler
+from proxy.api.middleware import expect_continue, expect_on_probes
 from proxy.api.refusals import EXECUTE_ROUTE
 
 GET, POST = hdrs.METH_GET, hdrs.METH_POST
+PROVIDER_METHODS = (GET, POST, hdrs.METH_PUT, hdrs.METH_PATCH, hdrs.METH_DELETE, hdrs.METH_OPTIONS)
+"""What a provider API takes (GET brings HEAD). Others, TRACE above all (an upstream reflecting it
+would hand the client the injected provider key), never leave the proxy: 405."""
 
 ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", (POST,), Scope.CLIENT, chat.chat_completions, shares_path=True),
@@ -35,7 +39,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/usage", (GET,), Scope.ADMIN, limits.usage, shares_path=True),
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
-    Route(r"/v1/{tail:[\s\S]*}", (ANY_METHOD,), Scope.CLIENT, passthrough.catch_all),
+    Route(r"/v1/{tail:[\s\S]*}", PROVIDER_METHODS, Scope.CLIENT, passthrough.catch_all),
 )
 """In matching order: the router tries the rows top down."""
 
@@ -52,15 +56,35 @@ def register(app: web.Application, routes: Iterable[Route]) -> None:
         methods = route.methods if route.shares_path else (ANY_METHOD,)
         for method in methods:
             index[_add(app, method, route, expect_handler=expect_continue)] = route
+    app.router.add_route(ANY_METHOD, UNMATCHED, not_found, expect_handler=expect_continue)
     app[ROUTE_INDEX] = index
 
 
+UNMATCHED = "/{unmatched:.*}"
+"""Last on either listener: every path no row names, a 404 answered after the edge's checks, so an
+``Expect`` on it is handled like any other (aiohttp's own handler would echo it, text/plain)."""
+
+
+async def not_found(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
+
+
 def register_probes(app: web.Application) -> None:
-    """The probe listener's routes: its rows' own methods (it has no edge: aiohttp answers the
-    others, and every other path, through the listener's error middleware)."""
+    """The probe listener's routes: its rows, which check their methods themselves (405 with
+    ``Allow``: the listener has no edge), then the 404 for every other path."""
     for route in PROBE_ROUTES:
-        for method in route.methods:
-            _add(app, method, route)
+        app.router.add_route(ANY_METHOD, route.path, _method_checked(route), expect_handler=expect_on_probes)
+    app.router.add_route(ANY_METHOD, UNMATCHED, not_found, expect_handler=expect_on_probes)
+
+
+def _method_checked(route: Route) -> Handler:
+    """``route``'s handler behind its method check (405 with ``Allow`` from the row)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        check_method(request, route)
+        return await route.handler(request)
+
+    return handler
 
 
 def _add(app: web.Application, method: str, route: Route, **options: Any) -> web.AbstractResource:

@@ -6,7 +6,8 @@ A bad file is refused with ``path.to.key: problem``; nothing half-loaded is ever
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from functools import cache
 from pathlib import Path
@@ -98,15 +99,26 @@ def _validator() -> Validator:
     return compile_schema(policy_schema())
 
 
-def _thresholds(raw: Mapping[str, Any]) -> Thresholds:
-    """A tier entry, validated by the schema, as ``Thresholds``: every field the entry names (a
-    YAML integer where a float is declared becomes a float), the others at their defaults."""
-    named: dict[str, Any] = {
-        f.name: float(raw[f.name]) if f.type == "float" else raw[f.name]
-        for f in fields(Thresholds)
-        if f.name in raw
+_DECLARED: Mapping[str, Callable[[Any], Any]] = {"float": float, "int": int}
+"""A tier field's declared type -> the conversion of its validated value (YAML's ``1`` for a float,
+``1.0`` for an integer: the schema's ``integer`` admits it)."""
+
+
+def _tier_values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``Thresholds`` fields a tier entry or a module override names, as their declared types."""
+    return {
+        f.name: _DECLARED.get(str(f.type), _as_is)(raw[f.name]) for f in fields(Thresholds) if f.name in raw
     }
-    return Thresholds(**named)
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _thresholds(raw: Mapping[str, Any]) -> Thresholds:
+    """A tier entry, validated by the schema, as ``Thresholds``: every field the entry names, the
+    others at their defaults."""
+    return Thresholds(**_tier_values(raw))
 
 
 def _breaker(raw: dict[str, Any], source: str) -> BreakerPolicy:
@@ -265,8 +277,21 @@ _PASSTHROUGH_KINDS = (
 )
 
 
+def _non_finite(value: Any, path: str) -> Iterator[str]:
+    """Where the document holds ``.nan`` or ``.inf``: no threshold, price or limit means one (a NaN
+    ``min_confidence`` passes ``minimum``/``maximum`` and sends every answer to review)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield f"{path}: must be a finite number, not {value}"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite(item, f"{path}[{index}]")
+
+
 def _cross_checks(doc: dict[str, Any]) -> list[str]:
-    problems = []
+    problems = list(_non_finite(doc, ""))
     providers = as_dict(doc.get("providers"))
     rung_names = [r["name"] for r in doc["ladder"]]
     for i, rung in enumerate(doc["ladder"]):
@@ -344,7 +369,7 @@ def parse_policy(doc: Any, source: str = "<memory>") -> Policy:
         ladder=ladder,
         tiers=MappingProxyType(tiers),
         modules=MappingProxyType(
-            {k: MappingProxyType(dict(v)) for k, v in as_dict(doc.get("modules")).items()}
+            {k: MappingProxyType(_tier_values(v)) for k, v in as_dict(doc.get("modules")).items()}
         ),
         aliases=MappingProxyType(dict(as_dict(doc.get("aliases")))),
         known_targets=frozenset(

@@ -79,3 +79,22 @@ def test_the_summary_prints_every_field_that_is_set() -> None:
         "decision: min_confidence 1, max_risk medium, exhausted accept, start strong, reask 2, "
         "risk_source rule"
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"tiers": {"exec": {"min_confidence": float("nan"), "max_risk": "low"}}},
+            "tiers.exec.min_confidence",
+        ),
+        ({"modules": {"m": {"min_confidence": float("nan")}}}, "modules.m.min_confidence"),
+        ({"failover": {"timeout": {"per_try_s": float("inf")}}}, "failover.timeout.per_try_s"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_with_its_path(change: dict[str, Any], problem: str) -> None:
+    """``.nan`` passes ``minimum``/``maximum`` (every comparison is false): a NaN ``min_confidence``
+    loaded and sent every answer to review (#30 attack pass)."""
+    with pytest.raises(PolicyError) as raised:
+        parse_policy({**MINIMAL, **change})
+    assert f"{problem}: must be a finite number" in str(raised.value)

@@ -16,7 +16,8 @@ from tests.redis_relay import RedisRelay
 from tests.support.polling import eventually, settled, until
 from tests.support.redis_db import fresh_db
 
-REDIS_DB = 11
+REDIS_DB = 8
+"""This module's own database of the suite's Redis (emptied before and after)."""
 STREAMS = 16
 ANSWERS_PER_STREAM = 4
 CHUNKS = 240

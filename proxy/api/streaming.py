@@ -57,6 +57,7 @@ async def streams_ctx(app: web.Application) -> Any:
         ttl_s=settings.stream_session_ttl_s,
         max_bytes=settings.stream_session_max_bytes,
         redis=settings.redis if settings.stream_recovery else None,
+        on_mirror_drop=lambda reason: app[METRICS].stream_mirror_dropped.labels(reason).inc(),
     )
     app[METRICS].stream_sessions.set_function(lambda: hub.live)
     yield

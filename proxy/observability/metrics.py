@@ -235,6 +235,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("result",),
     ),
     (
+        "stream_mirror_dropped",
+        "cognitive_stream_mirror_dropped_total",
+        "Streamed sessions dropped from the Redis copy (not resumable on another replica): the "
+        "chunks waiting for Redis reached the bound (behind), or a write failed (failed).",
+        ("reason",),
+    ),
+    (
         "feedback",
         "cognitive_feedback_total",
         "First verdicts on module answers, by confidence bin (of the reported or calibrated scale).",
@@ -426,6 +433,7 @@ class Metrics:
     connections_refused: Counter
     streams: Counter
     stream_resumptions: Counter
+    stream_mirror_dropped: Counter
     feedback: Counter
     feedback_confidence: Counter
     feedback_score: Counter

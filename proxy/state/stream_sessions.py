@@ -4,7 +4,8 @@ A ``Session`` lives in the replica that runs the call: the producer appends chun
 made, and every connection following it (the first one, or a resumed one) reads them from its
 list. Finished sessions stay ``ttl_s`` for recovery, within a memory bound (oldest finished
 evicted first; live sessions are bounded by the call's deadline). With ``--redis-url`` every
-chunk is also appended, in order, to a Redis list with the same TTL by one writer task; a retry
+chunk is also appended, in order, to a Redis list with the same TTL by one writer task, in batches
+(``stream_mirror``: everything pending of every session in one round trip); a retry
 that lands on another replica replays that list and follows its tail by polling it every
 ``POLL_S`` (polling, not pub/sub: no connection held per follower, and a follower that starts
 late needs the list anyway).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import hashlib
 import hmac
 import secrets
@@ -35,7 +35,8 @@ from redis.exceptions import RedisError
 
 from proxy.retained import retained
 from proxy.state.redis_client import RedisOptions, redis_client
-from proxy.stream.chunks import Kind, kind_of
+from proxy.state.stream_mirror import MIRROR_QUEUE_MAX, DropReason, Event, MirrorWriter
+from proxy.stream.chunks import kind_of
 
 log = structlog.get_logger("proxy.stream")
 
@@ -45,15 +46,10 @@ SESSION_ID_BYTES = 16
 for its own chunks only together with the client key it was started with."""
 POLL_S = 0.05
 """How often a follower on another replica reads the Redis list (the latency of its tail)."""
-MIRROR_DRAIN_S = 2.0
-"""At shutdown, how long chunks still queued for Redis get to be written."""
 REDIS_INDEX_MAX = 2**63 - 1
 """Redis list indexes are signed 64-bit: a larger one is an error, not an absent chunk."""
-MIRROR_QUEUE_MAX = 10_000
-"""Chunks waiting for Redis at most; beyond it a session stops being resumable elsewhere."""
 _KEY = "cogproxy:stream:{}:{}"
 
-Event = tuple[Kind, bytes]
 EVENT_OVERHEAD_BYTES = 160
 """Memory a kept chunk takes besides its JSON: the bytes object's header, the (kind, bytes)
 tuple, its list slot and allocator rounding (measured with tracemalloc: ~110; the test
@@ -189,17 +185,13 @@ class RedisSource:
         return True
 
 
-def _encode(index: int, event: Event) -> bytes:
-    return b"%d %s %s" % (index, event[0].encode(), event[1])
-
-
 def _decode(raw: bytes, index: int) -> Event:
-    """An entry written by ``_encode``, which must be the one of position ``index``."""
+    """An entry written by ``stream_mirror.encode_entry``, which must be the one of position ``index``."""
     stored, _, rest = raw.partition(b" ")
     if stored != b"%d" % index:
         raise MirrorGap(f"position {index} holds entry {stored[:20]!r}")
     kind, _, payload = rest.partition(b" ")
-    return kind.decode(), payload  # type: ignore[return-value]  # written by _encode
+    return kind.decode(), payload  # type: ignore[return-value]  # written by encode_entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +207,16 @@ class Found:
 class SessionHub:
     """The sessions of this replica, their producer tasks, and the Redis mirror."""
 
-    def __init__(self, *, ttl_s: float, max_bytes: int, redis: RedisOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ttl_s: float,
+        max_bytes: int,
+        redis: RedisOptions | None = None,
+        mirror_max_pending: int = MIRROR_QUEUE_MAX,
+        on_mirror_drop: Callable[[DropReason], None] = lambda reason: None,
+    ) -> None:
+        """``on_mirror_drop``: a session left the Redis copy (not resumable on another replica)."""
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._sessions: dict[str, Session] = {}
@@ -228,10 +229,15 @@ class SessionHub:
         self._used = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self._redis: Any = redis_client(redis, "streams") if redis is not None else None
-        self._queue: asyncio.Queue[tuple[Session, int, Event | str]] | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._failed_writes = 0
-        """Mirror writes failed since the last one that went through (0: Redis answers)."""
+        self._mirror: MirrorWriter | None = None
+        if self._redis is not None:
+            self._mirror = MirrorWriter(
+                self._redis,
+                ttl_s=ttl_s,
+                keys=lambda sid: (_KEY.format(sid, "info"), _KEY.format(sid, "events")),
+                max_pending=mirror_max_pending,
+                on_drop=on_mirror_drop,
+            )
 
     @property
     def live(self) -> int:
@@ -250,8 +256,8 @@ class SessionHub:
         self._add(session.client, session.size)
         if self._used > self.max_bytes:
             self._evict()
-        if self._redis is not None:
-            self._mirror(session, None, created=True)
+        if self._mirror is not None:
+            self._mirror.changed(session, appended=False)
         return session
 
     def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -302,8 +308,8 @@ class SessionHub:
             self._finished_of.setdefault(session.client, OrderedDict())[session.id] = session
         if self._used > self.max_bytes:
             self._evict()
-        if self._redis is not None:
-            self._mirror(session, event)
+        if self._mirror is not None:
+            self._mirror.changed(session, appended=event is not None)
 
     def _add(self, client: str, size: int) -> None:
         self._used += size
@@ -341,83 +347,12 @@ class SessionHub:
             if not mine:
                 del self._finished_of[session.client]
 
-    # -- Redis mirror ------------------------------------------------------------------------------
-
-    def _mirror(self, session: Session, event: Event | None, *, created: bool = False) -> None:
-        if self._queue is None:
-            self._queue = asyncio.Queue(MIRROR_QUEUE_MAX)
-            # A context of its own: the writer serves every request, so its lines must not carry
-            # the trace id of the request that happened to start it.
-            self._writer = asyncio.get_running_loop().create_task(
-                self._write_loop(), context=contextvars.Context()
-            )
-        item: Event | str = event if event is not None else ("created" if created else "done")
-        # The position the entry must hold in the Redis list (a "done" mark: how many there are).
-        position = len(session.events) - 1 if event is not None else len(session.events)
-        try:
-            self._queue.put_nowait((session, position, item))
-        except asyncio.QueueFull:
-            session.mirror_lost = True  # its later items (the done mark at least) delete it
-
-    async def _write_loop(self) -> None:
-        assert self._queue is not None
-        while True:
-            session, position, event = await self._queue.get()
-            info, events = _KEY.format(session.id, "info"), _KEY.format(session.id, "events")
-            try:
-                if session.mirror_lost:
-                    # Again for each of its items: a write that timed out may have run after the
-                    # last delete. Readers refuse what is left meanwhile (positions, count).
-                    await self._redis.delete(info, events)
-                else:
-                    await self._write(session, position, event, info, events)
-            except (RedisError, OSError) as exc:
-                self._mirror_failed(session, exc)
-            else:
-                self._mirror_answered()
-
-    async def _write(
-        self, session: Session, position: int, event: Event | str, info: str, events: str
-    ) -> None:
-        ttl = max(1, int(self.ttl_s))
-        pipe = self._redis.pipeline(transaction=False)
-        if event == "done":
-            pipe.hset(info, mapping={"done": "1", "count": position})
-        elif event == "created":
-            pipe.hset(info, mapping={"client": session.client, "module": session.module, "done": "0"})
-        elif isinstance(event, tuple):
-            pipe.rpush(events, _encode(position, event))
-            pipe.expire(events, ttl)
-        pipe.expire(info, ttl)
-        await pipe.execute()
-
-    def _mirror_failed(self, session: Session, exc: Exception) -> None:
-        """One warning per outage (the first failed write), not one per chunk."""
-        if self._failed_writes == 0:
-            log.warning("proxy.stream_mirror_failed", session=session.id[:12], error=str(exc))
-        self._failed_writes += 1
-        session.mirror_lost = True
-
-    def _mirror_answered(self) -> None:
-        if self._failed_writes:
-            log.info("proxy.stream_mirror_recovered", failed_writes=self._failed_writes)
-            self._failed_writes = 0
-
     async def aclose(self) -> None:
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self._queue is not None and self._writer is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_drained(self._queue), MIRROR_DRAIN_S)
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
+        if self._mirror is not None:
+            await self._mirror.aclose()
         if self._redis is not None:
             await self._redis.aclose()
-
-
-async def _drained(queue: asyncio.Queue[Any]) -> None:
-    while not queue.empty():
-        await asyncio.sleep(POLL_S)

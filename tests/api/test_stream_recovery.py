@@ -17,6 +17,7 @@ import yaml
 
 from tests.api.test_modules import REVIEW_INPUT
 from tests.api.test_streaming import RATIONALE, answer
+from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import (
     UPSTREAM_KEY,
@@ -26,8 +27,9 @@ from tests.proxy_server import (
     running_proxy,
     upstream_policy,
 )
+from tests.redis_relay import RedisRelay
 from tests.stream.client import read_sse, rendered, seq, sequenced
-from tests.support.polling import eventually, until
+from tests.support.polling import eventually, has, until
 from tests.support.redis_server import redis_url, server_pid
 
 REDIS_URL = redis_url(11)
@@ -378,3 +380,28 @@ async def test_a_redis_freeze_mid_stream_never_leaves_a_partial_session_marked_d
         assert meta["session_id"] != sid and last.get("final") is True
         assert rendered(rest)["data.rationale"] == LONG
     assert _half_written_sessions() == []
+
+
+async def test_a_session_dropped_from_the_redis_copy_is_counted_on_metrics(
+    fake_upstream: FakeUpstream, relay: RedisRelay, proxy_with: ProxyWith
+) -> None:
+    """#32.2: a session that cannot be copied to Redis (here: Redis unreachable) is no longer
+    resumable on another replica; ``/metrics`` says so instead of silence."""
+    fake_upstream.set_default_reply("cheap", answer(0.92))
+    relay.cut()
+    async with (
+        proxy_with(upstream_policy(fake_upstream), redis_url=relay.url(11)) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        _, events = await _call(_execute_url(px.url), SSE)
+        assert events[-1][1].get("final") is True  # served whole from this replica's memory
+
+        async def scrape() -> str:
+            return await (await session.get(px.url + "/metrics")).text()
+
+        await eventually(
+            scrape,
+            "the dropped session counted",
+            ready=has('cognitive_stream_mirror_dropped_total{reason="failed"} 1.0'),
+            timeout=20,
+        )

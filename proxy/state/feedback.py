@@ -202,12 +202,13 @@ class RedisFeedbackStore:
         self._write(record)
 
     def _write(self, record: AnswerRecord) -> None:
-        """Queue ``record`` in the outbox, its key expiring with its window (every record of a
-        trace id has the same window); an expired one is not written."""
-        ttl_ms = int((record.expires - self._clock()) * 1000)
-        if ttl_ms > 0:
+        """Queue ``record`` in the outbox, its key expiring at the record's ``expires`` (a hash
+        holds every client's record of a trace id: it goes with the latest written, and readers
+        check each record's own); an expired one is not written."""
+        if record.expires > self._clock():
+            expires_at_ms = int(record.expires * 1000)
             self._outbox.put(
-                HashWrite(KEY_PREFIX + record.trace_id, record.client, record.dumps().decode(), ttl_ms)
+                HashWrite(KEY_PREFIX + record.trace_id, record.client, record.dumps().decode(), expires_at_ms)
             )
 
     async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
@@ -254,20 +255,20 @@ class RedisFeedbackStore:
         await self._redis.aclose()
 
 
-async def scan_records(options: RedisOptions) -> AsyncIterator[AnswerRecord]:
-    """Every unexpired record in the Redis ``options`` name (for ``cogproxy calibration``), 0.3's
-    ``cogproxy:feedback:<trace id>`` strings included."""
+async def scan_records(options: RedisOptions, clock: Clock = time.time) -> AsyncIterator[AnswerRecord]:
+    """Every record in the Redis ``options`` name still in its window (for ``cogproxy
+    calibration``), 0.3's ``cogproxy:feedback:<trace id>`` strings included."""
     client: Any = redis_client(options, "scan")
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
             for raw in await client.hvals(key):
                 record = _loaded(raw, key)
-                if record is not None:
+                if record is not None and record.expires > clock():
                     yield record
         async for key in client.scan_iter(match=LEGACY_PREFIX + "*", count=SCAN_COUNT, _type="string"):
             raw = await client.get(key)
             record = None if raw is None else _loaded(raw, key)
-            if record is not None:
+            if record is not None and record.expires > clock():
                 yield record
     finally:
         await client.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
@@ -113,30 +114,31 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
     redis_keys: tuple[str, Any],
 ) -> None:
     prefix, client = redis_keys
-    clock = Clock(1000.0)
+    now = time.time()  # Redis expires the key at the record's own expiry, on its clock
+    clock = Clock(now)
     outbox = RedisOutbox(SHARED)
     outbox.start()
     one, two = RedisFeedbackStore(SHARED, outbox, clock), RedisFeedbackStore(SHARED, outbox, clock)
     try:
-        one.remember(record(prefix + "a", window=30.0), 10)
+        one.remember(record(prefix + "a", at=now, window=30.0), 10)
         await outbox.flush(DELIVERY_S)
         assert len(outbox) == 0
         ttl = await client.pttl(KEY_PREFIX + prefix + "a")
         assert 29_000 < ttl <= 30_000
         assert await two.get("anonymous", prefix + "a") == record(
-            prefix + "a", window=30.0
+            prefix + "a", at=now, window=30.0
         )  # the other replica
-        judged = replace(record(prefix + "a", window=30.0), verdict="correct", score=1.0, verdicts=1)
+        judged = replace(record(prefix + "a", at=now, window=30.0), verdict="correct", score=1.0, verdicts=1)
         await two.judged(judged)
         await outbox.flush(DELIVERY_S)
         assert await one.get("anonymous", prefix + "a") == record(
-            prefix + "a", window=30.0
+            prefix + "a", at=now, window=30.0
         )  # its own cache is older
         fresh = RedisFeedbackStore(SHARED, outbox, clock)
         assert await fresh.get("anonymous", prefix + "a") == judged
         await fresh.aclose()
         assert [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)] == [judged]
-        clock.now = 1031.0
+        clock.now = now + 31.0
         assert (
             await two.get("anonymous", prefix + "a") is None
         )  # past the window even before Redis expires it
@@ -179,12 +181,13 @@ async def test_memory_store_keys_records_by_client_and_trace_id() -> None:
 
 async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys: tuple[str, Any]) -> None:
     prefix, client = redis_keys
-    clock = Clock(1000.0)
+    now = time.time()
+    clock = Clock(now)
     outbox = RedisOutbox(SHARED)
     outbox.start()
     one, two = RedisFeedbackStore(SHARED, outbox, clock), RedisFeedbackStore(SHARED, outbox, clock)
     try:
-        alice, bob = record(prefix + "t", client="alice"), record(prefix + "t", client="bob")
+        alice, bob = record(prefix + "t", now, client="alice"), record(prefix + "t", now, client="bob")
         one.remember(alice, 10)
         one.remember(bob, 10)
         await outbox.flush(DELIVERY_S)
@@ -229,3 +232,42 @@ def test_a_remembered_answer_takes_at_most_record_max_bytes() -> None:
         tracemalloc.stop()
     assert len(store) == count
     assert held <= count * RECORD_MAX_BYTES, f"{held / count:.0f} bytes a record"
+
+
+async def test_a_record_delivered_long_after_it_was_queued_still_expires_with_its_window(
+    redis_keys: tuple[str, Any],
+) -> None:
+    """Issue #32: the key's TTL was taken when the record was queued, so a record delivered after
+    an outage (or replayed from the spool) was kept a whole window past its delivery. It expires
+    at the record's own ``expires`` (Redis's clock), however late it arrives."""
+    prefix, client = redis_keys
+    now = time.time()
+    clock = Clock(now - 25.0)  # queued 25 s ago, in a 30 s window: 5 s left
+    outbox = RedisOutbox(SHARED)
+    store = RedisFeedbackStore(SHARED, outbox, clock)
+    try:
+        store.remember(record(prefix + "late", at=now - 25.0, window=30.0), 10)
+        clock.now = now
+        outbox.start()  # Redis "comes back": delivered now
+        await outbox.flush(DELIVERY_S)
+        assert len(outbox) == 0
+        assert 0 < await client.pttl(KEY_PREFIX + prefix + "late") <= 5_000
+    finally:
+        await store.aclose()
+        await outbox.aclose()
+
+
+async def test_scan_records_leaves_out_records_past_their_window(redis_keys: tuple[str, Any]) -> None:
+    """A hash holds one record per client and expires with the latest one written: an older
+    client's record in it is past its own window before the key goes, and calibration must not
+    count it."""
+    prefix, client = redis_keys
+    now = time.time()
+    gone, live = (
+        record(prefix + "t", at=now - 100.0, client="alice"),
+        record(prefix + "t", at=now, client="bob"),
+    )
+    await client.hset(KEY_PREFIX + prefix + "t", mapping={"alice": gone.dumps(), "bob": live.dumps()})
+    await client.expire(KEY_PREFIX + prefix + "t", 60)
+    found = [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)]
+    assert [r.client for r in found] == ["bob"]

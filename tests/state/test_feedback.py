@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 import tracemalloc
 import uuid
@@ -17,9 +18,11 @@ import pytest
 from proxy.state.feedback import (
     KEY_PREFIX,
     RECORD_MAX_BYTES,
+    REDIS_RECORD_BYTES,
     AnswerRecord,
     MemoryFeedbackStore,
     RedisFeedbackStore,
+    from_redis,
     scan_records,
     with_verdict,
 )
@@ -52,6 +55,11 @@ def record(
         at + window,
         client,
     )
+
+
+def as_shared(answer: AnswerRecord) -> AnswerRecord:
+    """``answer`` as another replica reads it from Redis: what verdicts and calibration need."""
+    return replace(answer, rung="", risk="", at=0.0, expires=float(math.ceil(answer.expires)))
 
 
 class Clock:
@@ -125,8 +133,8 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
         assert len(outbox) == 0
         ttl = await client.pttl(KEY_PREFIX + prefix + "a")
         assert 29_000 < ttl <= 30_000
-        assert await two.get("anonymous", prefix + "a") == record(
-            prefix + "a", at=now, window=30.0
+        assert await two.get("anonymous", prefix + "a") == as_shared(
+            record(prefix + "a", at=now, window=30.0)
         )  # the other replica
         judged = replace(record(prefix + "a", at=now, window=30.0), verdict="correct", score=1.0, verdicts=1)
         await two.judged(judged)
@@ -135,9 +143,9 @@ async def test_redis_store_shares_answers_between_replicas_and_expires_them(
             prefix + "a", at=now, window=30.0
         )  # its own cache is older
         fresh = RedisFeedbackStore(SHARED, outbox, clock)
-        assert await fresh.get("anonymous", prefix + "a") == judged
+        assert await fresh.get("anonymous", prefix + "a") == as_shared(judged)
         await fresh.aclose()
-        assert [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)] == [judged]
+        assert [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)] == [as_shared(judged)]
         clock.now = now + 31.0
         assert (
             await two.get("anonymous", prefix + "a") is None
@@ -192,9 +200,10 @@ async def test_redis_store_keeps_each_clients_record_of_one_trace_id(redis_keys:
         one.remember(bob, 10)
         await outbox.flush(DELIVERY_S)
         assert set(await client.hkeys(KEY_PREFIX + prefix + "t")) == {b"alice", b"bob"}
-        assert (await two.get("alice", prefix + "t"), await two.get("bob", prefix + "t")) == (alice, bob)
+        shared = [as_shared(alice), as_shared(bob)]
+        assert [await two.get("alice", prefix + "t"), await two.get("bob", prefix + "t")] == shared
         assert await two.get("carol", prefix + "t") is None
-        assert await two.find(prefix + "t") == [alice, bob]
+        assert await two.find(prefix + "t") == shared
         # a field whose record names another client or trace id is not taken for it
         await client.hset(KEY_PREFIX + prefix + "t", "carol", alice.dumps())
         assert await two.get("carol", prefix + "t") is None
@@ -271,3 +280,68 @@ async def test_scan_records_leaves_out_records_past_their_window(redis_keys: tup
     await client.expire(KEY_PREFIX + prefix + "t", 60)
     found = [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)]
     assert [r.client for r in found] == ["bob"]
+
+
+async def test_an_answer_takes_at_most_redis_record_bytes_in_redis(redis_keys: tuple[str, Any]) -> None:
+    """Issue #32: a record took ~700 bytes of Redis (``MEMORY USAGE``), ~780 of ``used_memory``,
+    for 7 days. Written through the store, a typical unjudged answer (a 32-hex trace id, a hashed
+    client key, the reference module's names) stays within ``REDIS_RECORD_BYTES``, the figure
+    docs/deployment.md sizes Redis by."""
+    prefix, client = redis_keys
+    now = time.time()
+    outbox = RedisOutbox(SHARED)
+    outbox.start()
+    store = RedisFeedbackStore(SHARED, outbox, Clock(now))
+    try:
+        answer = replace(
+            record(prefix + uuid.uuid4().hex, at=now, window=7 * 86_400.0, client="key-0123456789abcdef"),
+            provider="openai",
+            model="gpt-4o-mini",
+            confidence=0.87,
+            calibrated=0.8123456789012345,
+        )
+        store.remember(answer, 10)
+        await outbox.flush(DELIVERY_S)
+        assert len(outbox) == 0
+        used = await client.memory_usage(KEY_PREFIX + answer.trace_id)
+        assert 0 < used <= REDIS_RECORD_BYTES, f"{used} bytes"
+    finally:
+        await store.aclose()
+        await outbox.aclose()
+
+
+async def test_records_the_previous_version_wrote_are_read_through_their_window(
+    redis_keys: tuple[str, Any],
+) -> None:
+    """Records stored whole (a JSON object per field) before the packed form stay judgeable and
+    counted by calibration until they expire."""
+    prefix, client = redis_keys
+    now = time.time()
+    old = record(prefix + "old", at=now, client="alice")
+    await client.hset(KEY_PREFIX + old.trace_id, "alice", old.dumps())
+    await client.expire(KEY_PREFIX + old.trace_id, 60)
+    outbox = RedisOutbox(SHARED)
+    store = RedisFeedbackStore(SHARED, outbox, Clock(now))
+    try:
+        assert await store.get("alice", old.trace_id) == old
+        assert [r async for r in scan_records(SHARED) if r.trace_id.startswith(prefix)] == [old]
+    finally:
+        await store.aclose()
+        await outbox.aclose()
+
+
+@pytest.mark.parametrize("confidence", [0.57, 0.69996, 0.7, 0.70004, 0.8123456789, 0.99999, 1.0, 0.0])
+def test_packed_confidences_compare_with_thresholds_and_bin_edges_as_before(confidence: float) -> None:
+    answer = replace(record("t", at=time.time()), confidence=confidence, calibrated=confidence)
+    shared = from_redis(with_verdict(answer, "correct", 1.0, "qa", "fine").packed(), "anonymous", "t")
+    assert abs(shared.calibrated - confidence) < 1e-4
+    for edge in (0.57, 0.6, 0.7, 0.7001, 0.9, 1.0):
+        assert (shared.calibrated >= edge) == (confidence >= edge)
+        assert (shared.confidence >= edge) == (confidence >= edge)
+    assert (shared.verdict, shared.score, shared.source, shared.note, shared.verdicts) == (
+        "correct",
+        1.0,
+        "qa",
+        "fine",
+        1,
+    )

@@ -171,8 +171,9 @@ def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
 
 
 class FeedbackStore(Protocol):
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
-        """Keep ``record`` until ``record.expires`` (never waits, never raises)."""
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
+        """Keep ``record`` until ``record.expires`` (never waits, never raises); ``max_per_day``
+        (0: no cap) bounds the records one replica shares in a UTC day."""
         ...
 
     async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
@@ -205,7 +206,7 @@ class MemoryFeedbackStore:
     def __len__(self) -> int:
         return len(self._records)
 
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
         records = self._records
         records[record.key] = record
         records.move_to_end(record.key)
@@ -259,18 +260,65 @@ class MemoryFeedbackStore:
         return None
 
 
+class DailyCount:
+    """Records this replica shared in the current UTC day (by ``clock``)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.day = -1
+        self._count = 0
+        self._capped = False
+
+    def _roll(self) -> None:
+        day = int(self._clock() // 86_400)
+        if day != self.day:
+            self.day, self._count, self._capped = day, 0, False
+
+    @property
+    def count(self) -> int:
+        self._roll()
+        return self._count
+
+    def add(self) -> None:
+        self._roll()
+        self._count += 1
+
+    def first_capped(self) -> bool:
+        """True the first time today the cap is reached."""
+        first, self._capped = not self._capped, True
+        return first
+
+
 class RedisFeedbackStore:
     """The memory LRU in front of Redis keys that expire with the window."""
 
-    def __init__(self, options: RedisOptions, outbox: RedisOutbox, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        options: RedisOptions,
+        outbox: RedisOutbox,
+        clock: Clock = time.time,
+        on_capped: Callable[[], None] = lambda: None,
+    ) -> None:
         self._redis: Any = redis_client(options, "feedback")
         self._outbox = outbox
         self._clock = clock
         self._local = MemoryFeedbackStore(clock)
+        self._today = DailyCount(clock)
+        self._on_capped = on_capped
 
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
         self._local.remember(record, max_entries)
+        if max_per_day and self._today.count >= max_per_day:
+            self._capped(max_per_day)
+            return
+        self._today.add()
         self._write(record)
+
+    def _capped(self, max_per_day: int) -> None:
+        """Past the day's cap: kept in this replica's memory only, counted, logged once a day."""
+        self._on_capped()
+        if self._today.first_capped():
+            log.warning("proxy.feedback_daily_cap_reached", max_per_day=max_per_day, day=self._today.day)
 
     def _write(self, record: AnswerRecord) -> None:
         """Queue ``record`` in the outbox, its key expiring at the record's ``expires`` (a hash

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 
 from proxy.state.feedback import (
     KEY_PREFIX,
@@ -345,3 +346,40 @@ def test_packed_confidences_compare_with_thresholds_and_bin_edges_as_before(conf
         "fine",
         1,
     )
+
+
+async def test_past_the_daily_cap_answers_stay_in_memory_only_counted_and_logged_once_a_day(
+    redis_keys: tuple[str, Any],
+) -> None:
+    """Issue #32: ``feedback.max_per_day`` bounds what one replica adds to Redis in a UTC day;
+    past it an answer is kept in this replica's memory only, each one counted, one log line a day.
+    A verdict on a record already shared is still written."""
+    prefix, client = redis_keys
+    day = 86_400.0 * (int(time.time() // 86_400) + 1)  # the start of tomorrow (UTC)
+    clock = Clock(day - 10.0)
+    capped: list[int] = []
+    outbox = RedisOutbox(SHARED)
+    outbox.start()
+    store = RedisFeedbackStore(SHARED, outbox, clock, on_capped=lambda: capped.append(1))
+    try:
+        with capture_logs() as logs:
+            for n in range(4):
+                store.remember(record(f"{prefix}{n}", at=clock.now), 10, max_per_day=2)
+            await store.judged(with_verdict(record(f"{prefix}0", at=clock.now), "correct", 1.0, None, None))
+            clock.now = day + 1.0  # a new day: two more
+            for n in range(4, 7):
+                store.remember(record(f"{prefix}{n}", at=clock.now), 10, max_per_day=2)
+        await outbox.flush(DELIVERY_S)
+        shared = sorted(
+            key.decode().removeprefix(KEY_PREFIX + prefix)
+            for key in await client.keys(KEY_PREFIX + prefix + "*")
+        )
+        assert shared == ["0", "1", "4", "5"]
+        assert (await store.get("anonymous", f"{prefix}3")) is not None  # still judgeable here
+        assert len(capped) == 3
+        assert [log["event"] for log in logs].count("proxy.feedback_daily_cap_reached") == 2
+        verdict = await client.hget(KEY_PREFIX + prefix + "0", "anonymous")
+        assert from_redis(verdict, "anonymous", prefix + "0").verdict == "correct"
+    finally:
+        await store.aclose()
+        await outbox.aclose()

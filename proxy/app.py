@@ -114,7 +114,7 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     if settings.redis:
         outbox = _outbox(app, settings.redis)
-        feedback_store = RedisFeedbackStore(settings.redis, outbox)
+        feedback_store = RedisFeedbackStore(settings.redis, outbox, on_capped=metrics.feedback_capped.inc)
         context = RedisContextStore(settings.redis, outbox)
     app[FEEDBACK] = feedback_store
     app[CONTEXT_STORE] = context

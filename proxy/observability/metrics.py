@@ -217,6 +217,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         (),
     ),
     (
+        "feedback_capped",
+        "cognitive_feedback_capped_total",
+        "Module answers not shared through Redis: the replica reached feedback.max_per_day for "
+        "the day (kept in its memory only).",
+        (),
+    ),
+    (
         "connections_refused",
         "cognitive_connections_refused_total",
         "Client connections refused (max_connections) or closed for a slow request (read_timeout).",
@@ -430,6 +437,7 @@ class Metrics:
     context_evictions: Counter
     context_writes_dropped: Counter
     feedback_writes_dropped: Counter
+    feedback_capped: Counter
     connections_refused: Counter
     streams: Counter
     stream_resumptions: Counter

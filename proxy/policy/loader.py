@@ -218,6 +218,7 @@ def _feedback(raw: dict[str, Any]) -> FeedbackPolicy:
     return FeedbackPolicy(
         window_s=float(raw.get("window_s", defaults.window_s)),
         max_entries=int(raw.get("max_entries", defaults.max_entries)),
+        max_per_day=int(raw.get("max_per_day", defaults.max_per_day)),
     )
 
 

@@ -226,6 +226,9 @@ class FeedbackPolicy:
     window_s: float = DEFAULT_FEEDBACK_WINDOW_S
     max_entries: int = DEFAULT_FEEDBACK_MAX_ENTRIES
     """The in-process store's bound (least recently written dropped first); Redis expires by time."""
+    max_per_day: int = 0
+    """Records one replica adds to Redis in a UTC day (0: no cap); past it an answer stays in
+    this replica's memory only (``cognitive_feedback_capped_total``)."""
 
 
 MB = 1024 * 1024

@@ -239,7 +239,8 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
     await call.limits.settle(tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
     remembered = answer_record(answer, module, runtime.policy, requester.trace_id, requester.caller.id)
     if remembered is not None:
-        services.feedback.remember(remembered, runtime.policy.feedback.max_entries)
+        feedback = runtime.policy.feedback
+        services.feedback.remember(remembered, feedback.max_entries, feedback.max_per_day)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(

@@ -16,10 +16,12 @@ The identity (``proxy.clients``) is a name or a hash of the key, never the key.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
@@ -43,6 +45,11 @@ RECORD_MAX_BYTES = 2304
 (tracemalloc: ~2.1 KiB; ~1 KiB unjudged). Module, model and client names are the registry's,
 the policy's and the keys file's strings, shared, not copied. ``feedback.max_entries`` times
 this is the store's bound in ``proxy.memory_budget``."""
+
+REDIS_RECORD_BYTES = 360
+"""The most a typical unjudged answer takes in Redis (``MEMORY USAGE`` of its key: a 32-hex trace
+id, a hashed client key, ~40 characters of module, tier and target names); ~430 bytes of
+``used_memory`` with the key's expiry. A verdict adds its own fields (a note up to 1,000)."""
 
 Clock = Callable[[], float]
 RecordKey = tuple[str, str]
@@ -81,7 +88,28 @@ class AnswerRecord:
     """How many verdicts it received (the latest replaces the others)."""
 
     def dumps(self) -> bytes:
+        """Every field, as 0.3 to 0.4 stored it in Redis (still read: ``from_redis``)."""
         return orjson.dumps(asdict(self))
+
+    def packed(self) -> bytes:
+        """What Redis keeps (``from_redis`` reads it back): a JSON array of the fields verdicts and
+        calibration read, the verdict's only once given. The trace id and the client are the
+        key and the field; rung, risk and the answer's time stay in this replica's memory; the
+        confidences are cut to 4 decimals, never up, so every comparison with a threshold or a
+        bin edge of at most 4 decimals comes out as before."""
+        row: list[object] = [
+            self.module,
+            self.tier,
+            f"{self.provider}/{self.model}",
+            _cut(self.confidence),
+            _cut(self.calibrated),
+            self.decision,
+            self.min_confidence,
+            math.ceil(self.expires),
+        ]
+        if self.verdicts:
+            row += [self.verdict, self.score, self.verdicts, self.source, self.note]
+        return orjson.dumps(row)
 
     @property
     def key(self) -> RecordKey:
@@ -97,11 +125,55 @@ class AnswerRecord:
 
 
 _FIELDS = frozenset(f.name for f in fields(AnswerRecord))
+_PACKED = 8
+"""Fields of an unjudged ``packed`` row; a judged one has 5 more."""
+
+
+def _cut(confidence: float) -> float:
+    """``confidence`` to 4 decimals, rounded down."""
+    near = round(confidence, 4)
+    return near if near <= confidence else round(near - 1e-4, 4)
+
+
+def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
+    """The record stored as ``raw`` in the field ``client`` of ``trace_id``'s hash: ``packed``, or
+    the whole record of an older version (kept the window through: they expire with it).
+    ValueError or TypeError for anything else."""
+    row = orjson.loads(raw)
+    if isinstance(row, dict):
+        return AnswerRecord(**{k: v for k, v in row.items() if k in _FIELDS})
+    if not isinstance(row, list) or len(row) not in (_PACKED, _PACKED + 5):
+        raise TypeError("a packed record is an array of 8 or 13 fields")
+    module, tier, target, confidence, calibrated, decision, min_confidence, expires = row[:_PACKED]
+    provider, _, model = str(target).partition("/")
+    verdict, score, verdicts, source, note = row[_PACKED:] or (None, None, 0, None, None)
+    return AnswerRecord(
+        trace_id=trace_id,
+        module=module,
+        tier=tier,
+        rung="",
+        provider=provider,
+        model=model,
+        confidence=float(confidence),
+        calibrated=float(calibrated),
+        risk="",
+        decision=decision,
+        min_confidence=float(min_confidence),
+        at=0.0,
+        expires=float(expires),
+        client=client,
+        verdict=verdict,
+        score=None if score is None else float(score),
+        source=source,
+        note=note,
+        verdicts=int(verdicts),
+    )
 
 
 class FeedbackStore(Protocol):
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
-        """Keep ``record`` until ``record.expires`` (never waits, never raises)."""
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
+        """Keep ``record`` until ``record.expires`` (never waits, never raises); ``max_per_day``
+        (0: no cap) bounds the records one replica shares in a UTC day."""
         ...
 
     async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
@@ -134,7 +206,7 @@ class MemoryFeedbackStore:
     def __len__(self) -> int:
         return len(self._records)
 
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
         records = self._records
         records[record.key] = record
         records.move_to_end(record.key)
@@ -188,26 +260,76 @@ class MemoryFeedbackStore:
         return None
 
 
+class DailyCount:
+    """Records this replica shared in the current UTC day (by ``clock``)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.day = -1
+        self._count = 0
+        self._capped = False
+
+    def _roll(self) -> None:
+        day = int(self._clock() // 86_400)
+        if day != self.day:
+            self.day, self._count, self._capped = day, 0, False
+
+    @property
+    def count(self) -> int:
+        self._roll()
+        return self._count
+
+    def add(self) -> None:
+        self._roll()
+        self._count += 1
+
+    def first_capped(self) -> bool:
+        """True the first time today the cap is reached."""
+        first, self._capped = not self._capped, True
+        return first
+
+
 class RedisFeedbackStore:
     """The memory LRU in front of Redis keys that expire with the window."""
 
-    def __init__(self, options: RedisOptions, outbox: RedisOutbox, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        options: RedisOptions,
+        outbox: RedisOutbox,
+        clock: Clock = time.time,
+        on_capped: Callable[[], None] = lambda: None,
+    ) -> None:
         self._redis: Any = redis_client(options, "feedback")
         self._outbox = outbox
         self._clock = clock
         self._local = MemoryFeedbackStore(clock)
+        self._today = DailyCount(clock)
+        self._on_capped = on_capped
 
-    def remember(self, record: AnswerRecord, max_entries: int) -> None:
+    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
         self._local.remember(record, max_entries)
+        if max_per_day and self._today.count >= max_per_day:
+            self._capped(max_per_day)
+            return
+        self._today.add()
         self._write(record)
 
+    def _capped(self, max_per_day: int) -> None:
+        """Past the day's cap: kept in this replica's memory only, counted, logged once a day."""
+        self._on_capped()
+        if self._today.first_capped():
+            log.warning("proxy.feedback_daily_cap_reached", max_per_day=max_per_day, day=self._today.day)
+
     def _write(self, record: AnswerRecord) -> None:
-        """Queue ``record`` in the outbox, its key expiring with its window (every record of a
-        trace id has the same window); an expired one is not written."""
-        ttl_ms = int((record.expires - self._clock()) * 1000)
-        if ttl_ms > 0:
+        """Queue ``record`` in the outbox, its key expiring at the record's ``expires`` (a hash
+        holds every client's record of a trace id: it goes with the latest written, and readers
+        check each record's own); an expired one is not written."""
+        if record.expires > self._clock():
+            expires_at_ms = int(record.expires * 1000)
             self._outbox.put(
-                HashWrite(KEY_PREFIX + record.trace_id, record.client, record.dumps().decode(), ttl_ms)
+                HashWrite(
+                    KEY_PREFIX + record.trace_id, record.client, record.packed().decode(), expires_at_ms
+                )
             )
 
     async def get(self, client: str, trace_id: str) -> AnswerRecord | None:
@@ -229,17 +351,17 @@ class RedisFeedbackStore:
             log.warning("proxy.redis_unavailable", error=str(exc), store="feedback")
             shared = {}
         for client, raw in shared.items():
-            name = client.decode() if isinstance(client, bytes) else str(client)
+            name = _text(client)
             record = self._valid(raw, name, trace_id)
             if record is not None:
                 found.setdefault(name, record)
         return [found[name] for name in sorted(found)]
 
     def _valid(self, raw: bytes, client: str, trace_id: str) -> AnswerRecord | None:
-        """The stored record if it is this version's, unexpired, and the one asked for."""
+        """The stored record if it is readable, unexpired, and the one asked for."""
         try:
-            record = AnswerRecord.loads(raw)
-        except (orjson.JSONDecodeError, TypeError):  # written by another version: not judgeable here
+            record = from_redis(raw, client, trace_id)
+        except (ValueError, TypeError):  # written by another version: not judgeable here
             return None
         if record.key != (client, trace_id) or record.expires <= self._clock():
             return None
@@ -254,29 +376,34 @@ class RedisFeedbackStore:
         await self._redis.aclose()
 
 
-async def scan_records(options: RedisOptions) -> AsyncIterator[AnswerRecord]:
-    """Every unexpired record in the Redis ``options`` name (for ``cogproxy calibration``), 0.3's
-    ``cogproxy:feedback:<trace id>`` strings included."""
+async def scan_records(options: RedisOptions, clock: Clock = time.time) -> AsyncIterator[AnswerRecord]:
+    """Every record in the Redis ``options`` name still in its window (for ``cogproxy
+    calibration``), 0.3's ``cogproxy:feedback:<trace id>`` strings included."""
     client: Any = redis_client(options, "scan")
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
-            for raw in await client.hvals(key):
-                record = _loaded(raw, key)
-                if record is not None:
+            trace_id = _text(key).removeprefix(KEY_PREFIX)
+            for name, raw in (await client.hgetall(key)).items():
+                record = _loaded(partial(from_redis, raw, _text(name), trace_id), key)
+                if record is not None and record.expires > clock():
                     yield record
         async for key in client.scan_iter(match=LEGACY_PREFIX + "*", count=SCAN_COUNT, _type="string"):
             raw = await client.get(key)
-            record = None if raw is None else _loaded(raw, key)
-            if record is not None:
+            record = None if raw is None else _loaded(partial(AnswerRecord.loads, raw), key)
+            if record is not None and record.expires > clock():
                 yield record
     finally:
         await client.aclose()
 
 
-def _loaded(raw: bytes, key: Any) -> AnswerRecord | None:
+def _text(name: bytes | str) -> str:
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def _loaded(load: Callable[[], AnswerRecord], key: Any) -> AnswerRecord | None:
     try:
-        return AnswerRecord.loads(raw)
-    except (orjson.JSONDecodeError, TypeError):
+        return load()
+    except (ValueError, TypeError):
         log.warning("proxy.feedback_record_skipped", key=str(key))  # not written by this version
         return None
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -77,7 +78,7 @@ _SET = """
 if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 else redis.call('SET', KEYS[2], ARGV[3]) end
 """
-_HSET = "redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) redis.call('PEXPIRE', KEYS[2], ARGV[5])"
+_HSET = "redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) redis.call('PEXPIREAT', KEYS[2], ARGV[5])"
 _QUOTA_SET = """
 local key, idx, sizes = KEYS[2], KEYS[3], KEYS[4]
 local value, ttl, max_n, max_b = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -133,12 +134,13 @@ class KeyWrite:
 
 @dataclass(frozen=True, slots=True)
 class HashWrite:
-    """One HSET of ``field`` in the hash ``key``, which then expires in ``ttl_ms``."""
+    """One HSET of ``field`` in the hash ``key``, which then expires at ``expires_at_ms`` (epoch
+    milliseconds, Redis's clock): however late it is delivered, never past its record's window."""
 
     key: str
     field: str
     value: str
-    ttl_ms: int
+    expires_at_ms: int
     id: str = ""
 
 
@@ -150,7 +152,7 @@ def _from_spool(raw: dict[str, Any]) -> Write:
     which Redis would refuse or the delivery task choke on, blocking every write behind it."""
     if "field" in raw:
         return HashWrite(
-            _text(raw, "key"), _text(raw, "field"), _text(raw, "value"), int(raw["ttl_ms"]), _text(raw, "id")
+            _text(raw, "key"), _text(raw, "field"), _text(raw, "value"), _expires_at_ms(raw), _text(raw, "id")
         )
     if "key" in raw:
         ttl = raw["ttl"]
@@ -167,6 +169,13 @@ def _from_spool(raw: dict[str, Any]) -> Write:
     if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
         raise TypeError("fields is not an object of strings")
     return StreamWrite(_text(raw, "stream"), fields, int(raw["maxlen"]), _text(raw, "id"))
+
+
+def _expires_at_ms(raw: dict[str, Any]) -> int:
+    """A hash write's expiry; a spool of the previous version holds a TTL counted from delivery."""
+    if "ttl_ms" in raw:
+        return int(time.time() * 1000) + int(raw["ttl_ms"])
+    return int(raw["expires_at_ms"])
 
 
 def _text(raw: dict[str, Any], name: str) -> str:
@@ -186,7 +195,7 @@ def _call_of(write: Write) -> tuple[str, list[str], list[Any]]:
         pairs = [part for name, value in write.fields.items() for part in (name, value)]
         return "xadd", [write.stream], [write.maxlen, *pairs, "outbox_id", write.id]
     if isinstance(write, HashWrite):
-        return "hset", [write.key], [write.field, write.value, write.ttl_ms]
+        return "hset", [write.key], [write.field, write.value, write.expires_at_ms]
     if not write.owner:
         return "set", [write.key], [write.value, write.ttl or -1]
     base = QUOTA_PREFIX + write.owner

@@ -12,6 +12,7 @@ import orjson
 import redis.asyncio as aioredis
 import yaml
 
+from proxy.state.feedback import from_redis
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
@@ -69,12 +70,13 @@ async def test_only_the_calling_key_or_an_admin_key_judges_and_the_key_is_stored
             assert (await raw_http("127.0.0.1", port, post("/v1/feedback", verdict, ADMIN))).status == 200
             stored = await settled(  # written to Redis in the background
                 lambda: client.hget(f"cogproxy:answers:{trace}", ALICE_ID),
-                ready=lambda s: s is not None and orjson.loads(s)["verdicts"] == 2,
+                ready=lambda s: s is not None and from_redis(s, ALICE_ID, trace).verdicts == 2,
             )
         assert stored is not None
         for key in (ALICE, BOB, ADMIN):
             assert key.encode() not in stored
-        assert orjson.loads(stored)["client"] == ALICE_ID  # the key's identity: a hash, never the key
+        # the key's identity (a hash, never the key) names the record
+        assert await client.hkeys(f"cogproxy:answers:{trace}") == [ALICE_ID.encode()]
         stdout, stderr = served.output
         assert ALICE not in stdout + stderr and ADMIN not in stdout + stderr
     finally:

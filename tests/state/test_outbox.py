@@ -4,6 +4,7 @@ spool's offset and its rewrite on shutdown, refused writes, the backoff (an inje
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -218,7 +219,7 @@ async def test_every_kind_of_write_lands_as_its_command(redis_db: Any, stream: s
     outbox.start()
     owner = f"owner-{uuid.uuid4().hex}"
     outbox.put(KeyWrite(f"{stream}:forever", "a", None))
-    outbox.put(HashWrite(f"{stream}:hash", "alice", "record", 30_000))
+    outbox.put(HashWrite(f"{stream}:hash", "alice", "record", int(time.time() * 1000) + 30_000))
     for n in range(3):
         outbox.put(KeyWrite(f"{stream}:q{n}", "xx", 60, owner=owner, max_entries=2, max_bytes=1000))
     await delivered(outbox)
@@ -314,7 +315,7 @@ async def test_every_kind_of_write_comes_back_from_the_spool_as_it_went_in(tmp_p
         ["fields", "id", "maxlen", "stream"],
         ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
         ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
-        ["field", "id", "key", "ttl_ms", "value"],
+        ["expires_at_ms", "field", "id", "key", "value"],
     ]
     assert spooled(tmp_path)[2] | {"id": ""} == {
         "key": "k2",
@@ -370,6 +371,28 @@ async def test_a_spool_line_of_the_wrong_shape_is_skipped_and_the_rest_delivered
     await outbox.aclose()
     assert await numbers(redis_db, stream) == ["1"]
     assert [log["event"] for log in logs].count("proxy.outbox_spool_line_skipped") == 1
+
+
+async def test_a_hash_write_spooled_by_the_previous_version_expires_its_ttl_after_delivery(
+    tmp_path: Path, redis_db: Any, stream: str
+) -> None:
+    """The previous version's spool holds a TTL (``ttl_ms``) rather than an expiry: replayed, it
+    keeps that meaning."""
+    old = {
+        "key": f"{stream}:h",
+        "field": "alice",
+        "value": "v",
+        "ttl_ms": 30_000,
+        "id": f"{uuid.uuid4().hex}:0",
+    }
+    (tmp_path / SPOOL_FILE).write_bytes(orjson.dumps(old) + b"\n")
+    outbox = RedisOutbox(RedisOptions(REDIS_URL), spool_dir=tmp_path)
+    outbox.start()
+    await delivered(outbox)
+    await outbox.aclose()
+    assert await redis_db.hgetall(f"{stream}:h") == {"alice": "v"}
+    assert 29_000 < await redis_db.pttl(f"{stream}:h") <= 30_000
+    await redis_db.delete(f"{stream}:h")
 
 
 @pytest.mark.parametrize(

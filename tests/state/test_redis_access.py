@@ -5,6 +5,9 @@ message ever shows a password (certificates made by the test with openssl)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import ssl
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from proxy.calibration.sources import SourceError, from_redis
 from proxy.cli import build_parser, main, resolve_serve_options, serve_settings
 from proxy.settings import Settings
 from proxy.state.redis_access import redacted
+from proxy.state.redis_client import Purpose, RedisOptions, redis_client
 from tests.support.redis_server import free_port
 from tests.support.tls_certs import Certificates, make_certificates
 
@@ -168,3 +172,24 @@ async def test_the_calibration_error_shows_the_url_without_its_password() -> Non
     with pytest.raises(SourceError) as failed:
         await from_redis(dead)
     assert PASSWORD not in str(failed.value) and "redis://:***@127.0.0.1:" in str(failed.value)
+
+
+def test_tls_connections_share_one_context_until_a_file_changes(certs: Certificates, tmp_path: Path) -> None:
+    """redis-py would build an SSL context (loading the system CA store) for every connection."""
+    ca = tmp_path / "ca.crt"
+    shutil.copy(certs.ca.cert, ca)
+    options = RedisOptions(URL, ssl_ca_certs=str(ca))
+
+    def context_of_a_new_connection(purpose: Purpose) -> ssl.SSLContext:
+        found: ssl.SSLContext = (
+            redis_client(options, purpose).connection_pool.make_connection().ssl_context.get()
+        )
+        return found
+
+    shared = context_of_a_new_connection("limits")
+    assert context_of_a_new_connection("context") is shared
+    assert (shared.verify_mode, shared.check_hostname) == (ssl.CERT_REQUIRED, True)
+    assert [c["subject"] for c in shared.get_ca_certs()] == [((("commonName", "test-ca"),),)]  # only it
+    later = ca.stat().st_mtime_ns + 1_000_000_000
+    os.utime(ca, ns=(later, later))  # a rotated Secret
+    assert context_of_a_new_connection("limits") is not shared

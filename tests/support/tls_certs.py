@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DAYS = "2"
+NEW_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
+"""P-256 keys: a TLS handshake costs a fraction of an RSA one on a busy test machine."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +36,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _ca(directory: Path, name: str) -> Pair:
     pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
     _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", DAYS, "-subj", f"/CN={name}",
+        "req", "-x509", *NEW_KEY, "-nodes", "-days", DAYS, "-subj", f"/CN={name}",
         "-keyout", str(pair.key), "-out", str(pair.cert), cwd=directory,
     )  # fmt: skip
     return pair
@@ -45,7 +47,7 @@ def _signed(directory: Path, ca: Pair, name: str, extensions: str) -> Pair:
     request, ext = directory / f"{name}.csr", directory / f"{name}.ext"
     ext.write_text(extensions, encoding="utf-8")
     _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+        "req", *NEW_KEY, "-nodes", "-subj", f"/CN={name}",
         "-keyout", str(pair.key), "-out", str(request), cwd=directory,
     )  # fmt: skip
     _openssl(

@@ -16,11 +16,14 @@ import pytest
 import yaml
 
 from tests.api.test_limits import KEYS, keyed_proxy, post_chat
+from tests.api.test_routing import answer
+from tests.api.test_stream_recovery import SSE
 from tests.context.helpers import execute
 from tests.context.test_cache import REVIEW, cached_policy, review_answer
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
+from tests.stream.client import read_sse
 from tests.support.polling import eventually
 from tests.support.redis_tls import TlsRedis, tls_redis
 from tests.support.tls_certs import make_ca
@@ -85,6 +88,21 @@ async def limits_cache_and_context(base: str, fake: FakeUpstream, admin: Any) ->
     assert await admin.keys("*cogproxy:limits:*"), "the windows are counted in Redis"
 
 
+async def streamed_module_call(base: str, fake: FakeUpstream, admin: Any) -> None:
+    """A streamed answer (bob: no limit), mirrored to Redis for recovery on another replica."""
+    fake.script("cheap", answer(0.92))
+    headers = {**SSE, "Authorization": "Bearer sk-bob"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base}/v1/modules/code-reviewer/execute", json={"input": REVIEW}, headers=headers
+        ) as resp,
+    ):
+        events = await read_sse(resp)
+    assert resp.status == 200 and events
+    await eventually(lambda: admin.keys("*cogproxy:stream:*"), "the stream session mirrored to Redis")
+
+
 async def test_limits_cache_and_context_work_over_tls_with_client_certificates(
     fake_upstream: FakeUpstream,
     tls: TlsRedis,
@@ -142,6 +160,7 @@ async def test_the_documented_acl_rule_is_all_the_proxy_needs(
         env={UPSTREAM_KEY_ENV: UPSTREAM_KEY},
     ) as served:  # fmt: skip
         await limits_cache_and_context(served.url, fake_upstream, admin)
+        await streamed_module_call(served.url, fake_upstream, admin)
         clients = await admin.client_list()
         assert {c["user"] for c in clients if c["user"] != "default"} == {"cogproxy"}
     denied = await admin.acl_log()

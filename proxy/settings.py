@@ -68,6 +68,15 @@ class Settings:
     """Shared state (breakers) and the redis-stream review sink; None: in-process state."""
     redis_limits_timeout_s: float = LIMITS_TIMEOUT_S
     """How long a limit check waits for Redis before this replica falls back to its local windows."""
+    redis_ca_file: Path | None = None
+    """CA certificates the Redis server's certificate must chain to (rediss://); None: the system's."""
+    redis_cert_file: Path | None = None
+    """Client certificate (and ``redis_key_file``, its key) for a Redis that checks clients' certificates."""
+    redis_key_file: Path | None = None
+    redis_username: str | None = None
+    """The Redis ACL user; None: ``default`` (or the URL's)."""
+    redis_password: str | None = field(default=None, repr=False)
+    """The ACL user's password, read from a file or the environment by the CLI (never a flag)."""
     admin_host: str | None = None
     """Bind address of the admin listener (None: the API's ``host``)."""
     admin_port: int | None = None
@@ -101,7 +110,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.redis_url:
-            redis = RedisOptions(self.redis_url).with_timeout("limits", self.redis_limits_timeout_s)
+            redis = RedisOptions(
+                self.redis_url,
+                ssl_ca_certs=_text(self.redis_ca_file),
+                ssl_certfile=_text(self.redis_cert_file),
+                ssl_keyfile=_text(self.redis_key_file),
+                username=self.redis_username,
+                password=self.redis_password,
+            ).with_timeout("limits", self.redis_limits_timeout_s)
             object.__setattr__(self, "redis", redis)
         if self.max_upload_bytes <= 0:
             raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
@@ -148,6 +164,10 @@ class Settings:
     def shares_port(self) -> bool:
         """Bound with SO_REUSEPORT: one of several worker processes accepting on the port."""
         return self.workers > 1
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def read_key_file(path: Path) -> frozenset[str]:

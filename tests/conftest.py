@@ -38,6 +38,7 @@ SLOW_FILES = frozenset(
         "api/test_honest_outcomes.py",
         "api/test_identity.py",
         "api/test_limits.py",
+        "api/test_managed_redis.py",
         "api/test_modules.py",
         "api/test_passthrough.py",
         "api/test_redis_outbox.py",

@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Bin, Reliability, from_records
 from proxy.state.feedback import scan_records
+from proxy.state.redis_access import redacted
 from proxy.state.redis_client import RedisOptions
 
 PROMETHEUS_TIMEOUT_S = 30.0
@@ -103,7 +104,7 @@ async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, 
             if record.verdict is not None and (module is None or record.module == module):
                 records.append(record)
     except (RedisError, OSError) as exc:
-        raise SourceError(f"Redis at {url}: {exc}") from exc
+        raise SourceError(f"Redis at {redacted(url)}: {exc}") from exc
     points: dict[str, list[Point]] = {}
     for r in records:
         assert r.score is not None

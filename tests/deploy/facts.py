@@ -14,12 +14,19 @@ from proxy.api.access import ROUTE_INDEX
 from proxy.app import build_app
 from proxy.settings import Settings
 from tests.deploy.kustomize import pod_spec, render
+from tests.support.tls_certs import make_certificates
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
-KUSTOMIZATIONS = ("base", "overlays/redis", "overlays/classic-sidecar", "overlays/production")
-NATIVE = ("base", "overlays/redis", "overlays/production")
+KUSTOMIZATIONS = (
+    "base",
+    "overlays/redis",
+    "overlays/classic-sidecar",
+    "overlays/production",
+    "overlays/managed-redis",
+)
+NATIVE = ("base", "overlays/redis", "overlays/production", "overlays/managed-redis")
 PROXY = "cogproxy"  # the proxy container's name in the manifests
 
 
@@ -83,3 +90,36 @@ def pod(name: str) -> dict[str, Any]:
     spec = pod_spec(deployment(name))
     assert spec is not None
     return spec
+
+
+SECRET_FILES = {
+    "COGPROXY_REDIS_CA_FILE": "ca",
+    "COGPROXY_REDIS_CERT_FILE": "cert",
+    "COGPROXY_REDIS_KEY_FILE": "key",
+    "COGPROXY_REDIS_PASSWORD_FILE": "password",
+}
+"""The variables that name a file of a mounted Secret (TLS and ACL of overlays/managed-redis)."""
+PASSWORD = "s3cret"
+"""The password the stand-in Secret file holds."""
+
+
+def with_secret_files(env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` with each Secret file it names made under ``root`` (a CA and client pair made with
+    openssl, the password ``PASSWORD``) and its variable pointing there, as if mounted."""
+    named = {var: Path(env[var]) for var in SECRET_FILES if var in env}
+    if not named:
+        return env
+    certs = make_certificates(root / "made")
+    content = {
+        "ca": certs.ca.cert.read_bytes(),
+        "cert": certs.client.cert.read_bytes(),
+        "key": certs.client.key.read_bytes(),
+        "password": f"{PASSWORD}\n".encode(),
+    }
+    laid = dict(env)
+    for var, path in named.items():
+        target = root / path.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content[SECRET_FILES[var]])
+        laid[var] = str(target)
+    return laid

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.api.routes import PROBE_ROUTES
 from proxy.app import build_app
+from proxy.cli import build_parser, resolve_serve_options, serve_settings
 from proxy.module.registry import ModuleRegistry
 from proxy.policy.loader import parse_policy
 from proxy.settings import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RELOAD_INTERVAL_S, Settings
@@ -24,6 +25,7 @@ from tests.deploy.facts import (
     K8S,
     KUSTOMIZATIONS,
     NATIVE,
+    PASSWORD,
     PROXY,
     ROOT,
     deployment,
@@ -34,6 +36,7 @@ from tests.deploy.facts import (
     rendered,
     routes,
     serve_env_vars,
+    with_secret_files,
 )
 from tests.deploy.kustomize import KustomizeError, json_patch, strategic_merge
 from tests.proxy_server import free_port
@@ -464,6 +467,46 @@ def test_the_redis_overlay_shares_state_across_replicas(name: str) -> None:
     assert deployment(name)["spec"]["replicas"] == 3
     url = urlsplit(redis_url(name))
     assert url.scheme == "redis" and url.hostname and url.port == 6379
+
+
+def test_the_managed_redis_overlay_reads_tls_and_acl_from_mounted_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rediss://, the CA and the password as files of two Secrets the proxy's group can read, no
+    password in any env value or argument; and ``serve`` accepts exactly what the pod gives it."""
+    name = "overlays/managed-redis"
+    assert deployment(name)["spec"]["replicas"] == 3
+    url = urlsplit(redis_url(name))
+    assert url.scheme == "rediss" and url.hostname and url.password is None
+    spec = pod(name)
+    proxy = proxy_container(spec)
+    env = {e["name"]: e for e in proxy["env"]}
+    assert "COGPROXY_REDIS_PASSWORD" not in env and not proxy.get("args") and not proxy.get("command")
+    mounts = {m["mountPath"]: m for m in proxy["volumeMounts"]}
+    files = {
+        var: Path(env[var]["value"]) for var in ("COGPROXY_REDIS_CA_FILE", "COGPROXY_REDIS_PASSWORD_FILE")
+    }
+    group = spec["securityContext"]["runAsGroup"]
+    for var, path in files.items():
+        secret = volumes(spec)[mounts[str(path.parent)]["name"]]["secret"]
+        assert "optional" not in secret, f"{var}: without its Secret the pod must not start"
+        mode = secret.get("defaultMode", 0o644)
+        readable = mode & 0o004 or (mode & 0o040 and spec["securityContext"].get("fsGroup") == group)
+        assert readable, f"{var}: mode {mode:o} is not readable by UID {UID}"
+    ref = env["COGPROXY_REDIS_USERNAME"]["valueFrom"]["configMapKeyRef"]
+    given = {var: str(path) for var, path in files.items()}
+    given["COGPROXY_REDIS_URL"] = redis_url(name)
+    given["COGPROXY_REDIS_USERNAME"] = config_map(rendered(name), ref["name"])["data"][ref["key"]]
+    for var, value in with_secret_files(given, tmp_path).items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("COGPROXY_REDIS_PASSWORD", raising=False)
+    args = build_parser().parse_args(["serve", "--policy", "p.yaml"])
+    args.modules = []
+    resolve_serve_options(args)
+    redis = serve_settings(args).redis
+    assert redis is not None
+    assert (redis.username, redis.password) == ("cogproxy", PASSWORD)
+    assert redis.ssl_ca_certs == str(tmp_path / files["COGPROXY_REDIS_CA_FILE"].relative_to("/"))
 
 
 @pytest.mark.parametrize("name", ["base", "overlays/classic-sidecar"])

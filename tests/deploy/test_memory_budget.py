@@ -20,7 +20,7 @@ from proxy.memory_budget import (
 )
 from proxy.policy.loader import load_policy
 from proxy.settings import MiB, Settings
-from tests.deploy.facts import KUSTOMIZATIONS, one, pod, proxy_container, rendered
+from tests.deploy.facts import KUSTOMIZATIONS, one, pod, proxy_container, rendered, with_secret_files
 from tests.paths import ROOT
 
 POLICY = ROOT / "policies" / "default.yaml"
@@ -53,7 +53,7 @@ def test_each_manifest_holds_the_memory_bounds_of_the_workers_it_runs(
     records alone ~220 MiB at their honest size). The container's settings and policy, read from
     the rendered manifest, fit its memory limit."""
     container = proxy_container(pod(name))
-    for variable, value in _container_env(name, container).items():
+    for variable, value in with_secret_files(_container_env(name, container), tmp_path).items():
         monkeypatch.setenv(variable, value)
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(_policy_text(name))

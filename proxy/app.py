@@ -44,7 +44,6 @@ from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
-from proxy.state.memory import MemoryBreakerStore
 from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
 from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_store import RedisBreakerStore
@@ -100,8 +99,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     likewise limits, feedback, the Redis outbox and the context store."""
     settings = app[SETTINGS]
     metrics = app[METRICS]
-    store: BreakerStore = RedisBreakerStore(settings.redis) if settings.redis else MemoryBreakerStore()
-    _route_and_watch(app, Breakers(store))
+    store: BreakerStore | None = RedisBreakerStore(settings.redis) if settings.redis else None
+    breakers = Breakers(store)
+    _route_and_watch(app, breakers)
     limiter = app[limits.LIMITER] = limits.Limiter.build(
         settings.redis,
         settings.replicas_hint * settings.workers,  # with Redis down each worker takes its share
@@ -124,7 +124,9 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     await feedback_store.aclose()
     if outbox is not None:
         await outbox.aclose()
-    await store.aclose()
+    await breakers.settled()
+    if store is not None:
+        await store.aclose()
     await limiter.aclose()
 
 

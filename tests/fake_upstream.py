@@ -40,7 +40,7 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest_asyncio
@@ -300,6 +300,17 @@ _CUT = web.RequestKey("fake_upstream_cut", bool)
 _DRIP = web.RequestKey("fake_upstream_drip", float)
 
 
+@dataclass
+class Gate:
+    """Requests held by ``FakeUpstream.hold`` until ``release``."""
+
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self.opened.set()
+
+
 class FakeUpstream:
     """State and routes of a fake LLM provider; ``chunk_delay`` is the pause between streamed chunks."""
 
@@ -323,6 +334,14 @@ class FakeUpstream:
         self._scripts: defaultdict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
         self._mixes: dict[str, tuple[FaultMix, random.Random]] = {}
+        self.gate: Gate | None = None
+        """When set, every request is held on arrival until the gate opens (``hold``)."""
+
+    def hold(self) -> Gate:
+        """Hold every request on arrival until ``Gate.release()``; ``Gate.reached`` is set once
+        one arrived (a test does something while the proxy waits on the upstream)."""
+        self.gate = Gate()
+        return self.gate
 
     @property
     def openai_base(self) -> str:
@@ -429,6 +448,9 @@ class FakeUpstream:
             )
             self.requests.append(record)
             request[_RECORD] = record
+            if self.gate is not None:
+                self.gate.reached.set()
+                await self.gate.opened.wait()
             response = await handler(request)
             if _DRIP in request and isinstance(response, web.Response) and not response.prepared:
                 return await self._dripped(request, response, request[_DRIP])

@@ -240,7 +240,7 @@ class _Route:
         metrics = request.app[METRICS]
         record_usage(metrics, policy, target, usage, output_s)
         usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
-        await settle(request, total_tokens(usage), usd)
+        settle(request, total_tokens(usage), usd)
 
 
 async def _passthrough(

@@ -153,9 +153,10 @@ class CallLimits:
             )
         return self._rung
 
-    async def settle(self, tokens: int, cost_usd: float) -> None:
+    def settle(self, tokens: int, cost_usd: float) -> None:
+        """Settle in the background: the answer does not wait on Redis for it."""
         if self.admission is not None:
-            await self._quota.settle(self.admission, tokens, cost_usd)
+            self._quota.settle_later(self.admission, tokens, cost_usd)
 
     def keep_admission(self, request: web.Request) -> None:
         """The request's admission, for its ``x-ratelimit-*`` headers (``add_ratelimit_headers``)."""
@@ -169,11 +170,12 @@ async def count_request(request: web.Request) -> None:
     await admit(request, runtime_of(request).policy, lambda: 0, downgradable=False)
 
 
-async def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
-    """Settle what the request spent against the limits ``admit`` counted it in."""
+def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
+    """Settle what the request spent against the limits ``admit`` counted it in, in the background
+    (the answer does not wait on Redis for it; the limiter awaits it at shutdown)."""
     admission = request[ADMISSION]
     if admission is not None:
-        await request.app[LIMITER].settle(admission, tokens, cost_usd)
+        request.app[LIMITER].settle_later(admission, tokens, cost_usd)
 
 
 def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -3,6 +3,7 @@ settling it with what the answer used and cost."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +166,7 @@ class Limiter:
     health: RedisHealth = field(default_factory=lambda: RedisHealth(RETRY_AFTER_S["limits"]))
     """Past a Redis failure (or its ``limits`` timeout) local windows are used for a while."""
     _plans: dict[tuple[int, str, str | None, int], tuple[LimitsPolicy, _Plan]] = field(default_factory=dict)
+    _settling: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
     def build(
@@ -257,7 +259,19 @@ class Limiter:
                 self._fail(exc)
         await self.local.settle(corrections, spend)
 
+    def settle_later(self, admission: Admission, tokens: int, cost_usd: float) -> None:
+        """``settle`` in the background: the answer does not wait for it; ``aclose`` does."""
+        task = asyncio.create_task(self.settle(admission, tokens, cost_usd))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def settled(self) -> None:
+        """Wait for the settles under way."""
+        while self._settling:
+            await asyncio.wait(list(self._settling))
+
     async def aclose(self) -> None:
+        await self.settled()
         await self.counters.aclose()
         if self.local is not self.counters:
             await self.local.aclose()

@@ -51,8 +51,8 @@ class Limits(Protocol):
         """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
         downgraded call is capped at."""
 
-    async def settle(self, tokens: int, cost_usd: float) -> None:
-        """Settle what the call spent."""
+    def settle(self, tokens: int, cost_usd: float) -> None:
+        """Settle what the call spent, without the answer waiting for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,7 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
     )
     outcome = record_module_answer(services.metrics, runtime.policy, answer)
     tokens = record_module_cost(services.metrics, runtime.policy, answer, requester.caller.label)
-    await call.limits.settle(tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
+    call.limits.settle(tokens + spent.tokens, answer.cost.usd + spent.usd)  # a composite's steps too
     remembered = answer_record(answer, module, runtime.policy, requester.trace_id, requester.caller.id)
     if remembered is not None:
         feedback = runtime.policy.feedback

@@ -36,6 +36,8 @@ class _Target:
 
 
 class MemoryBreakerStore:
+    """A replica's own breakers (``record``), and a shared store for tests (``publish``)."""
+
     def __init__(self) -> None:
         self._targets: dict[str, _Target] = {}
 
@@ -95,6 +97,25 @@ class MemoryBreakerStore:
         )
         if by_rate or by_streak:
             t.open(now, policy)
+
+    async def publish(self, target: str, state: BreakerState, ttl_s: float) -> BreakerState:
+        t = self._get(target)
+        if state.open_until > 0.0:
+            if t.open_until <= 0.0 or state.epoch > t.epoch:
+                self.adopt(target, BreakerState(max(state.epoch, t.epoch + 1), state.open_until))
+        elif state.epoch == t.epoch and t.open_until > 0.0:
+            self.adopt(target, state)
+        return BreakerState(t.epoch, t.open_until)
+
+    def adopt(self, target: str, state: BreakerState) -> None:
+        """Take ``state`` as this breaker's (a transition seen elsewhere): its window starts over."""
+        t = self._get(target)
+        t.epoch, t.open_until = state.epoch, state.open_until
+        t.reset()
+
+    def known(self) -> dict[str, BreakerState]:
+        """Every breaker that counted an outcome, claimed a trial or took a state."""
+        return {target: BreakerState(t.epoch, t.open_until) for target, t in self._targets.items()}
 
     async def aclose(self) -> None:
         return None

@@ -1,10 +1,10 @@
 """Breaker state in Redis (``redis.asyncio``), so replicas share it; falls back to memory.
 
-Keys (prefix ``cogproxy:breaker:<target>``): ``:state`` a hash with ``epoch``, ``open_until``,
-``consec``, ``trial_ok`` and the window's buckets ``bs:<n>`` / ``bf:<n>`` (successes / failures),
-``:trials`` a sorted set of claimed half-open trials by expiry. Every transition happens in one
-Lua script (the same rules as ``MemoryBreakerStore``, see ``proxy.state.store``), so concurrent
-replicas never race a breaker open or closed.
+Keys (prefix ``cogproxy:breaker:<target>``): ``:state`` a hash with ``epoch`` and ``open_until``,
+``:trials`` a sorted set of claimed half-open trials by expiry. Outcomes are counted by each replica
+in memory (``proxy.upstream.breaker``); a transition is published in one Lua script (the rules in
+``proxy.state.store``), so concurrent replicas never race a breaker open or closed. Where Redis
+fails, nothing is shared and each replica's own state governs.
 """
 
 from __future__ import annotations
@@ -15,69 +15,28 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from proxy.policy.model import BreakerPolicy
-from proxy.state.memory import MemoryBreakerStore
 from proxy.state.redis_client import RedisOptions, redis_client
-from proxy.state.store import WINDOW_BUCKETS, BreakerState, Outcome
+from proxy.state.store import BreakerState
 
 log = structlog.get_logger("proxy.state")
 
-_RECORD = """
+_PUBLISH = """
 local st, trials = KEYS[1], KEYS[2]
-local epoch, trial, failed = tonumber(ARGV[1]), ARGV[2] == '1', ARGV[3] == '1'
-local now, window, min_req = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local rate, streak, open_s = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local half_open, protect, nbuckets = tonumber(ARGV[10]), ARGV[11] == '1', tonumber(ARGV[12])
+local epoch, open_until, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cur = tonumber(redis.call('HGET', st, 'epoch') or '0')
-local open_until = tonumber(redis.call('HGET', st, 'open_until') or '0')
-local ttl = math.ceil(window + open_s) + 60
-local function reset(new_epoch, new_until)
-  cur, open_until = new_epoch, new_until
-  redis.call('DEL', st, trials)
-  redis.call('HSET', st, 'epoch', cur, 'open_until', tostring(open_until))
+local cur_until = tonumber(redis.call('HGET', st, 'open_until') or '0')
+local function take(new_epoch, new_until)
+  cur, cur_until = new_epoch, new_until
+  redis.call('DEL', trials)
+  redis.call('HSET', st, 'epoch', cur, 'open_until', ARGV[2])
 end
-if epoch == cur then
-  if open_until > 0 then
-    if trial then
-      if failed then
-        reset(cur + 1, now + open_s)
-      elseif redis.call('HINCRBY', st, 'trial_ok', 1) >= half_open then
-        reset(cur, 0)
-      end
-    end
-  elseif not trial then
-    local width = window / nbuckets
-    local bucket = math.floor(now / width)
-    redis.call('HINCRBY', st, (failed and 'bf:' or 'bs:') .. bucket, 1)
-    local consec = 0
-    if failed then
-      consec = redis.call('HINCRBY', st, 'consec', 1)
-    else
-      redis.call('HSET', st, 'consec', 0)
-    end
-    local fields = redis.call('HGETALL', st)
-    local total, fails = 0, 0
-    for i = 1, #fields, 2 do
-      local name = fields[i]
-      if string.sub(name, 1, 1) == 'b' then
-        if tonumber(string.sub(name, 4)) <= bucket - nbuckets then
-          redis.call('HDEL', st, name)
-        else
-          total = total + tonumber(fields[i + 1])
-          if string.sub(name, 2, 2) == 'f' then fails = fails + tonumber(fields[i + 1]) end
-        end
-      end
-    end
-    if failed then
-      local share = fails / total
-      local by_rate = total >= min_req and share >= rate
-      local by_streak = streak > 0 and consec >= streak and ((not protect) or share >= rate)
-      if by_rate or by_streak then reset(cur + 1, now + open_s) end
-    end
-  end
+if open_until > 0 then
+  if cur_until <= 0 or epoch > cur then take(math.max(epoch, cur + 1), open_until) end
+elseif epoch == cur and cur_until > 0 then
+  take(cur, 0)
 end
 redis.call('EXPIRE', st, ttl)
-return {cur, tostring(open_until)}
+return {cur, tostring(cur_until)}
 """
 
 _TRY_TRIAL = """
@@ -100,13 +59,12 @@ def _keys(target: str) -> list[str]:
 
 
 class RedisBreakerStore:
-    """Shared breaker state; every operation falls back to local memory while Redis is down."""
+    """Shared breaker transitions; while Redis is down nothing is shared (each replica its own)."""
 
     def __init__(self, options: RedisOptions) -> None:
         self._redis: Any = redis_client(options, "breakers")
-        self._record = self._redis.register_script(_RECORD)
+        self._publish = self._redis.register_script(_PUBLISH)
         self._try_trial = self._redis.register_script(_TRY_TRIAL)
-        self._fallback = MemoryBreakerStore()
         self._health = options.health("breakers")
 
     @property
@@ -122,52 +80,38 @@ class RedisBreakerStore:
                 retry_in_s=self._health.retry_after_s,
             )
 
-    async def state(self, target: str) -> BreakerState:
+    async def state(self, target: str) -> BreakerState | None:
         if self.degraded:
-            return await self._fallback.state(target)
+            return None
         try:
             epoch, open_until = await self._redis.hmget(_keys(target)[0], "epoch", "open_until")
         except (RedisError, OSError) as exc:
             self._failed(exc)
-            return await self._fallback.state(target)
+            return None
         return BreakerState(int(epoch or 0), float(open_until or 0.0))
 
     async def try_trial(self, target: str, epoch: int, now: float, ttl: float, slots: int) -> bool:
         if self.degraded:
-            return await self._fallback.try_trial(target, epoch, now, ttl, slots)
+            return True
         try:
             claimed = await self._try_trial(
                 keys=_keys(target), args=[epoch, now, ttl, slots, uuid.uuid4().hex]
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)
-            return await self._fallback.try_trial(target, epoch, now, ttl, slots)
+            return True
         return bool(claimed)
 
-    async def record(self, target: str, outcome: Outcome, now: float, policy: BreakerPolicy) -> BreakerState:
+    async def publish(self, target: str, state: BreakerState, ttl_s: float) -> BreakerState | None:
         if self.degraded:
-            return await self._fallback.record(target, outcome, now, policy)
+            return None
         try:
-            epoch, open_until = await self._record(
-                keys=_keys(target),
-                args=[
-                    outcome.epoch,
-                    int(outcome.trial),
-                    int(outcome.failed),
-                    now,
-                    policy.window_s,
-                    policy.min_requests,
-                    policy.failure_rate,
-                    policy.consecutive_failures or 0,
-                    policy.open_s,
-                    policy.half_open_requests,
-                    int(outcome.protect),
-                    WINDOW_BUCKETS,
-                ],
+            epoch, open_until = await self._publish(
+                keys=_keys(target), args=[state.epoch, repr(state.open_until), max(1, round(ttl_s))]
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)
-            return await self._fallback.record(target, outcome, now, policy)
+            return None
         return BreakerState(int(epoch), float(open_until))
 
     async def aclose(self) -> None:

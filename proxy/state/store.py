@@ -12,14 +12,20 @@ Semantics every store implements (memory and Redis alike):
   below ``failure_rate``.
 * Open: after ``open_until``, ``half_open_requests`` trials are admitted. Only their outcomes
   move the breaker: one failure re-opens it (a new epoch), all of them succeeding close it.
+
+Every replica counts outcomes in its own memory (``MemoryBreakerStore.record``); a shared store
+(``BreakerStore``: Redis, or memory in tests) holds only the transitions replicas publish, and the
+half-open trial claims. Publishing (``publish``) keeps what is newer:
+
+* an open of epoch ``e`` when the shared breaker is closed: open, epoch ``max(e, shared + 1)``;
+  when it is open already: kept unless ``e`` is newer (a failed trial re-opened it);
+* a close of epoch ``e``: applied when the shared breaker is open in that same epoch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
-
-from proxy.policy.model import BreakerPolicy
 
 # Resolution of the sliding window: buckets of window_s / 10 (Hystrix's default of ten).
 WINDOW_BUCKETS = 10
@@ -43,11 +49,19 @@ class Outcome:
     """The target is the last one of its rung whose breaker is not open."""
 
 
-class BreakerStore(Protocol):
-    """Where circuit-breaker state lives. Implementations must be safe under concurrency."""
+def newer(shared: BreakerState, local: BreakerState) -> bool:
+    """Whether a replica seeing ``local`` adopts ``shared``: a later epoch, or its own epoch closed."""
+    return shared.epoch > local.epoch or (
+        shared.epoch == local.epoch and local.open_until > 0.0 and shared.open_until <= 0.0
+    )
 
-    async def state(self, target: str) -> BreakerState:
-        """The breaker's current epoch and open-until time."""
+
+class BreakerStore(Protocol):
+    """Breaker transitions shared by replicas. Implementations must be safe under concurrency;
+    None (or True for a trial) where the store cannot answer: the replica's own state governs."""
+
+    async def state(self, target: str) -> BreakerState | None:
+        """The breaker's current shared epoch and open-until time."""
         ...
 
     async def try_trial(self, target: str, epoch: int, now: float, ttl: float, slots: int) -> bool:
@@ -55,8 +69,8 @@ class BreakerStore(Protocol):
         they are taken, the open period is not over, or the breaker moved to another epoch."""
         ...
 
-    async def record(self, target: str, outcome: Outcome, now: float, policy: BreakerPolicy) -> BreakerState:
-        """Count ``outcome`` (see the module docstring) and return the state after it."""
+    async def publish(self, target: str, state: BreakerState, ttl_s: float) -> BreakerState | None:
+        """Publish a transition to ``state`` (the rules above); the shared state after it."""
         ...
 
     async def aclose(self) -> None:

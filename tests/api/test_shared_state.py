@@ -114,13 +114,15 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
     path = tmp_path / "shared.yaml"
     path.write_text(yaml.safe_dump(policy))
     # The other process has never read cheap's state, so its first admission reads it from Redis
-    # (its local read cache, refreshed every 0.5 s, is tested in tests/upstream/test_breaker.py).
+    # (its later background reads, every 0.5 s, are tested in tests/upstream/test_breaker.py).
     async with proxy_process("--policy", str(path), "--redis-url", REDIS_URL) as other:
         async with running_proxy(tmp_path, policy, redis_url=REDIS_URL) as px:
             fake_upstream.script("cheap", Fault.http(500), Fault.http(500))
             for _ in range(2):
                 await attempts_of(px)  # opens cheap's breaker, in Redis
-            assert await redis_db.hget("cogproxy:breaker:up/cheap:state", "open_until")
+            await eventually(  # published after the answer, not before it
+                lambda: redis_db.hget("cogproxy:breaker:up/cheap:state", "open_until"), "the open in Redis"
+            )
         async with aiohttp.ClientSession() as session:
             resp = await session.post(
                 other.url + "/v1/chat/completions",

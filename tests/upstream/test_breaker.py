@@ -44,8 +44,10 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def breakers(store: BreakerStore, clock: Clock) -> Breakers:
-    return Breakers(store, clock=clock, refresh_s=0)
+async def breakers(store: BreakerStore, clock: Clock) -> AsyncIterator[Breakers]:
+    made = Breakers(store, clock=clock, refresh_s=0)
+    yield made
+    await made.settled()  # its publishes and reads, before the store closes
 
 
 async def outcomes(b: Breakers, policy: BreakerPolicy, *failed: bool, protect: bool = False) -> None:
@@ -151,6 +153,7 @@ async def test_a_provider_failing_every_request_is_skipped_after_min_requests_ca
             await run(router, providers, rung, FAILOVER, deadline=clock.now + 60)
     assert len(dead.calls) == FAILOVER.breaker.min_requests + 3  # one trial per open_s, no retries
     assert len(healthy.calls) == 40 + 90
+    await router.breakers.settled()
 
 
 async def test_an_open_breaker_refusal_says_when_its_trial_comes(store: BreakerStore, clock: Clock) -> None:
@@ -165,6 +168,7 @@ async def test_an_open_breaker_refusal_says_when_its_trial_comes(store: BreakerS
         await run(router, {"a": ScriptedProvider()}, [Target("a", "m")], failover)
     (skip,) = info.value.failures
     assert skip.kind == "circuit_open" and skip.retry_after == pytest.approx(18)
+    await router.breakers.settled()
 
 
 # --- exact tickets, transitions, logs, the local read cache ----------------------------------------
@@ -212,6 +216,7 @@ async def test_tickets_transitions_and_logs_through_open_trial_reopen_and_close(
     assert logs == [{"event": "proxy.breaker_closed", "log_level": "info", "target": T, "epoch": 2}]
     assert seen == [(T, "open"), (T, "open"), (T, "closed")]
     assert not breakers.is_open(T) and breakers.snapshot() == {T: False}
+    await breakers.settled()
 
 
 async def test_a_streak_opens_unless_the_caller_protects_the_target(breakers: Breakers) -> None:
@@ -240,6 +245,7 @@ async def test_the_clock_origin_does_not_matter(store: BreakerStore) -> None:
     trial = await breakers.admit(T, policy, 0.1)
     await breakers.record(T, trial, policy, failed=False)
     assert seen == [(T, "open"), (T, "closed")]
+    await breakers.settled()
 
 
 async def test_nothing_is_open_before_anything_was_read(breakers: Breakers) -> None:
@@ -249,18 +255,22 @@ async def test_nothing_is_open_before_anything_was_read(breakers: Breakers) -> N
 
 
 async def test_state_is_read_through_a_local_cache_for_refresh_s(store: BreakerStore, clock: Clock) -> None:
-    """Another replica opens the breaker in the shared store: this one sees it once its cached read
-    is ``refresh_s`` old, not before (the hot path does not wait on Redis every request)."""
+    """Another replica opens the breaker and publishes it: this one reads the shared state once
+    its last read is ``refresh_s`` old, in the background (no admission waits on Redis but a
+    target's first), and the admissions after that read see it open."""
     policy = BreakerPolicy(min_requests=1, open_s=30)
     here = Breakers(store, clock=clock, refresh_s=0.5)
     there = Breakers(store, clock=clock, refresh_s=0.5)
     assert await admission(here, policy) == "closed"  # read at 1000.0
     await outcomes(there, policy, True)
     assert await admission(there, policy) == "open"
+    await there.settled()  # the open published
     clock.now = 1000.49
-    assert await admission(here, policy) == "closed"  # still the cached read
+    assert await admission(here, policy) == "closed"  # still the last read
     assert not here.is_open(T)
     clock.now = 1000.5
+    assert await admission(here, policy) == "closed"  # starts a read; does not wait for it
+    await here.settled()
     assert await admission(here, policy) == "open"
     assert here.is_open(T)
 
@@ -270,4 +280,5 @@ async def test_outcomes_on_a_closed_breaker_signal_nothing(store: BreakerStore, 
     breakers = Breakers(store, clock=clock, refresh_s=0, on_transition=seen)
     with capture_logs() as logs:
         await outcomes(breakers, DEFAULT, False, True, False)
+        await breakers.settled()
     assert (seen, logs) == ([], [])

@@ -1,6 +1,7 @@
 """Breaker state in Redis (``redis.asyncio``), so replicas share it; falls back to memory.
 
-Keys (prefix ``cogproxy:breaker:<target>``): ``:state`` a hash with ``epoch``, ``open_until``,
+Keys (prefix ``cogproxy:breaker:{<target>}``, one hash tag so a script's two keys share a Redis
+Cluster slot): ``:state`` a hash with ``epoch``, ``open_until``,
 ``consec``, ``trial_ok`` and the window's buckets ``bs:<n>`` / ``bf:<n>`` (successes / failures),
 ``:trials`` a sorted set of claimed half-open trials by expiry. Every transition happens in one
 Lua script (the same rules as ``MemoryBreakerStore``, see ``proxy.state.store``), so concurrent
@@ -94,8 +95,9 @@ return 1
 """
 
 
-def _keys(target: str) -> list[str]:
-    base = f"cogproxy:breaker:{target}"
+def breaker_keys(target: str) -> list[str]:
+    """(state, trials) of ``target``: one hash tag, one Redis Cluster slot."""
+    base = f"cogproxy:breaker:{{{target}}}"
     return [f"{base}:state", f"{base}:trials"]
 
 
@@ -126,7 +128,7 @@ class RedisBreakerStore:
         if self.degraded:
             return await self._fallback.state(target)
         try:
-            epoch, open_until = await self._redis.hmget(_keys(target)[0], "epoch", "open_until")
+            epoch, open_until = await self._redis.hmget(breaker_keys(target)[0], "epoch", "open_until")
         except (RedisError, OSError) as exc:
             self._failed(exc)
             return await self._fallback.state(target)
@@ -137,7 +139,7 @@ class RedisBreakerStore:
             return await self._fallback.try_trial(target, epoch, now, ttl, slots)
         try:
             claimed = await self._try_trial(
-                keys=_keys(target), args=[epoch, now, ttl, slots, uuid.uuid4().hex]
+                keys=breaker_keys(target), args=[epoch, now, ttl, slots, uuid.uuid4().hex]
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)
@@ -149,7 +151,7 @@ class RedisBreakerStore:
             return await self._fallback.record(target, outcome, now, policy)
         try:
             epoch, open_until = await self._record(
-                keys=_keys(target),
+                keys=breaker_keys(target),
                 args=[
                     outcome.epoch,
                     int(outcome.trial),

@@ -120,7 +120,7 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
             fake_upstream.script("cheap", Fault.http(500), Fault.http(500))
             for _ in range(2):
                 await attempts_of(px)  # opens cheap's breaker, in Redis
-            assert await redis_db.hget("cogproxy:breaker:up/cheap:state", "open_until")
+            assert await redis_db.hget("cogproxy:breaker:{up/cheap}:state", "open_until")
         async with aiohttp.ClientSession() as session:
             resp = await session.post(
                 other.url + "/v1/chat/completions",

@@ -19,7 +19,7 @@ from proxy.limits.windows import RedisCounters, spend_key, window_keys
 from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.policy.model import BreakerPolicy
 from proxy.state.context_store import RedisContextStore
-from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, _call_of, mark_key
+from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write, _call_of, mark_key
 from proxy.state.redis_client import RedisOptions, node_url, redis_client
 from proxy.state.redis_store import RedisBreakerStore, breaker_keys
 from proxy.state.store import Outcome
@@ -90,7 +90,7 @@ async def test_outbox_writes_of_every_kind_land_once_in_the_cluster(options: Red
     outbox.start()
     identity = Identity("0123456789abcdef0123456789abcdef", "s1")
     context_key = identity.key("session", "s1")
-    writes = [
+    writes: list[Write] = [
         StreamWrite("cogproxy:review", {"a": "1"}, 100),
         KeyWrite("plain:key", "v", 60),
         HashWrite("cogproxy:answers:t1", "app", "{}", 60_000),

@@ -17,9 +17,9 @@ from proxy.state.store import BreakerStore
 from proxy.upstream.base import ProviderError
 from proxy.upstream.breaker import Breakers, Ticket
 from proxy.upstream.router import Router, RungFailed
-from tests.policy.test_router import Clock, ScriptedProvider, run
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
+from tests.upstream.test_router import Clock, ScriptedProvider, run
 
 REDIS_URL = redis_url(15)
 DEFAULT = BreakerPolicy()

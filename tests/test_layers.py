@@ -43,8 +43,7 @@ def test_only_the_edge_and_the_api_import_aiohttp_web() -> None:
     offenders = sorted(
         str(path.relative_to(PROXY))
         for path in PROXY.rglob("*.py")
-        if not str(path.relative_to(PROXY)).startswith(SERVES_HTTP)
-        and imports_aiohttp_web(path.read_text())
+        if not str(path.relative_to(PROXY)).startswith(SERVES_HTTP) and imports_aiohttp_web(path.read_text())
     )
     assert offenders == []
     assert imports_aiohttp_web((PROXY / "api" / "middleware.py").read_text())  # the check is live

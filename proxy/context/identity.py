@@ -53,7 +53,7 @@ def namespace_of(client_key: str | None) -> str:
 def namespace_in(key: str) -> str:
     """The client namespace of a key ``Identity.key`` built ("" for any other key)."""
     prefix, _, rest = key.partition(":ctx:")
-    return rest.partition(":")[0] if prefix + ":ctx" == KEY_PREFIX else ""
+    return rest.partition(":")[0].strip("{}") if prefix + ":ctx" == KEY_PREFIX else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,9 @@ class Identity:
     user_id: str | None = None
 
     def key(self, *parts: str) -> str:
-        return ":".join((KEY_PREFIX, self.namespace, *parts))
+        """``cogproxy:ctx:{<namespace>}:<parts>``: the namespace is the key's hash tag, so a client's
+        keys and its quota's share one Redis Cluster slot (the quota script touches them together)."""
+        return ":".join((KEY_PREFIX, f"{{{self.namespace}}}", *parts))
 
 
 CONTEXT_FIELD = "_context"

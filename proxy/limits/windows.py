@@ -25,7 +25,11 @@ from redis.exceptions import NoScriptError
 
 MICRO = 1_000_000
 """Spend is counted in micro-USD: integer counters, exact sums."""
-KEY_PREFIX = "cogproxy:limits:"
+KEY_PREFIX = "{cogproxy:limits}:"
+"""Every limits key shares this hash tag: one request's windows and budgets (client, team and
+global) are read and taken by one all-or-none script, in a Redis Cluster too (a script's keys must
+share a slot). The cost: all limits keys live on one slot, so one master serves every limit check
+(one short script per request; see docs/deployment.md, "Redis Cluster")."""
 SPEND_TTL_S = {"day": 2 * 86400, "month": 32 * 86400}
 """A spend counter outlives its calendar period by a little (clock skew), then expires."""
 MAX_LOCAL_SPEND_KEYS = 10_000
@@ -242,10 +246,15 @@ return 1
 """
 
 
-def _keys(window: Window) -> tuple[str, str]:
-    """(previous, current) counter keys; one hash tag, so both live on one cluster slot."""
-    current = f"{{{KEY_PREFIX}{window.key}}}"
+def window_keys(name: str) -> tuple[str, str]:
+    """(previous, current) counter keys of the window ``name``."""
+    current = KEY_PREFIX + name
     return current + "/-1", current
+
+
+def spend_key(name: str) -> str:
+    """The Redis key of the spend counter ``name``."""
+    return KEY_PREFIX + name
 
 
 class RedisCounters:
@@ -265,11 +274,11 @@ class RedisCounters:
     async def hit(
         self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
     ) -> tuple[list[WindowState], list[int]]:
-        keys = [key for window, _ in hits for key in _keys(window)]
+        keys = [key for window, _ in hits for key in window_keys(window.key)]
         args = [len(hits)] + [
             value for window, cost in hits for value in (window.limit, window.window_s, cost)
         ]
-        reply = await self._eval(self._hit, keys + [KEY_PREFIX + k for k in spend_keys], args)
+        reply = await self._eval(self._hit, keys + [spend_key(k) for k in spend_keys], args)
         states = []
         for i, (window, _) in enumerate(hits):
             fits, previous, previous_ttl, current, current_ttl = (
@@ -288,7 +297,7 @@ class RedisCounters:
         moved = [(w, d) for w, d in corrections if d]
         if not moved and not spend:
             return
-        keys = [_keys(w)[1] for w, _ in moved] + [KEY_PREFIX + k for k, _ in spend]
+        keys = [window_keys(w.key)[1] for w, _ in moved] + [spend_key(k) for k, _ in spend]
         args = [len(moved)] + [v for w, d in moved for v in (w.window_s, d)]
         args += [v for k, micro in spend for v in (SPEND_TTL_S[k.rsplit(":", 2)[-2]], micro)]
         await self._eval(self._settle, keys, args)

@@ -20,6 +20,12 @@ applies it and raises the mark, atomically. A resend after a timeout, or a repla
 between Redis's answer and the spool's offset, is therefore skipped. Marks expire ``MARK_TTL_S``
 after a run's last write: a spool replayed later than that can deliver its last batch twice.
 
+In a Redis Cluster a script's keys must share a slot, so a run has a mark per slot it writes to
+(``mark_key``: ``MARK_PREFIX<run>:{<tag of the target's slot>}``), each raised by the writes to
+that slot. Exactly once still holds: the writes to one slot go to one master in queue order (their
+sequence numbers rise), a write is skipped only when its own slot's mark reached it, and a write to
+another slot never moves that mark. The price is up to 16,384 marks per run instead of one.
+
 Breaker state, limits and stream sessions are not here: they are state, not records (see
 docs/configuration.md, ``--spool-dir``).
 """
@@ -41,6 +47,7 @@ import orjson
 import structlog
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from proxy.state.cluster_slots import slot_tag
 from proxy.state.redis_client import RedisOptions, redis_client
 from proxy.state.spool import Spool
 
@@ -59,9 +66,10 @@ MARK_TTL_S = 7 * 86_400
 SKIPPED = -1
 """What a script returns for a write Redis already had."""
 QUOTA_PREFIX = "cogproxy:ctxquota:"
-"""Per owner: ``<owner>:keys`` (a sorted set of its keys by write order) and ``<owner>:sizes``
-(a hash of their sizes, with the running total under ``#total``). A key that expired stays
-counted until it is the owner's oldest: the quota then bounds it as well."""
+"""Per owner: ``{<owner>}:keys`` (a sorted set of its keys by write order) and ``{<owner>}:sizes``
+(a hash of their sizes, with the running total under ``#total``). The owner is the hash tag of
+its context keys too (``proxy.context.identity``): the quota script's keys share a slot. A key
+that expired stays counted until it is the owner's oldest: the quota then bounds it as well."""
 
 _ONCE = """
 local mark, seq = KEYS[1], tonumber(ARGV[1])
@@ -198,9 +206,15 @@ def _call_of(write: Write) -> tuple[str, list[str], list[Any]]:
         return "hset", [write.key], [write.field, write.value, write.expires_at_ms]
     if not write.owner:
         return "set", [write.key], [write.value, write.ttl or -1]
-    base = QUOTA_PREFIX + write.owner
+    base = f"{QUOTA_PREFIX}{{{write.owner}}}"
     keys = [write.key, base + ":keys", base + ":sizes"]
     return "quota", keys, [write.value, write.ttl or -1, write.max_entries, write.max_bytes]
+
+
+def mark_key(run: str, target: str, *, cluster: bool) -> str:
+    """The mark of ``run`` guarding a write to ``target``: one per run, or in a Redis Cluster one
+    per run and slot, on ``target``'s slot (the module docstring)."""
+    return f"{MARK_PREFIX}{run}:{{{slot_tag(target)}}}" if cluster else MARK_PREFIX + run
 
 
 def _run_and_seq(write_id: str) -> tuple[str, int]:
@@ -221,6 +235,7 @@ class RedisOutbox:
         on_evict: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._redis: Any = redis_client(redis, "outbox")
+        self._cluster = redis.cluster
         self._bound = bound
         self._queue: deque[Write] = deque()
         self._waiters: dict[str, asyncio.Future[bool]] = {}
@@ -313,8 +328,11 @@ class RedisOutbox:
             for write in batch:
                 script, keys, args = _call_of(write)
                 run, seq = _run_and_seq(write.id)
-                pipe.evalsha(
-                    self._shas[script], len(keys) + 1, MARK_PREFIX + run, *keys, seq, MARK_TTL_S, *args
+                mark = mark_key(run, keys[0], cluster=self._cluster)
+                # execute_command: a cluster pipeline refuses its evalsha method (scripts without
+                # keys have no slot), not the command, which it routes by the keys
+                pipe.execute_command(
+                    "EVALSHA", self._shas[script], len(keys) + 1, mark, *keys, seq, MARK_TTL_S, *args
                 )
             results = await pipe.execute(raise_on_error=False)
         done: Write | None = None

@@ -8,6 +8,10 @@ A purpose is what a client is for; its timeout is how long one command (and conn
 * ``breakers``, ``context``, ``feedback``: reads on the request path; past it the store falls back.
 * ``outbox``, ``streams``: background writers (the outbox, the stream-session mirror), which retry.
 * ``scan``: ``cogproxy calibration`` reading every feedback record, with no timeout.
+
+A URL of scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one node of a Redis
+Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then, which find the other nodes
+and follow the slots (see ``docs/configuration.md``, "Redis Cluster").
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
@@ -46,7 +51,17 @@ timeout per interval, not one per request (the limits retry sooner: they are exa
 _DECODED: frozenset[Purpose] = frozenset({"breakers", "outbox"})
 """Purposes whose replies are read as ``str`` (the others read bytes)."""
 
+CLUSTER_SCHEMES: Mapping[str, str] = MappingProxyType({"redis+cluster": "redis", "rediss+cluster": "rediss"})
+"""A cluster URL's scheme -> the plain scheme ``redis-py`` parses (the node it names is a seed)."""
+
 Clock = Callable[[], float]
+
+
+def node_url(url: str) -> tuple[str, bool]:
+    """(the URL ``redis-py`` parses, whether it names a cluster)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    return (f"{plain}{sep}{rest}", True) if plain is not None and sep else (url, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +81,16 @@ class RedisOptions:
 
     def __post_init__(self) -> None:
         tls_files = (self.ssl_ca_certs, self.ssl_certfile, self.ssl_keyfile)
-        if any(tls_files) and not self.url.startswith("rediss://"):
-            raise ValueError("Redis TLS files need a rediss:// URL")
+        if any(tls_files) and not node_url(self.url)[0].startswith("rediss://"):
+            raise ValueError("Redis TLS files need a rediss:// (or rediss+cluster://) URL")
         for purpose, seconds in self.timeouts_s.items():
             if seconds is not None and seconds <= 0:
                 raise ValueError(f"the Redis {purpose} timeout must be positive, not {seconds}")
+
+    @property
+    def cluster(self) -> bool:
+        """The URL names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+        return node_url(self.url)[1]
 
     def with_timeout(self, purpose: Purpose, seconds: float | None) -> RedisOptions:
         """These options with ``purpose``'s timeout replaced."""
@@ -85,7 +105,8 @@ class RedisOptions:
 
 
 def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
-    """A client of ``purpose`` (``redis.asyncio.Redis``; connects on its first command)."""
+    """A client of ``purpose`` (``redis.asyncio.Redis``, or ``RedisCluster`` for a cluster URL;
+    connects on its first command)."""
     timeout = options.timeout_s(purpose)
     connect = options.connect_timeout_s if options.connect_timeout_s is not None else timeout
     secured: dict[str, Any] = {
@@ -99,8 +120,17 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
         )
         if value is not None
     }
+    url, cluster = node_url(options.url)
+    if cluster:  # TLS here takes redis-py's own context per connection (SharedTlsConnection: not yet)
+        return RedisCluster.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=connect,
+            decode_responses=purpose in _DECODED,
+            **secured,
+        )
     client = aioredis.Redis.from_url(
-        options.url,
+        url,
         socket_timeout=timeout,
         socket_connect_timeout=connect,
         decode_responses=purpose in _DECODED,

@@ -1,6 +1,7 @@
-"""Breaker state in Redis (``redis.asyncio``), so replicas share it; falls back to memory.
+"""Breaker transitions shared in Redis (``redis.asyncio``), so replicas learn each other's opens.
 
-Keys (prefix ``cogproxy:breaker:<target>``): ``:state`` a hash with ``epoch`` and ``open_until``,
+Keys (prefix ``cogproxy:breaker:{<target>}``, one hash tag so a script's two keys share a Redis
+Cluster slot): ``:state`` a hash with ``epoch`` and ``open_until``,
 ``:trials`` a sorted set of claimed half-open trials by expiry. Outcomes are counted by each replica
 in memory (``proxy.upstream.breaker``); a transition is published in one Lua script (the rules in
 ``proxy.state.store``), so concurrent replicas never race a breaker open or closed. Where Redis
@@ -53,8 +54,9 @@ return 1
 """
 
 
-def _keys(target: str) -> list[str]:
-    base = f"cogproxy:breaker:{target}"
+def breaker_keys(target: str) -> list[str]:
+    """(state, trials) of ``target``: one hash tag, one Redis Cluster slot."""
+    base = f"cogproxy:breaker:{{{target}}}"
     return [f"{base}:state", f"{base}:trials"]
 
 
@@ -84,7 +86,7 @@ class RedisBreakerStore:
         if self.degraded:
             return None
         try:
-            epoch, open_until = await self._redis.hmget(_keys(target)[0], "epoch", "open_until")
+            epoch, open_until = await self._redis.hmget(breaker_keys(target)[0], "epoch", "open_until")
         except (RedisError, OSError) as exc:
             self._failed(exc)
             return None
@@ -95,7 +97,7 @@ class RedisBreakerStore:
             return True
         try:
             claimed = await self._try_trial(
-                keys=_keys(target), args=[epoch, now, ttl, slots, uuid.uuid4().hex]
+                keys=breaker_keys(target), args=[epoch, now, ttl, slots, uuid.uuid4().hex]
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)
@@ -107,7 +109,7 @@ class RedisBreakerStore:
             return None
         try:
             epoch, open_until = await self._publish(
-                keys=_keys(target), args=[state.epoch, repr(state.open_until), max(1, round(ttl_s))]
+                keys=breaker_keys(target), args=[state.epoch, repr(state.open_until), max(1, round(ttl_s))]
             )
         except (RedisError, OSError) as exc:
             self._failed(exc)

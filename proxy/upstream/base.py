@@ -88,9 +88,7 @@ class Provider(Protocol):
         passthrough's attempts to it (one timer per call instead of two)."""
         ...
 
-    def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
-    ) -> AsyncIterator[bytes]:
+    def stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> AsyncIterator[bytes]:
         """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``)."""
         ...
 

@@ -361,9 +361,7 @@ class _BrokenProvider:
     async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         raise KeyError("a bug")
 
-    def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
-    ) -> AsyncIterator[bytes]:
+    def stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> AsyncIterator[bytes]:
         raise KeyError("a bug")
 
 

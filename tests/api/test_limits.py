@@ -79,7 +79,7 @@ def _upstream_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def redis_db() -> AsyncIterator[aioredis.Redis]:
-    async with fresh_db(14, match="*cogproxy:limits:*") as client:
+    async with fresh_db(14, match="{cogproxy:limits}:*") as client:
         yield client
 
 

@@ -121,7 +121,7 @@ async def test_two_proxy_processes_share_breaker_state_through_redis(
             for _ in range(2):
                 await attempts_of(px)  # opens cheap's breaker, in Redis
             await eventually(  # published after the answer, not before it
-                lambda: redis_db.hget("cogproxy:breaker:up/cheap:state", "open_until"), "the open in Redis"
+                lambda: redis_db.hget("cogproxy:breaker:{up/cheap}:state", "open_until"), "the open in Redis"
             )
         async with aiohttp.ClientSession() as session:
             resp = await session.post(

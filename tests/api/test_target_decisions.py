@@ -175,7 +175,11 @@ def test_own_route_named_reads_parameters_case_and_a_trailing_slash(path: str, o
         ("https://api.example.com/v1/", "/v1/files", "https://api.example.com/v1/files"),
         ("https://api.example.com", "/v1/files", "https://api.example.com/v1/files"),
         ("https://api.example.com/", "/v1/files?limit=2", "https://api.example.com/v1/files?limit=2"),
-        ("http://127.0.0.1:8081/openai/v1", "/v1/files/x?a=%2F", "http://127.0.0.1:8081/openai/v1/files/x?a=%2F"),
+        (
+            "http://127.0.0.1:8081/openai/v1",
+            "/v1/files/x?a=%2F",
+            "http://127.0.0.1:8081/openai/v1/files/x?a=%2F",
+        ),
         ("http://gw.example/v1x", "/v1/files", "http://gw.example/v1x/v1/files"),
         ("http://gw.example/X", "/v1/files", "http://gw.example/X/v1/files"),
         ("http://gw.example/api/v1//", "/v1/files", "http://gw.example/api/v1/files"),

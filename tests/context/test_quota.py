@@ -64,9 +64,9 @@ async def test_bobs_40_large_answers_do_not_evict_alices_cached_answer(
         assert fake_upstream.count("/v1/chat/completions") == calls
         assert await metric(px, 'cognitive_context_evictions_total{reason="client_quota"}') >= 31
         if store == "redis":
-            bobs = await redis_db.keys(f"cogproxy:ctx:{namespace_of('bob')}:*")
+            bobs = await redis_db.keys(f"cogproxy:ctx:{{{namespace_of('bob')}}}:*")
             assert 1 <= len(bobs) <= 9  # 8 MiB of 0.9 MB answers: Bob keeps his newest only
-            assert await redis_db.keys(f"cogproxy:ctx:{namespace_of('alice')}:*")
+            assert await redis_db.keys(f"cogproxy:ctx:{{{namespace_of('alice')}}}:*")
 
 
 async def test_a_client_at_exactly_its_quota_keeps_everything_and_one_more_evicts_its_oldest() -> None:

@@ -11,7 +11,6 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from proxy.limits.windows import (
-    KEY_PREFIX,
     MAX_LOCAL_SPEND_KEYS,
     MAX_LOCAL_WINDOWS,
     SPEND_TTL_S,
@@ -19,6 +18,8 @@ from proxy.limits.windows import (
     RedisCounters,
     Window,
     WindowState,
+    spend_key,
+    window_keys,
     window_state,
 )
 from tests.support.redis_db import fresh_db
@@ -163,7 +164,7 @@ async def client() -> AsyncIterator[aioredis.Redis]:
 
 
 async def current(redis: aioredis.Redis, window: Window) -> int | None:
-    value = await redis.get(f"{{{KEY_PREFIX}{window.key}}}")
+    value = await redis.get(window_keys(window.key)[1])
     return None if value is None else int(value)
 
 
@@ -180,8 +181,8 @@ async def test_redis_settlement_with_corrections_and_no_spend(client: aioredis.R
     assert await current(client, fresh) is None
     await counters.settle([(fresh, 2)], [])
     assert await current(client, fresh) == 2
-    assert 0 < await client.pttl(f"{{{KEY_PREFIX}fresh}}") <= 120_000  # lives two windows
-    assert await client.keys(f"{KEY_PREFIX}spend*") == []
+    assert 0 < await client.pttl(window_keys("fresh")[1]) <= 120_000  # lives two windows
+    assert await client.keys(spend_key("spend*")) == []
 
 
 async def test_redis_spend_adds_up_and_expires_after_its_period(client: aioredis.Redis) -> None:
@@ -191,7 +192,7 @@ async def test_redis_spend_adds_up_and_expires_after_its_period(client: aioredis
     await counters.settle([(window, 2)], [(DAY, 250)])
     assert (await counters.hit([], [DAY, MONTH, "spend:client:c2:day:2026-11-27"]))[1] == [1_750, 1_500, 0]
     assert await current(client, window) == 2
-    day_ttl, month_ttl = await client.ttl(KEY_PREFIX + DAY), await client.ttl(KEY_PREFIX + MONTH)
+    day_ttl, month_ttl = await client.ttl(spend_key(DAY)), await client.ttl(spend_key(MONTH))
     assert SPEND_TTL_S["day"] - 5 <= day_ttl <= SPEND_TTL_S["day"]
     assert SPEND_TTL_S["month"] - 5 <= month_ttl <= SPEND_TTL_S["month"]
 
@@ -231,7 +232,7 @@ async def test_redis_current_counter_turns_previous_with_one_window_left(client:
     counters = RedisCounters(client)
     window = Window("w", 4, 60)
     await counters.hit([(window, 4)], [])
-    key = f"{{{KEY_PREFIX}w}}"
+    key = window_keys("w")[1]
     await client.pexpire(key, 40_000)  # as if 80 s had passed: it turns previous on the next hit
     (state,), _ = await counters.hit([(window, 0)], [])
     assert (state.allowed, state.remaining, state.reset_s) == (True, 2, 0.0)  # 4 * 40/60 weighs 2
@@ -240,7 +241,7 @@ async def test_redis_current_counter_turns_previous_with_one_window_left(client:
 
 async def test_redis_reset_without_a_current_counter_reads_the_previous(client: aioredis.Redis) -> None:
     counters = RedisCounters(client)
-    await client.set(f"{{{KEY_PREFIX}w}}/-1", 8, px=30_000)
+    await client.set(window_keys("w")[0], 8, px=30_000)
     (state,), _ = await counters.hit([(Window("w", 2, 60), 0)], [])
     assert (state.allowed, state.remaining) == (False, 0)  # 8 * 30/60 = 4 > 2
     assert 14 < state.reset_s <= 15  # 30 s left of the previous window, 2 of its 8 to fade: 30 - 15

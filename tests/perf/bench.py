@@ -728,7 +728,7 @@ async def _limits_bench() -> None:
         print(f"{'limit check (one request)':<44}{'p50 us':>10}  ratio")
         for name, us, ratio in rows:
             print(f"{name:<44}{us:>10.1f}  {ratio}")
-        keys = await client.keys("cogproxy:limits:*bench*") + await client.keys("{cogproxy:limits:*")
+        keys = await client.keys("{cogproxy:limits}:*")
         if keys:
             await client.delete(*keys)
     finally:

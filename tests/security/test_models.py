@@ -78,4 +78,4 @@ async def test_breaker_state_is_one_key_per_provider_for_unnamed_models(
             assert (await chat(served, f"dead/model-{i}")).status in (502, 503)
             assert (await chat(served, f"up/model-{i}")).status == 404
     keys = set(await redis_db.keys("cogproxy:breaker:*"))
-    assert keys and {k.rsplit(":", 1)[0] for k in keys} == {"cogproxy:breaker:dead/*"}
+    assert keys and {k.rsplit(":", 1)[0] for k in keys} == {"cogproxy:breaker:{dead/*}"}

@@ -205,7 +205,7 @@ async def test_a_refused_write_is_dropped_and_the_rest_of_its_batch_delivered(
 
 async def test_a_refused_key_write_settles_its_waiter_false(redis_db: Any, stream: str) -> None:
     owner = f"owner-{uuid.uuid4().hex}"
-    await redis_db.set(f"cogproxy:ctxquota:{owner}:sizes", "not a hash")
+    await redis_db.set(f"cogproxy:ctxquota:{{{owner}}}:sizes", "not a hash")
     outbox = RedisOutbox(RedisOptions(REDIS_URL))
     outbox.start()
     refused = outbox.put_key(KeyWrite(f"{stream}:k", "v", None, owner=owner, max_entries=5, max_bytes=100))

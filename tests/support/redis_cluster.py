@@ -1,0 +1,171 @@
+"""A private Redis Cluster for the tests that need one: 3 masters and 3 replicas on free loopback
+ports (``redis-server --cluster-enabled yes`` x6 in one temp directory, then ``redis-cli --cluster
+create ... --cluster-replicas 1``), ready once every node says ``cluster_state:ok``; stopped after.
+
+Like :mod:`tests.support.redis_server`, nothing here reaches a Redis the suite did not start. The
+node timeout is short (``NODE_TIMEOUT_MS``) so a killed master's replica takes over within a few
+seconds; :meth:`Cluster.kill_master_of` does that for the test of a failover.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+import pytest
+
+from tests.support.polling import wait_sync
+from tests.support.redis_server import INSTALL_HINT, free_port
+
+MASTERS = 3
+NODES = 2 * MASTERS
+NODE_TIMEOUT_MS = 1000
+"""A master that does not answer for this long is failed over (Redis's default is 15 s)."""
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass(slots=True)
+class Node:
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def cli(self, *args: str) -> str:
+        """``redis-cli -p <port> args...``'s output ('' when the node does not answer)."""
+        done = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        return done.stdout if done.returncode == 0 else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@dataclass(slots=True)
+class Cluster:
+    nodes: list[Node]
+    workdir: tempfile.TemporaryDirectory[str]
+    killed: list[Node] = field(default_factory=list)
+
+    @property
+    def seed(self) -> Node:
+        return next(node for node in self.nodes if node not in self.killed)
+
+    @property
+    def url(self) -> str:
+        """The proxy's ``--redis-url`` for this cluster (any node is a seed)."""
+        return f"redis+cluster://127.0.0.1:{self.seed.port}"
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok."""
+        live = [node for node in self.nodes if node not in self.killed]
+        return all("cluster_state:ok" in node.cli("cluster", "info") for node in live)
+
+    def master_of(self, key: str) -> Node:
+        """The node serving ``key``'s slot now."""
+        slot = int(self.seed.cli("cluster", "keyslot", key).strip())
+        for line in self.seed.cli("cluster", "nodes").splitlines():
+            parts = line.split()
+            if "master" not in parts[2] or "fail" in parts[2]:
+                continue
+            for span in parts[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    port = int(parts[1].split(":")[1].split("@")[0])
+                    return next(node for node in self.nodes if node.port == port)
+        raise AssertionError(f"no master serves slot {slot}")
+
+    def kill_master_of(self, key: str) -> Node:
+        """Kill (SIGKILL) the master serving ``key``; its replica is promoted after ``NODE_TIMEOUT_MS``."""
+        node = self.master_of(key)
+        node.stop()
+        self.killed.append(node)
+        return node
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.workdir.cleanup()
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _node(binary: str, port: int, bus_port: int, workdir: str) -> Node:
+    process = subprocess.Popen(
+        [
+            binary,
+            "--bind", "127.0.0.1",
+            "--port", str(port),
+            "--cluster-enabled", "yes",
+            "--cluster-port", str(bus_port),
+            "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", workdir,
+            "--protected-mode", "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return Node(port, process)
+
+
+def start_cluster() -> Cluster:
+    """Six nodes, three of them masters, ready; the caller stops it."""
+    binary = shutil.which("redis-server")
+    if binary is None or shutil.which("redis-cli") is None:
+        raise RuntimeError(INSTALL_HINT)
+    workdir = tempfile.TemporaryDirectory(prefix="cogproxy-test-cluster-")
+    ports = _free_ports(2 * NODES)
+    pairs = zip(ports[:NODES], ports[NODES:], strict=True)  # (client port, cluster bus port)
+    cluster = Cluster([_node(binary, port, bus, workdir.name) for port, bus in pairs], workdir)
+    try:
+        for port in ports[:NODES]:
+            wait_sync(partial(_answers, port), f"node {port} answering PING", timeout=10)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )  # fmt: skip
+        wait_sync(cluster.healthy, "cluster_state:ok on every node", timeout=READY_TIMEOUT_S, step=0.1)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[Cluster]:
+    """A fresh cluster for one test (a test may kill its nodes)."""
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -85,7 +85,7 @@ async def limits_cache_and_context(base: str, fake: FakeUpstream, admin: Any) ->
     async with aiohttp.ClientSession() as session:
         statuses = [(await post_chat(session, base, "sk-alice")).status for _ in range(RPM - 1)]
     assert statuses == [200] * (RPM - 2) + [429]  # the module calls took two of the RPM
-    assert await admin.keys("*cogproxy:limits:*"), "the windows are counted in Redis"
+    assert await admin.keys("{cogproxy:limits}:*"), "the windows are counted in Redis"
 
 
 async def streamed_module_call(base: str, fake: FakeUpstream, admin: Any) -> None:

@@ -4,6 +4,7 @@ with CROSSSLOT and the limits check stays one all-or-none script."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -92,7 +93,7 @@ async def test_outbox_writes_of_every_kind_land_once_in_the_cluster(options: Red
     writes: list[Write] = [
         StreamWrite("cogproxy:review", {"a": "1"}, 100),
         KeyWrite("plain:key", "v", 60),
-        HashWrite("cogproxy:answers:t1", "app", "{}", 60_000),
+        HashWrite("cogproxy:answers:t1", "app", "{}", int(time.time() * 1000) + 60_000),
         KeyWrite(context_key, "ctx", 60, owner=namespace_in(context_key), max_entries=10, max_bytes=1000),
     ]
     reader: Any = redis_client(options, "outbox")

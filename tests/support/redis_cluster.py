@@ -10,7 +10,6 @@ seconds; :meth:`Cluster.kill_master_of` does that for the test of a failover.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from functools import partial
 import pytest
 
 from tests.support.polling import wait_sync
-from tests.support.redis_server import INSTALL_HINT, free_port
+from tests.support.redis_server import INSTALL_HINT, answers, free_port
 
 MASTERS = 3
 NODES = 2 * MASTERS
@@ -105,15 +104,6 @@ def _free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 def _node(binary: str, port: int, bus_port: int, workdir: str) -> Node:
     process = subprocess.Popen(
         [
@@ -146,7 +136,7 @@ def start_cluster() -> Cluster:
     cluster = Cluster([_node(binary, port, bus, workdir.name) for port, bus in pairs], workdir)
     try:
         for port in ports[:NODES]:
-            wait_sync(partial(_answers, port), f"node {port} answering PING", timeout=10)
+            wait_sync(partial(answers, port), f"node {port} answering PING", timeout=10)
         subprocess.run(
             ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
              "--cluster-replicas", "1", "--cluster-yes"],

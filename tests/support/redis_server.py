@@ -47,7 +47,8 @@ def free_port() -> int:
         return port
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
+    """Whether a Redis on ``port`` answers PING."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
             conn.sendall(b"PING\r\n")
@@ -64,7 +65,7 @@ def _started(port: int, process: subprocess.Popen[bytes]) -> bool:
 
     try:
         wait_sync(
-            lambda: _answers(port),
+            lambda: answers(port),
             "redis-server answering PING",
             timeout=START_TIMEOUT_S,
             step=0.02,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -16,6 +16,7 @@ from proxy.api.middleware import CALLER
 from proxy.clients import Caller
 from proxy.contract.inputs import estimate_tokens
 from proxy.limits.limiter import Admission, Limiter, ratelimit_headers
+from proxy.limits.windows import Read
 from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
 
@@ -75,13 +76,14 @@ async def _admit(
     estimate: Callable[[], int],
     keep: Callable[[Admission | None], None],
     downgradable: bool,
+    reads: Sequence[str] = (),
 ) -> int | None:
     """``admit`` without the request: ``keep`` receives the admission before any 429 is raised."""
     limits = policy.limits
     if not limits.active:
         keep(None)
         return None
-    admission = await quota.admit(limits, who, estimate())
+    admission = await quota.admit(limits, who, estimate(), reads=reads)
     keep(admission)
     refused = admission.refused
     if refused is not None:
@@ -136,6 +138,7 @@ class CallLimits:
         self._quota, self._metrics, self._who = quota, metrics, who
         self.admitted = False
         self.admission: Admission | None = None
+        self.read: Read = None
         self._rung: int | None = None
 
     @classmethod
@@ -145,12 +148,17 @@ class CallLimits:
     def _keep(self, admission: Admission | None) -> None:
         self.admitted, self.admission = True, admission
 
-    async def admit(self, policy: Policy, value: Any) -> int | None:
+    async def admit(self, policy: Policy, value: Any, reads: Sequence[str] = ()) -> int | None:
+        """Admit the call once (``reads``: keys the limiter reads in the check's round trip,
+        ``read``); a call admitted before (a streamed one, at the edge) reads nothing here."""
+        self.read = None
         if not self.admitted:
             estimate = partial(estimate_input_tokens, value)
             self._rung = await _admit(
-                self._quota, self._metrics, policy, self._who, estimate, self._keep, downgradable=True
+                self._quota, self._metrics, policy, self._who, estimate, self._keep, True, reads
             )
+            if self.admission is not None:
+                self.read = self.admission.read
         return self._rung
 
     def settle(self, tokens: int, cost_usd: float) -> None:

@@ -607,8 +607,10 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     answer = await _ladder(call, prepared, thresholds, media, deadline)
     if state is not None:
         answer = replace(answer, cache=state)
+    finished_answer = await _emit(call, prepared, answer, started)  # the session's writes first:
     if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
-        # No copy: nothing edits a decided envelope (``_finish`` builds a new one).
+        # queued after them, the entry never delays their acknowledgement. No copy: nothing edits
+        # a decided envelope (``_finish`` builds a new one).
         entry = cache.Entry(
             version,
             answer.envelope,
@@ -618,7 +620,7 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
             prepared.context_digest,
         )
         await cache.save(call.context.store, key, entry, rule.ttl_s)
-    return await _emit(call, prepared, answer, started)
+    return finished_answer
 
 
 async def _checked_input(

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 import proxy.state.redis_client as redis_client
+from proxy.api.app_keys import OUTBOX
 from proxy.api.limits import LIMITER
-from proxy.app import OUTBOX
 from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer, sent_inputs
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT

@@ -227,7 +227,8 @@ async def _admit(call: ModuleCall, context: CallerContext) -> int | None:
     its result-cache entry) in the same round trip: one round trip to Redis before the model is
     asked (``proxy.context.prefetch``). Returns the rung a downgraded call is capped at."""
     policy, store = call.runtime.policy, context.store
-    reads = planned_reads(call.module, call.value, context, policy)
+    # without limits the pipeline reads them (``read_ahead``): no round trip to share
+    reads = planned_reads(call.module, call.value, context, policy) if policy.limits.active else ()
     pending = store.pending(reads)  # before the read is sent: what it cannot see yet
     top_rung = await call.limits.admit(policy, call.value, reads)
     read = call.limits.read

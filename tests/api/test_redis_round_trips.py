@@ -142,19 +142,22 @@ async def test_a_session_module_call_with_limits_cache_and_context_reads_in_one_
         assert (await execute(px.url, REVIEWER, LOGIN, _session("s1")))[0] == 200  # connections, scripts
         before = await _settled(px, redis_db)
         start = len(relay.counted())
+        relay.allow_turns(1)  # every round trip after the first is held (one not awaited may be)
         gate = fake_upstream.hold()
         call = asyncio.create_task(execute(px.url, REVIEWER, FIX, _session("s1")))
-        await gate.reached.wait()
-        asked = await calls_since(redis_db, before)
-        assert relay.counted()[start:] == [PREFETCH]
-        # Redis ran the limits script and one MGET, nothing else; the relay saw them as one round trip
-        assert (asked["evalsha"], asked["mget"], round_trips(asked, IN_SCRIPTS)) == (1, 1, 2)
-        relay.allow_turns(1)  # the session's writes; anything later is held until the answer came
-        gate.release()
         try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                await gate.reached.wait()  # the model is asked after one round trip
+            asked = await calls_since(redis_db, before)
+            assert relay.counted()[start] == PREFETCH
+            # Redis ran the limits script and one MGET, nothing else; the relay saw one round trip
+            assert (asked["evalsha"], asked["mget"], round_trips(asked, IN_SCRIPTS)) == (1, 1, 2)
+            relay.allow_turns(1)  # the session's writes; anything later held until the answer came
+            gate.release()
             async with asyncio.timeout(ANSWER_BOUND_S):
                 status, headers, _ = await call
         finally:
+            gate.release()
             relay.restore()
     assert status == 200 and headers["X-Cognitive-Cache"] == "miss"
     assert "session_state=session" in headers["X-Cognitive-Context"]  # read ahead, and used

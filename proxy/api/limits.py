@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -14,9 +14,9 @@ from proxy.api.app_keys import METRICS, SETTINGS, runtime_of
 from proxy.api.errors import ApiError, json_response, retry_after_value
 from proxy.api.middleware import CALLER
 from proxy.clients import Caller
+from proxy.context.prefetch import Prefetched
 from proxy.contract.inputs import estimate_tokens
 from proxy.limits.limiter import Admission, Limiter, ratelimit_headers
-from proxy.limits.windows import Read
 from proxy.observability.metrics import Metrics
 from proxy.policy.model import Policy
 
@@ -138,7 +138,7 @@ class CallLimits:
         self._quota, self._metrics, self._who = quota, metrics, who
         self.admitted = False
         self.admission: Admission | None = None
-        self.read: Read = None
+        self.prefetched: Prefetched | None = None
         self._rung: int | None = None
 
     @classmethod
@@ -148,17 +148,24 @@ class CallLimits:
     def _keep(self, admission: Admission | None) -> None:
         self.admitted, self.admission = True, admission
 
-    async def admit(self, policy: Policy, value: Any, reads: Sequence[str] = ()) -> int | None:
-        """Admit the call once (``reads``: keys the limiter reads in the check's round trip,
-        ``read``); a call admitted before (a streamed one, at the edge) reads nothing here."""
-        self.read = None
+    async def admit(
+        self,
+        policy: Policy,
+        value: Any,
+        reads: Sequence[str] = (),
+        pending: Mapping[str, bytes] | None = None,
+    ) -> int | None:
+        """Admit the call once; ``reads``: keys the limiter reads in the check's round trip, kept
+        with ``pending`` (the writes they may not see) as ``prefetched``, for this call's run
+        (a streamed call is admitted at the edge and run by its producer)."""
         if not self.admitted:
             estimate = partial(estimate_input_tokens, value)
             self._rung = await _admit(
                 self._quota, self._metrics, policy, self._who, estimate, self._keep, True, reads
             )
-            if self.admission is not None:
-                self.read = self.admission.read
+            read = None if self.admission is None else self.admission.read
+            if reads and read is not None:
+                self.prefetched = Prefetched(tuple(reads), read, dict(pending or {}))
         return self._rung
 
     def settle(self, tokens: int, cost_usd: float) -> None:

@@ -11,6 +11,7 @@ whatever was not read ahead (a composite's steps, a call whose limits are not in
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.context import cache
@@ -28,6 +29,17 @@ from proxy.context.store import ClientQuota, ContextStore, ContextUnavailable
 from proxy.jsonshape import deeper_than
 from proxy.module.model import Module
 from proxy.policy.model import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """What the limits check read of a call's keys: the values (None for an absent key) or the
+    error that kept them from being read, and this replica's writes of those keys still pending
+    when the read was sent (they win over what Redis answered)."""
+
+    keys: tuple[str, ...]
+    read: Mapping[str, bytes | None] | BaseException
+    pending: Mapping[str, bytes]
 
 
 def planned_reads(module: Module, value: Any, call: CallerContext, policy: Policy) -> tuple[str, ...]:
@@ -61,15 +73,10 @@ class ReadThrough:
         self._unavailable: set[str] = set()
         self._primed = False
 
-    def hold(
-        self,
-        keys: Sequence[str],
-        read: Mapping[str, bytes | None] | BaseException,
-        pending: Mapping[str, bytes],
-    ) -> None:
-        """What was read of ``keys`` with the limits check (an exception: the store could not
-        answer), overlaid with ``pending``: this replica's writes not yet acknowledged when the
-        read was sent (``ContextStore.pending``)."""
+    def hold(self, prefetched: Prefetched) -> None:
+        """What was read of the call's keys with the limits check (an exception: the store could
+        not answer), overlaid with the writes pending when the read was sent."""
+        keys, read, pending = prefetched.keys, prefetched.read, prefetched.pending
         if isinstance(read, BaseException):
             self._unavailable.update(k for k in keys if k not in pending)
             self._held.update(pending)

@@ -23,7 +23,7 @@ from proxy.context.identity import (
     check_id,
     namespace_of,
 )
-from proxy.context.prefetch import ReadThrough, planned_reads
+from proxy.context.prefetch import Prefetched, ReadThrough, planned_reads
 from proxy.context.sanitise import NameMatcher
 from proxy.context.step import CallerContext
 from proxy.context.store import ClientQuota, ContextStore, QuotaStore
@@ -48,15 +48,21 @@ BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
 class Limits(Protocol):
     """The caller's limits for this call (``proxy.api.limits.CallLimits``)."""
 
-    async def admit(self, policy: Policy, value: Any, reads: Sequence[str] = ()) -> int | None:
+    async def admit(
+        self,
+        policy: Policy,
+        value: Any,
+        reads: Sequence[str] = (),
+        pending: Mapping[str, bytes] | None = None,
+    ) -> int | None:
         """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
         downgraded call is capped at. ``reads``: context-store keys to read in the same round
-        trip (``read``)."""
+        trip, kept with ``pending`` (the writes the read may not see) as ``prefetched``."""
 
     @property
-    def read(self) -> Mapping[str, bytes | None] | BaseException | None:
-        """The values of ``reads`` (None for an absent key), the error that kept them from being
-        read, or None: not read (no limits in Redis, or the call was admitted before)."""
+    def prefetched(self) -> Prefetched | None:
+        """What the first admission read of the call's keys; None: not read (no limits in
+        Redis, or Redis could not be asked)."""
 
     def settle(self, tokens: int, cost_usd: float) -> None:
         """Settle what the call spent, without the answer waiting for it."""
@@ -230,11 +236,22 @@ async def _admit(call: ModuleCall, context: CallerContext) -> int | None:
     # without limits the pipeline reads them (``read_ahead``): no round trip to share
     reads = planned_reads(call.module, call.value, context, policy) if policy.limits.active else ()
     pending = store.pending(reads)  # before the read is sent: what it cannot see yet
-    top_rung = await call.limits.admit(policy, call.value, reads)
-    read = call.limits.read
-    if reads and read is not None and isinstance(store, ReadThrough):
-        store.hold(reads, read, pending)
+    top_rung = await call.limits.admit(policy, call.value, reads, pending)
+    prefetched = call.limits.prefetched
+    if prefetched is not None and prefetched.keys == reads and isinstance(store, ReadThrough):
+        store.hold(prefetched)
     return top_rung
+
+
+async def admit_call(call: ModuleCall, services: Services) -> None:
+    """Admit ``call`` before it runs, its reads in the check's round trip (a streamed call, at
+    the edge: a 429 is still an HTTP answer); ``answer_module`` then uses what was read."""
+    try:
+        context = caller_context(call.requester, call.runtime, services, call.history)
+    except IdentityError:  # refused by ``answer_module``, once counted like any call
+        await call.limits.admit(call.runtime.policy, call.value)
+        return
+    await _admit(call, context)
 
 
 async def answer_module(call: ModuleCall, services: Services) -> Answered:

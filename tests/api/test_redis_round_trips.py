@@ -164,6 +164,47 @@ async def test_a_session_module_call_with_limits_cache_and_context_reads_in_one_
     assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
 
 
+async def _streamed(base: str, value: Any, headers: dict[str, str]) -> bytes:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base}/v1/modules/{REVIEWER}/execute",
+            json={"input": value},
+            headers={"Accept": "text/event-stream", **headers},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        return await resp.read()
+
+
+async def test_a_streamed_module_call_reads_its_keys_with_the_limits_check_at_the_edge(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """A streamed call is admitted before its stream starts, its context and cache keys read in
+    that round trip; its producer reads nothing more before the model (the stream's own copy to
+    Redis and a breaker refresh go in the background)."""
+    fake_upstream.script("cheap", reviewer_answer(1, "review"), reviewer_answer(2, "fix"))
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        await _streamed(px.url, LOGIN, _session("st"))
+        before = await _settled(px, redis_db)
+        start = len(relay.counted())
+        gate = fake_upstream.hold()
+        call = asyncio.create_task(_streamed(px.url, FIX, _session("st")))
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                await gate.reached.wait()
+            asked = await calls_since(redis_db, before)
+            limits_and_reads = [t for t in relay.counted()[start:] if {"EVALSHA", "MGET", "GET"} & set(t)]
+        finally:
+            gate.release()
+        body = await call
+    assert limits_and_reads == [PREFETCH]
+    assert (asked["evalsha"], asked["mget"]) == (1, 1)  # one script: no other limits check
+    assert b'"decision": "accept"' in body or b'"decision":"accept"' in body
+    assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
+
+
 async def test_a_cache_hit_waits_on_one_round_trip_for_its_answer(
     fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 from proxy.context import cache
 from proxy.context.builder import build
 from proxy.context.identity import Identity, client_digest, input_hash, namespace_of
-from proxy.context.prefetch import ReadThrough, planned_reads
+from proxy.context.prefetch import Prefetched, ReadThrough, planned_reads
 from proxy.context.step import CallerContext, prepare
 from proxy.context.store import ContextUnavailable, MemoryContextStore
 from proxy.module.model import Module
@@ -123,7 +123,7 @@ async def test_held_values_answer_once_and_pending_writes_win() -> None:
     store = Recording()
     await store.put("a", b"redis", 60)
     through = ReadThrough(store)
-    through.hold(["a", "b"], {"a": b"redis", "b": None}, {"b": b"written here"})
+    through.hold(Prefetched(("a", "b"), {"a": b"redis", "b": None}, {"b": b"written here"}))
     assert (await through.get("a"), await through.get("b")) == (b"redis", b"written here")
     assert store.read == []  # both from the read ahead
     assert await through.get("a") == b"redis" and store.read == ["a"]  # a second read: the store
@@ -131,7 +131,7 @@ async def test_held_values_answer_once_and_pending_writes_win() -> None:
 
 async def test_a_read_ahead_redis_could_not_answer_is_not_available_but_pending_writes_are() -> None:
     through = ReadThrough(Recording())
-    through.hold(["a", "b"], ConnectionError("down"), {"b": b"mine"})
+    through.hold(Prefetched(("a", "b"), ConnectionError("down"), {"b": b"mine"}))
     with pytest.raises(ContextUnavailable):
         await through.get("a")
     assert await through.get("b") == b"mine"
@@ -147,7 +147,7 @@ async def test_a_read_ahead_redis_could_not_answer_is_not_available_but_pending_
 async def test_a_write_through_the_store_replaces_what_was_read_ahead() -> None:
     store = Recording()
     through = ReadThrough(store)
-    through.hold(["a"], {"a": b"old"}, {})
+    through.hold(Prefetched(("a",), {"a": b"old"}, {}))
     await through.put("a", b"new", 60)
     assert await through.get("a") == b"new"
 
@@ -155,7 +155,7 @@ async def test_a_write_through_the_store_replaces_what_was_read_ahead() -> None:
 async def test_fetch_reads_only_what_was_not_read_ahead_in_one_read() -> None:
     store = Recording()
     through = ReadThrough(store)
-    through.hold(["a"], {"a": None}, {})
+    through.hold(Prefetched(("a",), {"a": None}, {}))
     assert through.take_primed() and not through.take_primed()
     await through.fetch(["a", "b", "c", "b"])
     assert store.read == ["b", "c"]
@@ -166,7 +166,7 @@ async def test_the_builder_reads_from_the_read_ahead(make_module: ModuleFactory)
     store = Recording()
     through = ReadThrough(store)
     key = WHO.key("s1", "session_state")
-    through.hold([key], {key: b'{"n": 1}'}, {})
+    through.hold(Prefetched((key,), {key: b'{"n": 1}'}, {}))
     built = await build(module.context, WHO, through, ())
     assert built.context["session_state"] == {"n": 1}
     assert key not in store.read

@@ -94,7 +94,9 @@ async def test_the_planned_reads_are_the_keys_the_call_reads(make_module: Module
     assert len(planned) == 3  # session_state, previous_result, the cache entry
 
 
-def test_a_composite_a_refused_context_or_a_bypassed_cache_plan_no_reads(make_module: ModuleFactory) -> None:
+def test_a_refused_context_plans_no_reads_and_a_bypassed_cache_reads_no_entry(
+    make_module: ModuleFactory,
+) -> None:
     module = make_module(context=STATEFUL)
     policy = policy_caching(module.name)
     call = CallerContext(MemoryContextStore(), WHO)

@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from proxy.context import cache
+from proxy.context.prefetch import read_ahead
 from proxy.context.step import CallerContext, Prepared, emit, prepare
 from proxy.context.used import ContextUsed
 from proxy.contract.engine import ContractResult, allowed_partial, run_contract_off_loop
@@ -571,6 +572,7 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     started = time.perf_counter()
     module, policy = call.module, call.policy
     deadline = time.monotonic() + policy.timeouts.total_s
+    await read_ahead(module, call.input, call.context, policy)  # the context and cache keys, at once
     prepared = await prepare(module, call.input, call.context)
     error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
@@ -585,11 +587,11 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     key = version = ""
     state: str | None = None
     if rule is not None and call.context is not None and prepared.identity is not None:
-        key = cache.cache_key(prepared.identity, module, prepared.input_hash, prepared.context_digest)
+        key = cache.cache_key(prepared.identity, module, prepared.input_hash, prepared.client_digest)
         version = cache.policy_version(thresholds)
         state = cache.BYPASS if call.context.bypass_cache else cache.MISS
         if state == cache.MISS:
-            entry = await cache.lookup(call.context.store, key, version)
+            entry = await cache.lookup(call.context.store, key, version, prepared.context_digest)
             if entry is not None:
                 hit = ModuleAnswer(
                     module,
@@ -605,11 +607,20 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     answer = await _ladder(call, prepared, thresholds, media, deadline)
     if state is not None:
         answer = replace(answer, cache=state)
+    finished_answer = await _emit(call, prepared, answer, started)  # the session's writes first:
     if rule is not None and call.context is not None and answer.decision in rule.only_decisions:
-        # No copy: nothing edits a decided envelope (``_finish`` builds a new one).
-        entry = cache.Entry(version, answer.envelope, answer.model, dict(answer.usage), answer.emitted)
+        # queued after them, the entry never delays their acknowledgement. No copy: nothing edits
+        # a decided envelope (``_finish`` builds a new one).
+        entry = cache.Entry(
+            version,
+            answer.envelope,
+            answer.model,
+            dict(answer.usage),
+            answer.emitted,
+            prepared.context_digest,
+        )
         await cache.save(call.context.store, key, entry, rule.ttl_s)
-    return await _emit(call, prepared, answer, started)
+    return finished_answer
 
 
 async def _checked_input(

@@ -2,7 +2,12 @@
 without touching the shared server: ``cut()`` closes every connection and refuses new ones,
 ``freeze()`` keeps connections open but forwards nothing (a hung Redis), ``mute()`` forwards
 commands but holds Redis's replies (a write applied whose answer never came), ``restore()`` heals.
-``delay_s`` holds every reply that long (a slow Redis: one delay per round trip)."""
+``delay_s`` holds every reply that long (a slow Redis: one delay per round trip).
+
+It also counts round trips as the wire shows them (``turns``): on one connection, the commands a
+client sends before Redis's next reply are one round trip, however many a pipeline holds.
+``allow_turns(n)`` forwards the next ``n`` round trips (pings and the like not counted) and holds
+every later one until ``restore()``: an answer that comes all the same waited on ``n`` at most."""
 
 from __future__ import annotations
 
@@ -17,6 +22,37 @@ import pytest
 from tests.support.redis_server import redis_port
 
 Mode = Literal["pass", "cut", "freeze", "mute"]
+UNCOUNTED = frozenset({"PING", "INFO", "CLIENT", "HELLO", "SELECT"})
+"""Connection upkeep, not a request's work (the outbox pings an idle Redis every second)."""
+
+
+def command_names(data: bytes) -> tuple[list[str], bytes]:
+    """The names of the complete RESP commands at the start of ``data`` (upper case), and what is
+    left (an incomplete command, kept until the rest arrives)."""
+    names: list[str] = []
+    while data.startswith(b"*"):
+        head, sep, rest = data.partition(b"\r\n")
+        if not sep:
+            break
+        parts: list[bytes] = []
+        for _ in range(int(head[1:])):
+            size, sep, rest = rest.partition(b"\r\n")
+            if not sep or len(rest) < int(size[1:]) + 2:
+                return names, data
+            parts.append(rest[: int(size[1:])])
+            rest = rest[int(size[1:]) + 2 :]
+        names.append(parts[0].decode().upper() if parts else "")
+        data = rest
+    return names, data
+
+
+class _Connection:
+    """One client connection's round trips: a new one starts with the first command after a reply."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.replied = True
+        self.turn: list[str] | None = None
 
 
 class RedisRelay:
@@ -31,6 +67,20 @@ class RedisRelay:
         self._replies.set()
         self.delay_s = 0.0
         self.port = 0
+        self.turns: list[list[str]] = []
+        """Each round trip's commands, in the order they began (``counted`` leaves out upkeep)."""
+        self._allowed: int | None = None
+        self._unheld = asyncio.Event()
+        self._unheld.set()
+
+    def counted(self) -> list[list[str]]:
+        """The round trips of requests' work: those with a command other than upkeep."""
+        return [turn for turn in self.turns if set(turn) - UNCOUNTED]
+
+    def allow_turns(self, count: int) -> None:
+        """Forward ``count`` more counted round trips; hold every later one until ``restore()``."""
+        self._allowed = count
+        self._unheld.clear()
 
     def url(self, db: int) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
@@ -54,9 +104,34 @@ class RedisRelay:
         self.mode = "pass"
         self._resume.set()
         self._replies.set()
+        self._allowed = None
+        self._unheld.set()
+
+    async def _requests(self, data: bytes, conn: _Connection) -> None:
+        """Count ``data`` (a client's bytes) into round trips; hold a round trip past the allowed."""
+        names, conn.pending = command_names(conn.pending + data)
+        if not names:
+            return
+        if conn.replied or conn.turn is None:
+            conn.turn = []
+            conn.replied = False
+            self.turns.append(conn.turn)
+            conn.turn.extend(names)
+            if self._allowed is not None and set(names) - UNCOUNTED:
+                if self._allowed > 0:
+                    self._allowed -= 1
+                else:
+                    await self._unheld.wait()
+        else:
+            conn.turn.extend(names)
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, replies: bool = False
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: _Connection,
+        *,
+        replies: bool = False,
     ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
@@ -65,6 +140,9 @@ class RedisRelay:
                     await self._replies.wait()
                     if self.delay_s:
                         await asyncio.sleep(self.delay_s)
+                    conn.replied = True
+                else:
+                    await self._requests(data, conn)
                 if self.mode == "cut":
                     break
                 writer.write(data)
@@ -79,7 +157,10 @@ class RedisRelay:
         up_reader, up_writer = await asyncio.open_connection(*self._upstream)
         self._writers |= {writer, up_writer}
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer, replies=True))
+            conn = _Connection()
+            await asyncio.gather(
+                self._pipe(reader, up_writer, conn), self._pipe(up_reader, writer, conn, replies=True)
+            )
         finally:
             self._writers -= {writer, up_writer}
             for w in (writer, up_writer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -14,6 +14,7 @@ from proxy.api.app_keys import METRICS, SETTINGS, runtime_of
 from proxy.api.errors import ApiError, json_response, retry_after_value
 from proxy.api.middleware import CALLER
 from proxy.clients import Caller
+from proxy.context.prefetch import Prefetched
 from proxy.contract.inputs import estimate_tokens
 from proxy.limits.limiter import Admission, Limiter, ratelimit_headers
 from proxy.observability.metrics import Metrics
@@ -75,13 +76,14 @@ async def _admit(
     estimate: Callable[[], int],
     keep: Callable[[Admission | None], None],
     downgradable: bool,
+    reads: Sequence[str] = (),
 ) -> int | None:
     """``admit`` without the request: ``keep`` receives the admission before any 429 is raised."""
     limits = policy.limits
     if not limits.active:
         keep(None)
         return None
-    admission = await quota.admit(limits, who, estimate())
+    admission = await quota.admit(limits, who, estimate(), reads=reads)
     keep(admission)
     refused = admission.refused
     if refused is not None:
@@ -136,6 +138,7 @@ class CallLimits:
         self._quota, self._metrics, self._who = quota, metrics, who
         self.admitted = False
         self.admission: Admission | None = None
+        self.prefetched: Prefetched | None = None
         self._rung: int | None = None
 
     @classmethod
@@ -145,12 +148,24 @@ class CallLimits:
     def _keep(self, admission: Admission | None) -> None:
         self.admitted, self.admission = True, admission
 
-    async def admit(self, policy: Policy, value: Any) -> int | None:
+    async def admit(
+        self,
+        policy: Policy,
+        value: Any,
+        reads: Sequence[str] = (),
+        pending: Mapping[str, bytes] | None = None,
+    ) -> int | None:
+        """Admit the call once; ``reads``: keys the limiter reads in the check's round trip, kept
+        with ``pending`` (the writes they may not see) as ``prefetched``, for this call's run
+        (a streamed call is admitted at the edge and run by its producer)."""
         if not self.admitted:
             estimate = partial(estimate_input_tokens, value)
             self._rung = await _admit(
-                self._quota, self._metrics, policy, self._who, estimate, self._keep, downgradable=True
+                self._quota, self._metrics, policy, self._who, estimate, self._keep, True, reads
             )
+            read = None if self.admission is None else self.admission.read
+            if reads and read is not None:
+                self.prefetched = Prefetched(tuple(reads), read, dict(pending or {}))
         return self._rung
 
     def settle(self, tokens: int, cost_usd: float) -> None:

@@ -33,7 +33,7 @@ from proxy.contract.inputs import check_input
 from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
-from proxy.service.module_call import Answered, ModuleCall, Services, answer_module
+from proxy.service.module_call import Answered, ModuleCall, Services, admit_call, answer_module
 from proxy.service.stream_emitter import ChunkEmitter
 from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
 from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
@@ -369,8 +369,11 @@ async def _start_and_follow(
         return refused
     request[RECORD_KEY].module = module.name
     limits = CallLimits.of(request)
+    call = module_call(
+        request, runtime, module, value, limits, check_input=check, history=history, tools=tools
+    )
     try:
-        await limits.admit(runtime.policy, value)  # a 429 before the stream starts
+        await admit_call(call, services_of(request))  # a 429 before the stream starts
     finally:
         limits.keep_admission(request)
     trace_id = request[TRACE_KEY]

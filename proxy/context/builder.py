@@ -67,27 +67,37 @@ def history_of(messages: Sequence[Mapping[str, Any]], max_turns: int | None) -> 
     return turns[-max_turns:] if max_turns else turns
 
 
-async def build(
-    spec: ContextSpec, identity: Identity, store: ContextStore, history: Sequence[Mapping[str, Any]]
-) -> Built:
-    built = Built()
-    reads: dict[str, str] = {}
+def stored_reads(spec: ContextSpec, identity: Identity) -> dict[str, tuple[str, str]]:
+    """The stored types ``spec`` accepts that ``identity`` can name: type -> (its key, its source).
+    Pure: the module-call service reads these keys before the call (``proxy.context.prefetch``)."""
+    reads: dict[str, tuple[str, str]] = {}
     for accept in spec.accepts:
         if accept.type == CONVERSATION_HISTORY:
-            if history:
-                built.context[accept.type] = history_of(history, accept.max_turns)
-                built.sources[accept.type] = MESSAGES
-        elif accept.type == PREVIOUS_RESULT:
+            continue
+        if accept.type == PREVIOUS_RESULT:
             key = result_key(identity, accept.from_module or "")
             if key is not None:
-                reads[accept.type] = key
-                built.sources[accept.type] = SESSION_SOURCE
+                reads[accept.type] = (key, SESSION_SOURCE)
         else:
             pattern = stored_key(accept.type)
             name = expand(pattern, identity, "", "")
             if name is not None:
-                reads[accept.type] = identity.key(name)
-                built.sources[accept.type] = source_of(pattern)
+                reads[accept.type] = (identity.key(name), source_of(pattern))
+    return reads
+
+
+async def build(
+    spec: ContextSpec, identity: Identity, store: ContextStore, history: Sequence[Mapping[str, Any]]
+) -> Built:
+    built = Built()
+    stored = stored_reads(spec, identity)
+    for accept in spec.accepts:  # sources in the order the module accepts them
+        if accept.type == CONVERSATION_HISTORY and history:
+            built.context[accept.type] = history_of(history, accept.max_turns)
+            built.sources[accept.type] = MESSAGES
+        elif accept.type in stored:
+            built.sources[accept.type] = stored[accept.type][1]
+    reads = {kind: key for kind, (key, _) in stored.items()}
     if not reads:
         return built
     results = await asyncio.gather(*(store.get(k) for k in reads.values()), return_exceptions=True)

@@ -1,6 +1,12 @@
 """The module result cache (the spec's ``analysis_cache``): an accepted answer is kept under
-module + canonical input hash (+ a digest of the context the model saw) in the client's
+module + canonical input hash (+ a digest of the ``_context`` the caller sent) in the client's
 namespace, and a repeated identical call is answered from it without calling a model.
+
+The key holds only what the call itself carries, so it is known before anything is read and the
+lookup goes out in the same round trip as the limits check and the context reads
+(``proxy.context.prefetch``). The context the proxy builds from the store (a session's state, a
+previous result) is not known then: the entry records a digest of the context the model saw, and
+an entry whose digest is not that of the call's context is a miss (overwritten by its answer).
 
 Each entry records the policy version it was decided under: a hash of that module's thresholds.
 A reload that changes them makes old entries misses (they are overwritten by the next answer).
@@ -37,6 +43,8 @@ class Entry:
     model: str | None
     usage: dict[str, int]
     emitted: dict[str, Any] | None
+    context: str = ""
+    """The digest of the context the model saw (``Prepared.context_digest``)."""
 
     @property
     def tokens(self) -> int:
@@ -61,17 +69,19 @@ def policy_version(thresholds: Thresholds) -> str:
     return hashlib.sha256(raw).hexdigest()[:VERSION_HEX]
 
 
-def cache_key(identity: Identity, module: Module, hashed_input: str, context_digest: str) -> str:
+def cache_key(identity: Identity, module: Module, hashed_input: str, sent_digest: str) -> str:
+    """The entry's key: ``sent_digest`` is the digest of the caller's own ``_context``
+    (``proxy.context.identity.client_digest``), never of context read from the store."""
     emit = module.context.emitted(ANALYSIS_CACHE)
     pattern = emit.key_pattern if emit is not None else DEFAULT_KEY_PATTERNS[ANALYSIS_CACHE]
     # A pattern naming a session or user the call lacks falls back to module + input.
     base = expand(pattern, identity, module.name, hashed_input) or f"{module.name}:{hashed_input}"
-    return identity.key("cache", base, context_digest)
+    return identity.key("cache", base, sent_digest)
 
 
-async def lookup(store: ContextStore, key: str, version: str) -> Entry | None:
-    """The entry, or None (absent, decided under another policy version, unreadable, or the
-    store is down: the cache never fails a request)."""
+async def lookup(store: ContextStore, key: str, version: str, context_digest: str) -> Entry | None:
+    """The entry, or None (absent, decided under another policy version or for another context,
+    unreadable, or the store is down: the cache never fails a request)."""
     try:
         raw = await store.get(key)
     except ContextUnavailable:
@@ -86,11 +96,12 @@ async def lookup(store: ContextStore, key: str, version: str) -> Entry | None:
             doc.get("model"),
             dict(doc.get("usage") or {}),
             doc.get("emitted"),
+            str(doc.get("context") or ""),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         log.warning("proxy.cache_entry_unreadable", key_hash=hashlib.sha256(key.encode()).hexdigest()[:12])
         return None
-    return entry if entry.version == version else None
+    return entry if entry.version == version and entry.context == context_digest else None
 
 
 async def save(store: ContextStore, key: str, entry: Entry, ttl: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -76,6 +76,27 @@ def without_context(value: Any) -> Any:
     if isinstance(value, dict) and CONTEXT_FIELD in value:
         return {k: v for k, v in value.items() if k != CONTEXT_FIELD}
     return value
+
+
+def call_identity(identity: Identity, client: dict[str, Any]) -> Identity:
+    """The caller's identity for a call whose ``_context`` is ``client``: the body's session id
+    when no header named one. Raises ``IdentityError`` for a session id that is no opaque name."""
+    body_session = check_id(client.get(SESSION_FIELD), "_context.session_id")
+    if identity.session_id is None and body_session is not None:
+        return replace(identity, session_id=body_session)
+    return identity
+
+
+CLIENT_DIGEST_HEX = 16
+
+
+def client_digest(client: dict[str, Any]) -> str:
+    """A digest of the ``_context`` the caller sent, its session id left out ("" for none): it is
+    known before any context is read, so a result-cache key can hold it (``proxy.context.cache``)."""
+    sent = {k: v for k, v in client.items() if k != SESSION_FIELD}
+    if not sent:
+        return ""
+    return hashlib.sha256(orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)).hexdigest()[:CLIENT_DIGEST_HEX]
 
 
 def input_hash(value: object) -> str:

@@ -4,8 +4,9 @@ sanitise), ``emit`` after the decision (store what the answer emitted and the se
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -18,7 +19,9 @@ from proxy.context.identity import (
     SESSION_FIELD,
     Identity,
     IdentityError,
+    call_identity,
     check_id,
+    client_digest,
     expand,
     input_hash,
     without_context,
@@ -60,6 +63,9 @@ class Prepared:
     identity: Identity | None = None
     input_hash: str = ""
     context_digest: str = ""
+    """A digest of the context the model is shown ("" for none)."""
+    client_digest: str = ""
+    """A digest of the ``_context`` the caller sent (``proxy.context.identity.client_digest``)."""
     warnings: list[str] = field(default_factory=list)
     redacted: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
@@ -88,12 +94,15 @@ async def prepare(module: Module, value: Any, call: CallerContext | None) -> Pre
     client = dict(client or {})
     identity = call.identity if call is not None else None
     try:
-        body_session = check_id(client.pop(SESSION_FIELD, None), "_context.session_id")
+        if identity is not None:
+            identity = call_identity(identity, client)
+        else:
+            check_id(client.get(SESSION_FIELD), "_context.session_id")
     except IdentityError as exc:
         prepared.error = _invalid(str(exc))
         return prepared
-    if identity is not None and identity.session_id is None and body_session is not None:
-        identity = replace(identity, session_id=body_session)
+    prepared.client_digest = client_digest(client)
+    client.pop(SESSION_FIELD, None)
     prepared.identity = identity
     if not module.context.declared and not client:
         prepared.input_hash = input_hash(bare) if call is not None else ""
@@ -145,10 +154,11 @@ async def emit(
     identity = prepared.identity
     if decision not in ACCEPTED or call is None or identity is None:
         return (emitted if decision in ACCEPTED else None), warnings
+    writes: list[tuple[str, bytes, int]] = []
     key = result_key(identity, module.name)
     if key is not None:
         result = {"module": module.name, "meta": envelope.get("meta"), "data": envelope.get("data")}
-        await call.store.put(key, orjson.dumps(result), SESSION_RESULT_TTL_S)
+        writes.append((key, orjson.dumps(result), SESSION_RESULT_TTL_S))
     for kind, value in (emitted or {}).items():
         spec = module.context.emitted(kind)
         if spec is None or spec.ttl == TTL_REQUEST:
@@ -161,5 +171,7 @@ async def emit(
         if len(raw) > MAX_CONTEXT_BYTES:
             warnings.append(f"_emitted_context.{kind}: not stored (larger than {MAX_CONTEXT_BYTES} bytes)")
             continue
-        await call.store.put(identity.key(name), raw, spec.ttl)
+        writes.append((identity.key(name), raw, spec.ttl))
+    # all queued before any is waited on: they reach Redis together, one acknowledgement to wait for
+    await asyncio.gather(*(call.store.put(k, raw, ttl) for k, raw, ttl in writes))
     return emitted, warnings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,11 +63,22 @@ class ContextUnavailable(Exception):
 class ContextStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
+    async def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """Every key's value (None: absent) in one read (one round trip to Redis)."""
+        ...
+
+    def pending(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """This replica's writes of ``keys`` the store has not acknowledged yet: what a read sent
+        now must answer in place of the store's (read-your-writes on this replica)."""
+        ...
+
     async def put(
         self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
     ) -> None:
-        """Store ``value``; ``wait``: until the store has it (read-your-writes for the session's
-        next call), else in the background; ``quota``: the key's client's (its namespace)."""
+        """Store ``value``; ``wait``: the session's next call must read it (read-your-writes:
+        this replica reads it at once, and the call waits for the store to acknowledge it, up to
+        the store's timeout), else it goes in the background and a read may miss it; ``quota``:
+        the key's client's (its namespace)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -82,6 +93,12 @@ class QuotaStore:
 
     async def get(self, key: str) -> bytes | None:
         return await self.store.get(key)
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return await self.store.get_many(keys)
+
+    def pending(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return self.store.pending(keys)
 
     async def put(
         self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
@@ -131,6 +148,12 @@ class MemoryContextStore:
         self._items.move_to_end(key)
         self._clients[namespace_in(key)].move_to_end(key)
         return value
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        return {key: await self.get(key) for key in keys}
+
+    def pending(self, keys: Iterable[str]) -> dict[str, bytes]:
+        return {}  # a write is here when ``put`` returns
 
     def client_usage(self, namespace: str) -> tuple[int, int]:
         """(entries, bytes) the client ``namespace`` holds."""

@@ -15,7 +15,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import Caller
-from proxy.limits.windows import MICRO, Counters, MemoryCounters, RedisCounters, Window, WindowState
+from proxy.limits.windows import MICRO, Counters, MemoryCounters, Read, RedisCounters, Window, WindowState
 from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.state.redis_client import RETRY_AFTER_S, RedisHealth, RedisOptions, redis_client
 
@@ -60,6 +60,8 @@ class Admission:
     budgets: tuple[Budget, ...] = ()
     spend_keys: tuple[str, ...] = ()
     estimate: int = 0
+    read: Read = None
+    """The keys asked for with the check, read in its round trip (``Limiter.admit``'s ``reads``)."""
 
     @property
     def refused(self) -> Limited | None:
@@ -182,19 +184,22 @@ class Limiter:
         return self.shared and self.health.down
 
     async def _run(
-        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
-    ) -> tuple[list[WindowState], list[int]]:
+        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+    ) -> tuple[list[WindowState], list[int], Read]:
+        failed: Read = None
         if not self.degraded:
             try:
-                result = await self.counters.hit(hits, spend_keys)
+                result = await self.counters.hit_and_read(hits, spend_keys, reads)
             except (RedisError, OSError) as exc:
                 self._fail(exc)
+                failed = exc if reads else None  # the reads went down with the check
             else:
                 if self.shared and self.health.answered():
                     self.on_degraded(False)
                     log.info("proxy.limits_shared_again")
                 return result
-        return await self.local.hit(hits, spend_keys)
+        states, spent = await self.local.hit(hits, spend_keys)
+        return states, spent, failed
 
     def _fail(self, exc: BaseException) -> None:
         if self.health.failed():
@@ -216,10 +221,17 @@ class Limiter:
         return plan
 
     async def admit(
-        self, policy: LimitsPolicy, caller: Caller, estimate: int, *, count: bool = True
+        self,
+        policy: LimitsPolicy,
+        caller: Caller,
+        estimate: int,
+        *,
+        count: bool = True,
+        reads: Sequence[str] = (),
     ) -> Admission:
         """Take one request and ``estimate`` tokens from every window of ``caller`` (``count``
-        false: only read them) and read the spend of every budget."""
+        false: only read them) and read the spend of every budget; read ``reads`` (keys of the
+        call's context and result cache) in the same round trip (``Admission.read``)."""
         if not policy.active:
             return Admission(caller)
         plan = self._plan(policy, caller)
@@ -227,9 +239,9 @@ class Limiter:
             (window, (1 if kind == "requests" else min(estimate, window.limit)) if count else 0)
             for _, kind, window in plan.windows
         ]
-        reads = plan.spend_keys if not count else plan.budget_keys
-        states, spent = await self._run(hits, reads)
-        spent_by_key = dict(zip(reads, spent, strict=True))
+        spent_keys = plan.spend_keys if not count else plan.budget_keys
+        states, spent, read = await self._run(hits, spent_keys, reads)
+        spent_by_key = dict(zip(spent_keys, spent, strict=True))
         return Admission(
             caller,
             tuple(
@@ -242,6 +254,7 @@ class Limiter:
             ),
             plan.spend_keys,
             estimate,
+            read,
         )
 
     async def settle(self, admission: Admission, tokens: int, cost_usd: float) -> None:

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from proxy.state.pipelined import Pipelined, ScriptCall, script_and_reads
+
 MICRO = 1_000_000
 """Spend is counted in micro-USD: integer counters, exact sums."""
 KEY_PREFIX = "{cogproxy:limits}:"
@@ -87,12 +89,23 @@ def window_state(
     return WindowState(allowed, max(0, remaining), into + expiry * (1 - limit / current), full)
 
 
+Read = dict[str, bytes | None] | BaseException | None
+"""The values of the keys read with a limits check (a key absent: ``None``), the error that kept
+them from being read, or ``None``: not read (the windows are not in Redis)."""
+
+
 class Counters(Protocol):
     async def hit(
         self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
     ) -> tuple[list[WindowState], list[int]]:
         """Take each ``cost`` (0: only read) if every window has room, else none; read the spend
         counters (micro-USD)."""
+        ...
+
+    async def hit_and_read(
+        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+    ) -> tuple[list[WindowState], list[int], Read]:
+        """``hit``, and the values of ``reads`` in the same round trip (``Read``)."""
         ...
 
     async def settle(
@@ -158,6 +171,12 @@ class MemoryCounters:
                 counter.current += cost
             states.append(window_state(fits, limit, expiry, counter.previous, counter.current, into))
         return states, [self._spend.get(key, 0) for key in spend_keys]
+
+    async def hit_and_read(
+        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+    ) -> tuple[list[WindowState], list[int], Read]:
+        states, spent = await self.hit(hits, spend_keys)
+        return states, spent, None  # nothing of Redis is read here
 
     async def settle(
         self, corrections: Sequence[tuple[Window, int]], spend: Sequence[tuple[str, int]]
@@ -274,11 +293,20 @@ class RedisCounters:
     async def hit(
         self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str]
     ) -> tuple[list[WindowState], list[int]]:
+        states, spent, _ = await self.hit_and_read(hits, spend_keys, ())
+        return states, spent
+
+    async def hit_and_read(
+        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+    ) -> tuple[list[WindowState], list[int], Read]:
+        """The check and the reads pipelined: one round trip (``proxy.state.pipelined``)."""
         keys = [key for window, _ in hits for key in window_keys(window.key)]
         args = [len(hits)] + [
             value for window, cost in hits for value in (window.limit, window.window_s, cost)
         ]
-        reply = await self._eval(self._hit, keys + [spend_key(k) for k in spend_keys], args)
+        call = ScriptCall(self._hit, keys + [spend_key(k) for k in spend_keys], args)
+        answered: Pipelined = await script_and_reads(self._redis, call, reads)
+        reply = answered.reply
         states = []
         for i, (window, _) in enumerate(hits):
             fits, previous, previous_ttl, current, current_ttl = (
@@ -289,7 +317,7 @@ class RedisCounters:
             states.append(
                 window_state(bool(fits), window.limit, window.window_s, previous, current, max(0.0, into))
             )
-        return states, [int(v) for v in reply[1 + 5 * len(hits) :]]
+        return states, [int(v) for v in reply[1 + 5 * len(hits) :]], answered.values if reads else None
 
     async def settle(
         self, corrections: Sequence[tuple[Window, int]], spend: Sequence[tuple[str, int]]

@@ -23,6 +23,7 @@ from proxy.context.identity import (
     check_id,
     namespace_of,
 )
+from proxy.context.prefetch import Prefetched, ReadThrough, planned_reads
 from proxy.context.sanitise import NameMatcher
 from proxy.context.step import CallerContext
 from proxy.context.store import ClientQuota, ContextStore, QuotaStore
@@ -47,9 +48,21 @@ BYPASS_DIRECTIVES = frozenset({"no-cache", "no-store"})
 class Limits(Protocol):
     """The caller's limits for this call (``proxy.api.limits.CallLimits``)."""
 
-    async def admit(self, policy: Policy, value: Any) -> int | None:
+    async def admit(
+        self,
+        policy: Policy,
+        value: Any,
+        reads: Sequence[str] = (),
+        pending: Mapping[str, bytes] | None = None,
+    ) -> int | None:
         """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
-        downgraded call is capped at."""
+        downgraded call is capped at. ``reads``: context-store keys to read in the same round
+        trip, kept with ``pending`` (the writes the read may not see) as ``prefetched``."""
+
+    @property
+    def prefetched(self) -> Prefetched | None:
+        """What the first admission read of the call's keys; None: not read (no limits in
+        Redis, or Redis could not be asked)."""
 
     def settle(self, tokens: int, cost_usd: float) -> None:
         """Settle what the call spent, without the answer waiting for it."""
@@ -133,7 +146,9 @@ def caller_context(
     directives = {d.strip().lower() for d in requester.cache_control.split(",")}
     cache = runtime.policy.cache
     return CallerContext(
-        QuotaStore(services.context_store, ClientQuota(cache.client_max_entries, cache.client_max_bytes)),
+        ReadThrough(
+            QuotaStore(services.context_store, ClientQuota(cache.client_max_entries, cache.client_max_bytes))
+        ),
         identity,
         history,
         bypass_cache=bool(directives & BYPASS_DIRECTIVES),
@@ -213,6 +228,32 @@ async def _run(
         return finished(internal_error(module), trace_id)
 
 
+async def _admit(call: ModuleCall, context: CallerContext) -> int | None:
+    """The limits check, with the keys the call will read from the context store (its context,
+    its result-cache entry) in the same round trip: one round trip to Redis before the model is
+    asked (``proxy.context.prefetch``). Returns the rung a downgraded call is capped at."""
+    policy, store = call.runtime.policy, context.store
+    # without limits the pipeline reads them (``read_ahead``): no round trip to share
+    reads = planned_reads(call.module, call.value, context, policy) if policy.limits.active else ()
+    pending = store.pending(reads)  # before the read is sent: what it cannot see yet
+    top_rung = await call.limits.admit(policy, call.value, reads, pending)
+    prefetched = call.limits.prefetched
+    if prefetched is not None and prefetched.keys == reads and isinstance(store, ReadThrough):
+        store.hold(prefetched)
+    return top_rung
+
+
+async def admit_call(call: ModuleCall, services: Services) -> None:
+    """Admit ``call`` before it runs, its reads in the check's round trip (a streamed call, at
+    the edge: a 429 is still an HTTP answer); ``answer_module`` then uses what was read."""
+    try:
+        context = caller_context(call.requester, call.runtime, services, call.history)
+    except IdentityError:  # refused by ``answer_module``, once counted like any call
+        await call.limits.admit(call.runtime.policy, call.value)
+        return
+    await _admit(call, context)
+
+
 async def answer_module(call: ModuleCall, services: Services) -> Answered:
     """Run one module call and record it (metrics, cost, limits, feedback, review when so
     decided)."""
@@ -222,7 +263,7 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
     except IdentityError as exc:
         refused = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
         return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))
-    top_rung = await call.limits.admit(runtime.policy, call.value)
+    top_rung = await _admit(call, context)
     spent = Spent()
     answer = await _run(call, services, context, top_rung, spent)
     fields: dict[str, Any] = {} if answer.cache is None else {"cache": answer.cache}

@@ -1,4 +1,5 @@
-"""Redis round trips per request kind, counted by Redis itself (``INFO commandstats``), not timed.
+"""Redis round trips per request kind, counted by Redis itself (``INFO commandstats``) and on the
+wire by the relay (``RedisRelay.turns``: a pipeline is one round trip), not timed.
 
 The proxy reaches the suite's private Redis through a relay (``tests.redis_relay``). A request is
 held at the fake upstream: the commands counted by then are the ones the answer waited on before
@@ -19,11 +20,16 @@ import aiohttp
 import pytest
 
 import proxy.state.redis_client as redis_client
+from proxy.api.app_keys import OUTBOX
+from proxy.api.limits import LIMITER
+from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer, sent_inputs
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
 from tests.proxy_server import RunningProxy, running_proxy, upstream_policy
 from tests.redis_relay import RedisRelay
 from tests.support.commandstats import calls_since, quiet, round_trips, script_commands
+from tests.support.polling import eventually
+from tests.support.redis_server import redis_url
 
 DB = 15
 HANG_S = 30.0
@@ -97,3 +103,185 @@ async def test_a_plain_chat_with_limits_waits_on_one_round_trip_and_settles_afte
         asked, answered = await _counted(px, fake_upstream, relay, redis_db)
     assert round_trips(asked, IN_SCRIPTS) == 1 and asked["evalsha"] == 1  # the limits check, one script
     assert round_trips(answered, IN_SCRIPTS) == 1 and answered["evalsha"] == 1  # the settle, after it
+
+
+CACHED = {"modules": {REVIEWER: {"ttl_s": 600}}}
+PREFETCH = ["EVALSHA", "MGET"]
+"""The one round trip before a module call's model: the limits check and the call's reads."""
+
+
+async def _settled(px: RunningProxy, redis_db: Any) -> Counter[str]:
+    """Redis's counts once what the proxy sends after an answer (the outbox's records, the limits
+    settle) has reached it."""
+    outbox = px.app[OUTBOX]
+
+    async def delivered() -> bool:
+        return len(outbox) == 0
+
+    await eventually(delivered, "the outbox delivered")
+    await px.app[LIMITER].settled()
+    return await quiet(redis_db)
+
+
+def _session(name: str) -> dict[str, str]:
+    return {"X-Cognitive-Session": name}
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.02])
+async def test_a_session_module_call_with_limits_cache_and_context_reads_in_one_round_trip(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any, delay_s: float
+) -> None:
+    """The limits check, the session's state and previous result and the cache entry go out in one
+    pipeline before the model is asked (a slow Redis changes the time, not the count); after the
+    model, the answer waits on the session's writes only (one more round trip: read-your-writes on
+    any replica), not on the cache entry, the settle or the feedback record."""
+    relay.delay_s = delay_s
+    fake_upstream.script("cheap", reviewer_answer(1, "review"), reviewer_answer(2, "fix"))
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        assert (await execute(px.url, REVIEWER, LOGIN, _session("s1")))[0] == 200  # connections, scripts
+        before = await _settled(px, redis_db)
+        start = len(relay.counted())
+        relay.allow_turns(1)  # every round trip after the first is held (one not awaited may be)
+        gate = fake_upstream.hold()
+        call = asyncio.create_task(execute(px.url, REVIEWER, FIX, _session("s1")))
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                await gate.reached.wait()  # the model is asked after one round trip
+            asked = await calls_since(redis_db, before)
+            assert relay.counted()[start] == PREFETCH
+            # Redis ran the limits script and one MGET, nothing else; the relay saw one round trip
+            assert (asked["evalsha"], asked["mget"], round_trips(asked, IN_SCRIPTS)) == (1, 1, 2)
+            relay.allow_turns(1)  # the session's writes; anything later held until the answer came
+            gate.release()
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                status, headers, _ = await call
+        finally:
+            gate.release()
+            relay.restore()
+    assert status == 200 and headers["X-Cognitive-Cache"] == "miss"
+    assert "session_state=session" in headers["X-Cognitive-Context"]  # read ahead, and used
+    assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
+
+
+async def _streamed(base: str, value: Any, headers: dict[str, str]) -> bytes:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base}/v1/modules/{REVIEWER}/execute",
+            json={"input": value},
+            headers={"Accept": "text/event-stream", **headers},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        return await resp.read()
+
+
+async def test_a_streamed_module_call_reads_its_keys_with_the_limits_check_at_the_edge(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """A streamed call is admitted before its stream starts, its context and cache keys read in
+    that round trip; its producer reads nothing more before the model (the stream's own copy to
+    Redis and a breaker refresh go in the background)."""
+    fake_upstream.script("cheap", reviewer_answer(1, "review"), reviewer_answer(2, "fix"))
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        await _streamed(px.url, LOGIN, _session("st"))
+        before = await _settled(px, redis_db)
+        start = len(relay.counted())
+        gate = fake_upstream.hold()
+        call = asyncio.create_task(_streamed(px.url, FIX, _session("st")))
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                await gate.reached.wait()
+            asked = await calls_since(redis_db, before)
+            limits_and_reads = [t for t in relay.counted()[start:] if {"EVALSHA", "MGET", "GET"} & set(t)]
+        finally:
+            gate.release()
+        body = await call
+    assert limits_and_reads == [PREFETCH]
+    assert (asked["evalsha"], asked["mget"]) == (1, 1)  # one script: no other limits check
+    assert b'"decision": "accept"' in body or b'"decision":"accept"' in body
+    assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
+
+
+async def test_a_cache_hit_waits_on_one_round_trip_for_its_answer(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """A repeated call is answered from the entry read with the limits check: one round trip, the
+    answer coming while every later one is held."""
+    fake_upstream.script("cheap", reviewer_answer(1, "review"))
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        assert (await execute(px.url, REVIEWER, LOGIN))[2]["ok"]
+        await _settled(px, redis_db)  # the entry reached Redis
+        start = len(relay.counted())
+        relay.allow_turns(1)
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                status, headers, _ = await execute(px.url, REVIEWER, LOGIN)
+            asked = relay.counted()[start:]
+        finally:
+            relay.restore()
+    assert (status, headers["X-Cognitive-Cache"]) == (200, "hit")
+    assert asked[0] == PREFETCH and fake_upstream.count("/v1/chat/completions") == 1
+
+
+async def test_the_next_call_of_a_session_reads_its_writes_on_this_replica_and_another(
+    fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any
+) -> None:
+    """Read-your-writes without a fixed wait: the call that wrote returned once Redis had the
+    writes, so the session's next call, on this replica or another, sees them at once."""
+    fake_upstream.script(
+        "cheap", reviewer_answer(1, "review"), reviewer_answer(2, "fix"), reviewer_answer(0, "done")
+    )
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    url = redis_url(DB)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with (
+        running_proxy(tmp_path / "a", policy, redis_url=url) as one,
+        running_proxy(tmp_path / "b", policy, redis_url=url) as two,
+    ):
+        await execute(one.url, REVIEWER, LOGIN, _session("ryw"))
+        _, same, _ = await execute(one.url, REVIEWER, FIX, _session("ryw"))
+        seen_here = sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"]
+        _, other, _ = await execute(two.url, REVIEWER, LOGIN, _session("ryw"))
+        seen_there = sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"]
+    assert (seen_here, seen_there) == ("review", "fix")
+    assert "previous_result=session" in same["X-Cognitive-Context"]
+    assert "previous_result=session" in other["X-Cognitive-Context"]
+
+
+async def test_a_replica_reads_its_own_session_writes_while_redis_does_not_answer(
+    fake_upstream: FakeUpstream,
+    tmp_path: Path,
+    relay: RedisRelay,
+    redis_db: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis hung: the writing call waits for the acknowledgement only its context timeout, and
+    the session's next call on the replica reads the writes still in flight (its overlay), not
+    "not available"; once Redis answers again they are delivered."""
+    timeouts = dict.fromkeys(redis_client.TIMEOUTS_S, HANG_S) | {"context": 0.2}
+    monkeypatch.setattr(redis_client, "TIMEOUTS_S", MappingProxyType(timeouts))
+    fake_upstream.script(
+        "cheap", *(reviewer_answer(n, action) for n, action in enumerate(["warm", "review", "fix"]))
+    )
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), redis_url=relay.url(DB)) as px:
+        await execute(px.url, REVIEWER, {"code": "warm-up"})  # connections open before the freeze
+        relay.freeze()
+        try:
+            first = await execute(px.url, REVIEWER, LOGIN, _session("hung"))
+            second = await execute(px.url, REVIEWER, FIX, _session("hung"))
+        finally:
+            relay.restore()
+        state_key = "*hung:session_state"
+
+        async def delivered() -> bool:
+            return bool([k async for k in redis_db.scan_iter(match=state_key)])
+
+        await eventually(delivered, "the session's writes reached Redis")
+    assert (first[0], second[0]) == (200, 200)
+    assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
+    assert "session_state=session" in second[1]["X-Cognitive-Context"]

@@ -85,6 +85,26 @@ async def test_one_requests_limits_are_one_script_on_one_slot_and_refuse_all_or_
     assert isinstance(limiter.counters, RedisCounters)
 
 
+async def test_the_limits_check_and_a_clients_context_reads_go_in_one_cluster_pipeline(
+    options: RedisOptions,
+) -> None:
+    """The limits script (its own slot) and the MGET of one client's keys (its namespace's slot)
+    pipelined: each node gets its command, neither is refused with CROSSSLOT."""
+    identity = Identity("00112233445566778899aabbccddeeff", "s3")
+    keys = [identity.key("s3", "session_state"), identity.key("cache", "m", "h")]
+    assert key_slot(keys[0].encode()) != key_slot(window_keys("client:app-id:req")[0].encode())
+    writer: Any = redis_client(options, "context")
+    limiter = Limiter.build(options, 1, lambda down: None)
+    try:
+        await writer.set(keys[0], b"state")
+        admitted = await limiter.admit(POLICY, CALLER, 10, reads=keys)
+        assert not limiter.degraded and admitted.refused is None
+        assert admitted.read == {keys[0]: b"state", keys[1]: None}
+    finally:
+        await limiter.aclose()
+        await writer.aclose()
+
+
 async def test_outbox_writes_of_every_kind_land_once_in_the_cluster(options: RedisOptions) -> None:
     outbox = RedisOutbox(options)
     outbox.start()

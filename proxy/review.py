@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -27,10 +27,18 @@ WEBHOOK_BACKOFF = Backoff(base_ms=200.0, max_ms=5000.0)
 
 
 def review_record(
-    module: str, tier: str, trace_id: str, decision: str, envelope: dict[str, Any], client: str
+    module: str,
+    tier: str,
+    trace_id: str,
+    decision: str,
+    envelope: dict[str, Any],
+    client: str,
+    answer: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What every sink records for one answer sent to review; ``client`` is the caller's identity
-    (a name or a key hash, never a key), which an admin verdict names when trace ids collide."""
+    (a name or a key hash, never a key), which an admin verdict names when trace ids collide;
+    ``answer``: how the answer was decided (rung, target, reported and calibrated confidence,
+    the risks, cost), what the review console shows beside the envelope."""
     meta = envelope.get("meta") if isinstance(envelope.get("meta"), dict) else {}
     return {
         "module": module,
@@ -41,6 +49,7 @@ def review_record(
         "meta": meta,
         "envelope": envelope,
         "recorded_at": time.time(),
+        "answer": dict(answer or {}),
     }
 
 
@@ -178,3 +187,18 @@ def build_sink(
     if policy.sink == "webhook" and policy.url:
         return WebhookSink(session, policy.url, policy.timeout_s, policy.retries, on_failure)
     return LogSink()
+
+
+class QueueingSink:
+    """``sink``, and every record also in the review console's queue (``queue(record)``)."""
+
+    def __init__(self, sink: ReviewSink, queue: Callable[[dict[str, Any]], None]) -> None:
+        self.sink = sink
+        self._queue = queue
+
+    async def submit(self, record: dict[str, Any]) -> None:
+        self._queue(record)
+        await self.sink.submit(record)
+
+    async def aclose(self) -> None:
+        await self.sink.aclose()

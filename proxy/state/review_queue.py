@@ -1,0 +1,185 @@
+"""The review queue: answers decided ``review`` waiting for a person (the review console).
+
+In process and bounded, whatever the review sink: the sink hands records to other systems
+(log, Redis stream, webhook), the queue keeps this process's for the console until an item is
+judged or overridden. Past either bound the oldest pending items go first (counted as
+``evicted``); an item is keyed by (client identity, trace id), like its feedback record.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from proxy.jsonshape import as_dict
+
+QUEUE_MAX_ITEMS = 1000
+"""Pending items kept; a person reviews tens an hour, so a thousand is days of backlog."""
+QUEUE_MAX_BYTES = 8 * 1024 * 1024
+"""The envelopes kept, in serialized bytes: a few very large answers cannot take the heap."""
+CLOSED_KEPT = 200
+"""Closed items listed (their outcome and who closed them), envelopes dropped."""
+ITEM_OVERHEAD_BYTES = 1024
+"""What an item costs besides its envelope (the dataclass, its strings, the index)."""
+
+ItemKey = tuple[str, str]
+"""(client identity, trace id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReview:
+    """One answer sent to review, with the facts a reviewer needs."""
+
+    trace_id: str
+    client: str
+    module: str
+    tier: str
+    decision: str
+    envelope: dict[str, Any]
+    at: float
+    """Epoch seconds it was queued."""
+    rung: str = ""
+    target: str = ""
+    confidence: float | None = None
+    """As the model reported it."""
+    calibrated: float | None = None
+    """Through the target's calibration map: what was decided on."""
+    risk: str = ""
+    """The risk routed on (``risk_source``)."""
+    model_risk: str | None = None
+    rule_risk: str | None = None
+    cost_usd: float = 0.0
+    size: int = 0
+    """The envelope's serialized bytes (counted against ``QUEUE_MAX_BYTES``)."""
+
+    @property
+    def key(self) -> ItemKey:
+        return (self.client, self.trace_id)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def pending_from_record(record: Mapping[str, Any], size: int) -> PendingReview:
+    """The queue's item for a review sink's record (``proxy.review.review_record``)."""
+    answer = as_dict(record.get("answer"))
+    meta = as_dict(record.get("meta"))
+    return PendingReview(
+        trace_id=str(record["trace_id"]),
+        client=str(record["client"]),
+        module=str(record["module"]),
+        tier=str(record["tier"]),
+        decision=str(record["decision"]),
+        envelope=as_dict(record.get("envelope")),
+        at=float(record.get("recorded_at") or 0.0),
+        rung=_text(answer.get("rung")) or "",
+        target=_text(answer.get("target")) or "",
+        confidence=_number(answer.get("confidence", meta.get("confidence"))),
+        calibrated=_number(answer.get("calibrated")),
+        risk=_text(answer.get("risk")) or _text(meta.get("risk")) or "",
+        model_risk=_text(answer.get("model_risk")),
+        rule_risk=_text(answer.get("rule_risk")),
+        cost_usd=_number(answer.get("cost_usd")) or 0.0,
+        size=size,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedReview:
+    item: PendingReview
+    """Its envelope dropped (the queue keeps closed items' facts only)."""
+    outcome: str
+    """The verdict (correct, incorrect, partially_correct) or the overriding decision (accept, reject)."""
+    by: str
+    at: float
+
+
+class ReviewQueue:
+    """Pending review items, oldest first, within ``max_items`` and ``max_bytes``."""
+
+    def __init__(
+        self,
+        max_items: int = QUEUE_MAX_ITEMS,
+        max_bytes: int = QUEUE_MAX_BYTES,
+        on_evict: Callable[[int], None] = lambda count: None,
+    ) -> None:
+        self._items: OrderedDict[ItemKey, PendingReview] = OrderedDict()
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._on_evict = on_evict
+        self._closed: deque[ClosedReview] = deque(maxlen=CLOSED_KEPT)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Queue the review sink's ``record`` (never raises for a record the sink accepts)."""
+        try:
+            size = len(orjson.dumps(record.get("envelope")))
+        except orjson.JSONEncodeError:  # nested past orjson's depth: shown as too large to keep
+            size = self._max_bytes
+        item = pending_from_record(record, size)
+        cost = size + ITEM_OVERHEAD_BYTES
+        if cost > self._max_bytes:
+            item = _without_envelope(item)
+            cost = ITEM_OVERHEAD_BYTES
+        self._drop(item.key)
+        self._items[item.key] = item
+        self._bytes += cost
+        evicted = 0
+        while len(self._items) > self._max_items or self._bytes > self._max_bytes:
+            self._drop(next(iter(self._items)))
+            evicted += 1
+        if evicted:
+            self._on_evict(evicted)
+
+    def _drop(self, key: ItemKey) -> PendingReview | None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._bytes -= _cost(item)
+        return item
+
+    def get(self, client: str, trace_id: str) -> PendingReview | None:
+        return self._items.get((client, trace_id))
+
+    def close(self, client: str, trace_id: str, outcome: str, by: str, at: float) -> PendingReview | None:
+        """Take the item out of the queue, judged or overridden (``outcome``) by ``by``; None when
+        it was not there."""
+        item = self._drop((client, trace_id))
+        if item is not None:
+            self._closed.appendleft(ClosedReview(replace(item, envelope={}, size=0), outcome, by, at))
+        return item
+
+    def closed(self) -> tuple[ClosedReview, ...]:
+        """Newest first."""
+        return tuple(self._closed)
+
+    def pending(self) -> Iterable[PendingReview]:
+        """Oldest first."""
+        return tuple(self._items.values())
+
+
+TOO_LARGE = "envelope_too_large"
+
+
+def _without_envelope(item: PendingReview) -> PendingReview:
+    """An item whose envelope alone passes the byte bound: kept, its envelope replaced by a note."""
+    return replace(item, envelope={TOO_LARGE: item.size}, size=0)
+
+
+def _cost(item: PendingReview) -> int:
+    return item.size + ITEM_OVERHEAD_BYTES

@@ -35,13 +35,13 @@ async def send_to_review(px: RunningProxy, fake: FakeUpstream, answer: dict[str,
     fake.script("cheap", reply)
     fake.script("strong", reply)
     async with aiohttp.ClientSession() as session:
-        resp = await session.post(
+        async with session.post(
             px.base + "/modules/code-reviewer/execute",
             json={"input": REVIEW_INPUT},
             headers={"Authorization": f"Bearer {CLIENT}"},
-        )
-        assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
-        return resp.headers["X-Cognitive-Trace-Id"]
+        ) as resp:
+            assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
+            return resp.headers["X-Cognitive-Trace-Id"]
 
 
 @dataclass

@@ -34,7 +34,9 @@ async def metrics_text(console: Console) -> str:
     return text
 
 
-async def test_a_judgement_is_a_verdict_and_closes_the_item(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_a_judgement_is_a_verdict_and_closes_the_item(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     async with console_proxy(tmp_path, fake_upstream) as console:
         trace_id = await send_to_review(console.px, fake_upstream)
         assert await console.login() == 303
@@ -43,10 +45,14 @@ async def test_a_judgement_is_a_verdict_and_closes_the_item(fake_upstream: FakeU
         assert status == 200 and trace_id in page and "up/strong" in page
         token = await console.csrf(path)
         with capture_logs() as logs:
-            status, _, resp = await console.post(path + "/verdict", {"csrf": token, "verdict": "incorrect", "note": "n"})
+            status, _, resp = await console.post(
+                path + "/verdict", {"csrf": token, "verdict": "incorrect", "note": "n"}
+            )
         assert (status, resp.headers["Location"]) == (303, "/review/")
         scraped = await metrics_text(console)
-        assert re.search(r'cognitive_feedback_total\{[^}]*verdict="incorrect"[^}]*\} 1\.0', scraped), scraped[:200]
+        assert re.search(r'cognitive_feedback_total\{[^}]*verdict="incorrect"[^}]*\} 1\.0', scraped), scraped[
+            :200
+        ]
         assert 'cognitive_review_console_actions_total{action="judge",result="done"} 1.0' in scraped
         _, queue = await console.page("/review/")
         assert trace_id not in queue.split("<h2>Closed</h2>")[0]
@@ -78,7 +84,9 @@ async def test_the_verdict_is_the_feedback_endpoints_with_source_review(
             assert (await again.json())["replaced"] is True
 
 
-async def test_no_key_a_client_key_and_a_wrong_key_are_refused(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+async def test_no_key_a_client_key_and_a_wrong_key_are_refused(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     async with console_proxy(tmp_path, fake_upstream) as console:
         await send_to_review(console.px, fake_upstream)
         status, _ = await console.page("/review/")
@@ -89,7 +97,9 @@ async def test_no_key_a_client_key_and_a_wrong_key_are_refused(fake_upstream: Fa
         async with aiohttp.ClientSession() as bearer:  # a bearer key opens no console page
             for key in (ADMIN, CLIENT):
                 resp = await bearer.get(
-                    console.url + "/review/", headers={"Authorization": f"Bearer {key}"}, allow_redirects=False
+                    console.url + "/review/",
+                    headers={"Authorization": f"Bearer {key}"},
+                    allow_redirects=False,
                 )
                 assert resp.status == 303
         assert (await console.page("/review/reliability"))[0] == 303
@@ -133,7 +143,9 @@ async def test_a_session_is_new_at_each_login_and_its_cookie_is_strict_and_httpo
         assert ADMIN not in cookie.value and ADMIN not in resp.headers.get("Location", "")
         first = cookie.value
         assert await console.login() == 303
-        second = console.http.cookie_jar.filter_cookies(URL(console.url + "/review/"))["cogproxy_console"].value
+        second = console.http.cookie_jar.filter_cookies(URL(console.url + "/review/"))[
+            "cogproxy_console"
+        ].value
         assert second != first
         status, page = await console.page("/review/")
         assert status == 200 and ADMIN not in page
@@ -195,7 +207,7 @@ async def test_the_queue_shows_how_the_answer_was_decided_and_filters(
 
 
 async def test_a_hostile_envelope_is_text(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
-    hostile = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\">"
+    hostile = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
     answer = envelope(summary=hostile, link="javascript:window.pwned=3", nest=[[[["<b>deep</b>"]]]])
     async with console_proxy(tmp_path, fake_upstream) as console:
         trace_id = await send_to_review(console.px, fake_upstream, answer)

@@ -34,14 +34,16 @@ async def send_to_review(px: RunningProxy, fake: FakeUpstream, answer: dict[str,
     reply = json.dumps(answer or envelope())
     fake.script("cheap", reply)
     fake.script("strong", reply)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
             px.base + "/modules/code-reviewer/execute",
             json={"input": REVIEW_INPUT},
             headers={"Authorization": f"Bearer {CLIENT}"},
-        ) as resp:
-            assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
-            return resp.headers["X-Cognitive-Trace-Id"]
+        ) as resp,
+    ):
+        assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
+        return resp.headers["X-Cognitive-Trace-Id"]
 
 
 @dataclass

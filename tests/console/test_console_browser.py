@@ -6,6 +6,7 @@ docs/images/ that docs/review-console.md shows."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import shutil
@@ -27,7 +28,7 @@ from tests.conftest import ROOT
 from tests.console.harness import ADMIN, CLIENT, envelope
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, free_port, proxy_process, upstream_policy
-from tests.support.polling import eventually, wait_sync
+from tests.support.polling import eventually
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 IMAGES = ROOT / "docs" / "images"
@@ -47,7 +48,8 @@ def browser() -> Iterator[webdriver.Chrome]:
     binary = _chromium()
     if binary is None or not CHROMEDRIVER.exists():
         pytest.skip(
-            "chromium and chromium-driver are not installed here (make browser: apt-get install -y chromium chromium-driver)"
+            "chromium and chromium-driver are not installed here "
+            "(make browser: apt-get install -y chromium chromium-driver)"
         )
     options = webdriver.ChromeOptions()
     options.binary_location = binary
@@ -67,14 +69,16 @@ async def _to_review(proxy_url: str, fake: FakeUpstream, answer: dict[str, Any])
     reply = json.dumps(answer)
     fake.script("cheap", reply)
     fake.script("strong", reply)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
             proxy_url + "/v1/modules/code-reviewer/execute",
             json={"input": REVIEW_INPUT},
             headers={"Authorization": f"Bearer {CLIENT}"},
-        ) as resp:
-            assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
-            return resp.headers["X-Cognitive-Trace-Id"]
+        ) as resp,
+    ):
+        assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
+        return resp.headers["X-Cognitive-Trace-Id"]
 
 
 def _hostile() -> dict[str, Any]:
@@ -150,7 +154,7 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
         await browse(driver.get, console + f"/review/items/key-{_hash(CLIENT)}/{hostile}")
         assert _pwned(driver) is None
         cells = driver.find_elements(By.CSS_SELECTOR, "#envelope td.v")
-        assert any(HOSTILE == cell.text for cell in cells[:40])
+        assert any(cell.text == HOSTILE for cell in cells[:40])
         assert driver.find_elements(By.CSS_SELECTOR, "#envelope a, #envelope script, #envelope img") == []
         assert driver.find_element(By.ID, "omitted").is_displayed()  # 10,000 siblings: the table stops
         assert _pwned(driver) is None
@@ -196,15 +200,16 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
         assert "0.180" in driver.find_element(By.ID, "report").text
         await browse(driver.save_screenshot, str(IMAGES / "review-console-reliability.png"))
     assert ADMIN not in served.output[0] + served.output[1]
-    audit = [json.loads(line) for line in "".join(served.output).splitlines() if "proxy.review_console" in line]
+    audit = [
+        json.loads(line) for line in "".join(served.output).splitlines() if "proxy.review_console" in line
+    ]
     assert [(a["action"], a["result"]) for a in audit] == [
         ("login", "refused"),
         ("login", "done"),
         ("judge", "done"),
-    ] + [("csrf", "refused")]
+        ("csrf", "refused"),
+    ]
 
 
 def _hash(key: str) -> str:
-    import hashlib
-
     return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -13,6 +13,9 @@ from aiohttp import web
 from structlog.testing import capture_logs
 from yarl import URL
 
+from proxy.api.access import Scope
+from proxy.api.routes import CONSOLE_ROUTES
+from tests.api.test_route_table import SAMPLES
 from tests.console.harness import ADMIN, CLIENT, Console, console_proxy, envelope, send_to_review
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import free_port
@@ -220,3 +223,36 @@ async def test_a_hostile_envelope_is_text(fake_upstream: FakeUpstream, tmp_path:
         async with console.http.get(console.url + "/review/") as resp:
             policy = resp.headers["Content-Security-Policy"]
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+
+
+async def test_every_console_row_needs_a_session_and_none_is_on_the_api_listener(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The table's console rows: without a session a page sends to the login form and a form is
+    refused, whatever bearer key comes along; a logged-in session opens each (SAMPLES' statuses);
+    the API listener serves none of them."""
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        for route in CONSOLE_ROUTES:
+            sample = SAMPLES[route.path]
+            for key in (None, CLIENT, ADMIN):
+                bearer = {"Authorization": f"Bearer {key}"} if key else {}
+                async with console.http.request(
+                    sample.method, console.url + sample.target, headers=bearer, allow_redirects=False
+                ) as resp:
+                    refused = 303 if sample.method == "GET" else 403
+                    expected = sample.admitted if route.scope is Scope.PUBLIC else refused
+                    assert resp.status == expected, (route.path, key, resp.status)
+            async with console.http.get(
+                console.px.url + sample.target, headers={"Authorization": f"Bearer {CLIENT}"}
+            ) as resp:
+                assert resp.status in (404, 405), (route.path, resp.status)
+        await console.login()
+        for route in CONSOLE_ROUTES:
+            sample = SAMPLES[route.path]
+            if route.path == "/review/logout":
+                continue  # ends the session the others need
+            form = {"csrf": await console.csrf("/review/")} if sample.method == "POST" else None
+            async with console.http.request(
+                sample.method, console.url + sample.target, data=form, allow_redirects=False
+            ) as resp:
+                assert resp.status == sample.admitted, (route.path, resp.status)

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 
-.PHONY: run test test-fast lint install redis-server doc-tools node-clients conformance bench mutation dashboard-pictures clean
+.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,12 +33,20 @@ doc-tools:
 		(apt-get install -y -qq $$tool >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $$tool; }); } || \
 		{ echo "$$tool is missing: apt-get install -y $$tool"; exit 1; }; done
 
+## browser: Debian's chromium and its driver, which the review console's browser test drives (Selenium,
+## /usr/bin/chromedriver: nothing downloaded at run time); installed here when missing, the test skipped where they cannot be
+browser:
+	@{ command -v chromium >/dev/null 2>&1 && test -x /usr/bin/chromedriver; } || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }); } || \
+		echo "chromium is missing (apt-get install -y chromium chromium-driver): the review console's browser test will be skipped"
+
 ## test: set everything up and run the whole suite
-test: install redis-server doc-tools node-clients
+test: install redis-server doc-tools browser node-clients
 	$(BIN)/python -m pytest
 
 ## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core, hypothesis profile `fast` (25 examples)
-test-fast: install redis-server doc-tools node-clients
+test-fast: install redis-server doc-tools browser node-clients
 	$(BIN)/python -m pytest -m "not slow" -n auto -q --hypothesis-profile=fast
 
 ## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm

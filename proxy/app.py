@@ -20,6 +20,7 @@ from proxy.api.app_keys import (
     OUTBOX,
     REDACT_NAMES,
     REVIEW_QUEUE,
+    REVIEW_STREAMS,
     ROUTER,
     RUNTIME,
     SESSION,
@@ -41,7 +42,7 @@ from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
-from proxy.review import QueueingSink, build_sink
+from proxy.review import QueueingSink, RedisStreamSink, build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
@@ -51,6 +52,7 @@ from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Wr
 from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.review_queue import ReviewQueue
+from proxy.state.review_stream import ReviewStreams
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.http import USER_AGENT, upstream_session
@@ -88,7 +90,7 @@ def load_runtime(
         outbox,
         on_failure=lambda kind: metrics.review_sink_failures.labels(kind).inc(),
     )
-    if queue is not None:
+    if queue is not None and not isinstance(sink, RedisStreamSink):  # the console reads the stream
         sink = QueueingSink(sink, queue.add)
     return Runtime(policy, registry, build_providers(policy, session), sink)
 
@@ -132,7 +134,12 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     app[FEEDBACK] = feedback_store
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
+    streams = ReviewStreams(settings.redis) if settings.redis and settings.serves_console else None
+    if streams is not None:  # the console reads the review stream when the policy's sink is it
+        app[REVIEW_STREAMS] = streams
     yield
+    if streams is not None:
+        await streams.aclose()
     await context.aclose()
     await feedback_store.aclose()
     if outbox is not None:
@@ -296,6 +303,8 @@ def build_probe_app(app: web.Application) -> web.Application:
         probe[OUTBOX] = app[OUTBOX]
     if console:  # the review console: verdicts through the same store, overrides to the webhook
         probe[REVIEW_QUEUE] = app[REVIEW_QUEUE]
+        if REVIEW_STREAMS in app:
+            probe[REVIEW_STREAMS] = app[REVIEW_STREAMS]
         probe[FEEDBACK] = app[FEEDBACK]
         probe[SESSION] = app[SESSION]
         probe[TEMPLATES] = console_pages.environment()

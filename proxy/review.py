@@ -102,8 +102,9 @@ class _Background(ABC):
 
 
 class RedisStreamSink:
-    """XADD to a stream (approximate MAXLEN) with fields module, tier, trace_id, decision, meta,
-    envelope (and the outbox's ``outbox_id``), through the app's Redis outbox."""
+    """XADD to a stream (approximate MAXLEN) with fields module, tier, trace_id, client, decision,
+    meta, envelope, answer (how it was decided: what the review console shows) and the outbox's
+    ``outbox_id``, through the app's Redis outbox."""
 
     def __init__(self, outbox: RedisOutbox, stream: str, maxlen: int) -> None:
         self._outbox = outbox
@@ -119,6 +120,7 @@ class RedisStreamSink:
             "decision": record["decision"],
             "meta": orjson.dumps(record["meta"]).decode(),
             "envelope": orjson.dumps(record["envelope"]).decode(),
+            "answer": orjson.dumps(record["answer"]).decode(),
         }
         if not self._outbox.put(StreamWrite(self._stream, fields, self._maxlen)):
             log.error(
@@ -190,7 +192,8 @@ def build_sink(
 
 
 class QueueingSink:
-    """``sink``, and every record also in the review console's queue (``queue(record)``)."""
+    """``sink``, and every record also in the review console's in-process queue (``queue(record)``):
+    for every sink but the Redis stream, which the console reads itself."""
 
     def __init__(self, sink: ReviewSink, queue: Callable[[dict[str, Any]], None]) -> None:
         self.sink = sink

@@ -1,17 +1,21 @@
 """The review queue: answers decided ``review`` waiting for a person (the review console).
 
-In process and bounded, whatever the review sink: the sink hands records to other systems
-(log, Redis stream, webhook), the queue keeps this process's for the console until an item is
-judged or overridden. Past either bound the oldest pending items go first (counted as
-``evicted``); an item is keyed by (client identity, trace id), like its feedback record.
+``ReviewItems`` is what the console reads and closes items through. Two kinds:
+
+* ``MemoryItems`` over ``ReviewQueue``: in process and bounded, for the log and webhook sinks
+  (and the stream sink without Redis): this process's answers only. Past either bound the oldest
+  pending items go first (counted as ``evicted``); an item is keyed by (client identity, trace
+  id), like its feedback record.
+* ``proxy.state.review_stream.StreamItems``: the policy's Redis review stream, every replica's
+  answers, closed items a shared fact.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -55,6 +59,8 @@ class PendingReview:
     cost_usd: float = 0.0
     size: int = 0
     """The envelope's serialized bytes (counted against ``QUEUE_MAX_BYTES``)."""
+    entry: str = ""
+    """Its review stream entry id (``StreamItems``); empty in the in-process queue."""
 
     @property
     def key(self) -> ItemKey:
@@ -183,3 +189,84 @@ def _without_envelope(item: PendingReview) -> PendingReview:
 
 def _cost(item: PendingReview) -> int:
     return item.size + ITEM_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePage:
+    """What the queue page lists: pending items that pass its filters."""
+
+    items: tuple[PendingReview, ...]
+    total: int
+    """Pending in all (from the stream: about, closed entries trimmed meanwhile still counted)."""
+    older: str | None = None
+    """The stream entry id the next page reads after (older entries); None: nothing more."""
+
+
+class QueueUnavailable(Exception):
+    """The shared queue cannot be read or written now (Redis is not answering)."""
+
+
+Keeps = Callable[[PendingReview], bool]
+
+
+class ReviewItems(Protocol):
+    """The review console's queue: where pending items are read and closed."""
+
+    @property
+    def shared(self) -> bool:
+        """Every replica's items (the Redis stream), not this process's only."""
+        ...
+
+    async def page(self, keeps: Keeps, older_than: str | None) -> QueuePage: ...
+
+    async def item(self, client: str, trace_id: str, entry: str) -> PendingReview | None:
+        """The pending item, with its envelope; None when closed, evicted or never queued."""
+        ...
+
+    async def neighbours(self, item: PendingReview) -> tuple[PendingReview | None, PendingReview | None]:
+        """The pending items listed just before and just after ``item``."""
+        ...
+
+    async def claim(self, item: PendingReview, outcome: str, by: str, at: float) -> ClosedReview | None:
+        """Close ``item`` (``outcome`` by ``by``) unless it is closed already: None when this
+        claim closed it, else how it was closed first (one verdict wins)."""
+        ...
+
+    async def closed(self) -> Sequence[ClosedReview]:
+        """Closed items, newest first (at most ``CLOSED_KEPT``)."""
+        ...
+
+
+GONE = "gone"
+"""A claimed item no longer in the queue, with no closure known (evicted, or trimmed)."""
+
+
+class MemoryItems:
+    """``ReviewItems`` over this process's ``ReviewQueue`` (one event loop: a claim is atomic)."""
+
+    shared = False
+
+    def __init__(self, queue: ReviewQueue) -> None:
+        self.queue = queue
+
+    async def page(self, keeps: Keeps, older_than: str | None) -> QueuePage:
+        return QueuePage(tuple(i for i in self.queue.pending() if keeps(i)), len(self.queue))
+
+    async def item(self, client: str, trace_id: str, entry: str) -> PendingReview | None:
+        return self.queue.get(client, trace_id)
+
+    async def neighbours(self, item: PendingReview) -> tuple[PendingReview | None, PendingReview | None]:
+        pending = list(self.queue.pending())
+        at = next((i for i, p in enumerate(pending) if p.key == item.key), None)
+        if at is None:
+            return None, None
+        return (pending[at - 1] if at else None, pending[at + 1] if at + 1 < len(pending) else None)
+
+    async def claim(self, item: PendingReview, outcome: str, by: str, at: float) -> ClosedReview | None:
+        if self.queue.close(item.client, item.trace_id, outcome, by, at) is not None:
+            return None
+        prior = next((c for c in self.queue.closed() if c.item.key == item.key), None)
+        return prior or ClosedReview(item, GONE, "", at)
+
+    async def closed(self) -> Sequence[ClosedReview]:
+        return self.queue.closed()

@@ -31,13 +31,18 @@ def envelope(confidence: float = 0.95, risk: str = "high", **data: Any) -> dict[
 
 async def send_to_review(px: RunningProxy, fake: FakeUpstream, answer: dict[str, Any] | None = None) -> str:
     """One module call both rungs answer with ``answer`` (high risk): its trace id, decided review."""
+    return await send_to_review_at(px.base, fake, answer)
+
+
+async def send_to_review_at(base: str, fake: FakeUpstream, answer: dict[str, Any] | None = None) -> str:
+    """``send_to_review`` to the API at ``base`` (``.../v1``)."""
     reply = json.dumps(answer or envelope())
     fake.script("cheap", reply)
     fake.script("strong", reply)
     async with (
         aiohttp.ClientSession() as session,
         session.post(
-            px.base + "/modules/code-reviewer/execute",
+            base + "/modules/code-reviewer/execute",
             json={"input": REVIEW_INPUT},
             headers={"Authorization": f"Bearer {CLIENT}"},
         ) as resp,
@@ -47,10 +52,9 @@ async def send_to_review(px: RunningProxy, fake: FakeUpstream, answer: dict[str,
 
 
 @dataclass
-class Console:
-    """The proxy, its admin listener's address, and a browser-like session (cookies kept)."""
+class Reviewer:
+    """An admin listener's address and a browser-like session to it (cookies kept)."""
 
-    px: RunningProxy
     url: str
     http: aiohttp.ClientSession
 
@@ -75,6 +79,13 @@ class Console:
         return status
 
 
+@dataclass
+class Console(Reviewer):
+    """A reviewer of the proxy ``px`` (served in this process)."""
+
+    px: RunningProxy
+
+
 @asynccontextmanager
 async def console_proxy(tmp_path: Path, fake: FakeUpstream, **policy: Any) -> AsyncIterator[Console]:
     port = free_port()
@@ -88,4 +99,4 @@ async def console_proxy(tmp_path: Path, fake: FakeUpstream, **policy: Any) -> As
         ) as px,
         aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
     ):
-        yield Console(px, f"http://127.0.0.1:{port}", http)
+        yield Console(url=f"http://127.0.0.1:{port}", http=http, px=px)

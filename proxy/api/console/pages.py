@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 import structlog
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from proxy.api.app_keys import METRICS
 from proxy.api.console.session import ConsoleSession
+from proxy.state.review_queue import PendingReview
 
 log = structlog.get_logger("proxy.review_console")
 
@@ -39,13 +41,22 @@ SESSION = web.RequestKey("console_session", ConsoleSession)
 
 def environment() -> jinja2.Environment:
     """The templates shipped in the package, every value escaped unless marked safe (none is)."""
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("proxy.api.console", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.globals["href"] = item_href
+    return env
+
+
+def item_href(item: PendingReview, action: str = "") -> str:
+    """The console path of ``item`` (``action``: verdict, override); a stream item names its entry."""
+    path = f"{BASE}items/{quote(item.client, safe='')}/{quote(item.trace_id, safe='')}"
+    path += f"/{action}" if action else ""
+    return path + (f"?entry={quote(item.entry, safe='')}" if item.entry else "")
 
 
 def page(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from importlib import resources
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.api.app_keys import FEEDBACK, REVIEW_QUEUE, SETTINGS, runtime_of
+from proxy.api.app_keys import FEEDBACK, REVIEW_QUEUE, REVIEW_STREAMS, SETTINGS, runtime_of
 from proxy.api.app_keys import SESSION as HTTP_SESSION
 from proxy.api.console import diagram, tree
 from proxy.api.console.pages import BASE, COOKIE_PATH, LOGIN, SESSION, audit, page, see_other
@@ -29,7 +30,15 @@ from proxy.api.console.session import (
 from proxy.api.feedback import NOTE_MAX, VERDICT_SCORES, Verdict, admin_record, apply_verdict
 from proxy.calibration.reliability import from_records, render
 from proxy.state.feedback import MemoryFeedbackStore, RedisFeedbackStore, scan_records
-from proxy.state.review_queue import PendingReview
+from proxy.state.review_queue import (
+    GONE,
+    ClosedReview,
+    MemoryItems,
+    PendingReview,
+    QueueUnavailable,
+    ReviewItems,
+)
+from proxy.state.review_stream import ENTRY_ID
 
 OVERRIDES = ("accept", "reject")
 AGES = {"": None, "1h": 3600.0, "24h": 86_400.0, "7d": 7 * 86_400.0}
@@ -114,22 +123,52 @@ class Filters:
         )
 
 
+def review_items(request: web.Request) -> ReviewItems:
+    """Where the queue is: the policy's Redis review stream when that is its sink and the proxy
+    has ``--redis-url`` (every replica's items), else this process's queue."""
+    review = runtime_of(request).policy.review
+    if review.sink == "redis-stream" and REVIEW_STREAMS in request.app:
+        return request.app[REVIEW_STREAMS].items(review.stream)
+    return MemoryItems(request.app[REVIEW_QUEUE])
+
+
+def unavailable(request: web.Request) -> web.Response:
+    """Redis is not answering: said on a page (503), never a server error."""
+    return page(
+        request,
+        "refused.html",
+        503,
+        reason="Redis is not answering: the shared review queue cannot be read or changed now. "
+        "Nothing was recorded; try again shortly.",
+        degraded=True,
+    )
+
+
 async def queue_page(request: web.Request) -> web.Response:
-    queue = request.app[REVIEW_QUEUE]
+    items = review_items(request)
     filters, now = Filters.of(request), time.time()
-    pending = [item for item in queue.pending() if filters.keeps(item, now)]
-    closed = [
-        c
-        for c in queue.closed()
-        if filters.keeps(c.item, now) and filters.decision in ("", "closed", c.outcome)
-    ]
+    older = request.query.get("older", "")
+    try:
+        listing = await items.page(
+            lambda item: filters.keeps(item, now), older if ENTRY_ID.fullmatch(older) else None
+        )
+        closed = [
+            c
+            for c in await items.closed()
+            if filters.keeps(c.item, now) and filters.decision in ("", "closed", c.outcome)
+        ]
+    except QueueUnavailable:
+        return unavailable(request)
     runtime = runtime_of(request)
+    query = {"module": filters.module, "tier": filters.tier, "age": filters.age, "decision": filters.decision}
     return page(
         request,
         "queue.html",
-        items=[] if filters.decision not in ("", "pending") else pending,
+        items=[] if filters.decision not in ("", "pending") else listing.items,
         closed=closed if filters.decision else [],
-        total=len(queue),
+        total=listing.total,
+        older=BASE + "?" + urlencode({**query, "older": listing.older}) if listing.older else None,
+        source=runtime.policy.review.stream if items.shared else None,
         filters=filters,
         modules=runtime.registry.names(),
         tiers=sorted(runtime.policy.tiers),
@@ -139,8 +178,9 @@ async def queue_page(request: web.Request) -> web.Response:
     )
 
 
-def _item(request: web.Request) -> PendingReview | None:
-    return request.app[REVIEW_QUEUE].get(request.match_info["client"], request.match_info["trace_id"])
+async def _item(request: web.Request, items: ReviewItems) -> PendingReview | None:
+    match = request.match_info
+    return await items.item(match["client"], match["trace_id"], request.query.get("entry", ""))
 
 
 def _gone(request: web.Request) -> web.Response:
@@ -149,13 +189,28 @@ def _gone(request: web.Request) -> web.Response:
     )
 
 
-async def item_page(request: web.Request) -> web.Response:
-    item = _item(request)
-    if item is None:
+def _taken(request: web.Request, prior: ClosedReview) -> web.Response:
+    """Another reviewer's judgement or override came first: theirs stands, this one is not recorded."""
+    if prior.outcome == GONE:
         return _gone(request)
-    pending = list(request.app[REVIEW_QUEUE].pending())
-    at = next(i for i, p in enumerate(pending) if p.key == item.key)
-    neighbours = (pending[at - 1] if at else None, pending[at + 1] if at + 1 < len(pending) else None)
+    return page(
+        request,
+        "refused.html",
+        409,
+        reason=f"Already closed by {prior.by} ({prior.outcome}): that judgement stands, "
+        "yours was not recorded.",
+    )
+
+
+async def item_page(request: web.Request) -> web.Response:
+    items = review_items(request)
+    try:
+        item = await _item(request, items)
+        if item is None:
+            return _gone(request)
+        previous, following = await items.neighbours(item)
+    except QueueUnavailable:
+        return unavailable(request)
     return page(
         request,
         "item.html",
@@ -165,8 +220,8 @@ async def item_page(request: web.Request) -> web.Response:
         verdicts=list(VERDICT_SCORES),
         overrides=OVERRIDES,
         note_max=NOTE_MAX,
-        previous=neighbours[0],
-        next=neighbours[1],
+        previous=previous,
+        next=following,
         now=time.time(),
     )
 
@@ -177,38 +232,47 @@ def _note(form: object) -> str | None:
 
 
 async def judge(request: web.Request) -> web.StreamResponse:
-    """A verdict through ``POST /v1/feedback``'s path (``source: review``); closes the item."""
-    item = _item(request)
-    if item is None:
-        return _gone(request)
+    """A verdict through ``POST /v1/feedback``'s path (``source: review``); closes the item. The
+    item is claimed first: of two reviewers judging it, one verdict is recorded, the other told."""
+    items = review_items(request)
     form = await request.post()
     verdict = form.get("verdict")
-    if not isinstance(verdict, str) or verdict not in VERDICT_SCORES:
-        return page(
-            request, "refused.html", 400, reason=f"verdict must be one of {', '.join(VERDICT_SCORES)}"
-        )
-    note = _note(form)
-    runtime = runtime_of(request)
-    record = await admin_record(request.app[FEEDBACK], item.trace_id, item.client)
-    if record is None:
+    try:
+        item = await _item(request, items)
+        if item is None:
+            return _gone(request)
+        if not isinstance(verdict, str) or verdict not in VERDICT_SCORES:
+            return page(
+                request, "refused.html", 400, reason=f"verdict must be one of {', '.join(VERDICT_SCORES)}"
+            )
+        record = await admin_record(request.app[FEEDBACK], item.trace_id, item.client)
+        if record is None:
+            audit(
+                request,
+                "judge",
+                "failed",
+                trace_id=item.trace_id,
+                client=item.client,
+                reason="no feedback record",
+            )
+            return page(
+                request,
+                "refused.html",
+                404,
+                reason="No answer record to judge (outside the feedback window, or no model answered): "
+                "override instead.",
+            )
+        admin = request[SESSION].admin
+        prior = await items.claim(item, verdict, admin, time.time())
+    except QueueUnavailable:
+        return unavailable(request)
+    if prior is not None:
         audit(
-            request,
-            "judge",
-            "failed",
-            trace_id=item.trace_id,
-            client=item.client,
-            reason="no feedback record",
+            request, "judge", "refused", trace_id=item.trace_id, client=item.client, reason="closed already"
         )
-        return page(
-            request,
-            "refused.html",
-            404,
-            reason="No answer record to judge (outside the feedback window, or no model answered): "
-            "override instead.",
-        )
-    asked = Verdict(item.trace_id, verdict, VERDICT_SCORES[verdict], "review", note, item.client)
-    await apply_verdict(request.app, runtime, record, asked)
-    request.app[REVIEW_QUEUE].close(item.client, item.trace_id, verdict, request[SESSION].admin, time.time())
+        return _taken(request, prior)
+    asked = Verdict(item.trace_id, verdict, VERDICT_SCORES[verdict], "review", _note(form), item.client)
+    await apply_verdict(request.app, runtime_of(request), record, asked)
     audit(
         request,
         "judge",
@@ -223,18 +287,31 @@ async def judge(request: web.Request) -> web.StreamResponse:
 
 async def override(request: web.Request) -> web.StreamResponse:
     """The reviewer's decision in place of ``review``: recorded, closed, and sent to the
-    policy's review webhook when it names one."""
-    item = _item(request)
-    if item is None:
-        return _gone(request)
+    policy's review webhook when it names one (by the reviewer whose claim closed the item)."""
+    items = review_items(request)
     form = await request.post()
     decision = form.get("decision")
-    if decision not in OVERRIDES:
-        return page(request, "refused.html", 400, reason="decision must be accept or reject")
-    assert isinstance(decision, str)
     admin = request[SESSION].admin
+    try:
+        item = await _item(request, items)
+        if item is None:
+            return _gone(request)
+        if not isinstance(decision, str) or decision not in OVERRIDES:
+            return page(request, "refused.html", 400, reason="decision must be accept or reject")
+        prior = await items.claim(item, decision, admin, time.time())
+    except QueueUnavailable:
+        return unavailable(request)
+    if prior is not None:
+        audit(
+            request,
+            "override",
+            "refused",
+            trace_id=item.trace_id,
+            client=item.client,
+            reason="closed already",
+        )
+        return _taken(request, prior)
     forwarded = await _forward(request, item, decision, admin, _note(form))
-    request.app[REVIEW_QUEUE].close(item.client, item.trace_id, decision, admin, time.time())
     audit(
         request,
         "override",

@@ -18,13 +18,14 @@ Any Redis failure is ``QueueUnavailable``: the console says Redis is not answeri
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from proxy.jsonshape import as_dict
 from proxy.state.cluster_slots import slot_tag
@@ -81,6 +82,7 @@ return {2}
 """
 """KEYS: the stream, the closures hash, their order; ARGV: the entry id, the closure (JSON), the
 keys' TTL, ``PRUNE_MAX``. Returns {0} gone from the stream, {1, closure} closed already, {2} closed now."""
+CLOSE_SHA = hashlib.sha1(CLOSE.encode()).hexdigest()  # Redis names a loaded script by its SHA-1
 _GONE, _TAKEN = 0, 1
 
 
@@ -240,18 +242,16 @@ class StreamItems:
         )
 
     async def claim(self, item: PendingReview, outcome: str, by: str, at: float) -> ClosedReview | None:
-        answer = await self._call(
-            "EVAL",
-            CLOSE,
-            3,
-            self._stream,
-            self._closures,
-            self._order,
-            item.entry,
-            closure(item, outcome, by, at),
-            CLOSED_TTL_S,
-            PRUNE_MAX,
-        )
+        keys = (self._stream, self._closures, self._order)
+        args = (item.entry, closure(item, outcome, by, at), CLOSED_TTL_S, PRUNE_MAX)
+        try:  # EVALSHA, the script loaded when Redis lacks it (the documented ACL rule has no EVAL)
+            try:
+                answer = await self._redis.evalsha(CLOSE_SHA, len(keys), *keys, *args)
+            except NoScriptError:
+                await self._redis.script_load(CLOSE)
+                answer = await self._redis.evalsha(CLOSE_SHA, len(keys), *keys, *args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise QueueUnavailable(f"Redis did not answer EVALSHA: {type(exc).__name__}") from exc
         if int(answer[0]) == _GONE:
             return ClosedReview(item, GONE, "", at)
         if int(answer[0]) == _TAKEN:

@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.installed-stamp
 # `make run PORT=8081` or `COGPROXY_PORT=8081 make run` (likewise HOST / COGPROXY_HOST)
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
+# the review console's listener (/review/, /healthz, /readyz, /metrics): the next port by default
+ADMIN_PORT ?= $(or $(COGPROXY_ADMIN_PORT),$(shell expr $(PORT) + 1))
 
 .PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures clean
 
@@ -17,9 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## run: the proxy on $(HOST):$(PORT) with the embedded default (offline demo provider: no API key, no Redis)
+## run: the proxy on $(HOST):$(PORT) with the embedded default (offline demo provider: no API key, no Redis),
+## and the review console on $(HOST):$(ADMIN_PORT) behind an admin key made up at each start (printed once;
+## in the environment, not on the command line)
 run: install
-	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host $(HOST) --port $(PORT) --log-format console
+	@key=$$($(BIN)/python -c 'import secrets; print("sk-demo-admin-" + secrets.token_urlsafe(24))'); \
+	echo "Review console: http://$(HOST):$(ADMIN_PORT)/review/ - log in with the demo admin key $$key (a new one each start)"; \
+	COGPROXY_ADMIN_KEYS=$$key exec $(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host $(HOST) --port $(PORT) --admin-port $(ADMIN_PORT) --log-format console
 
 ## redis-server: the suite and the benchmark start their own on a free port; installed here when missing
 redis-server:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.jsonshape import as_dict
+from proxy.retained import retained
 
 QUEUE_MAX_ITEMS = 1000
 """Pending items kept; a person reviews tens an hour, so a thousand is days of backlog."""
@@ -29,6 +30,9 @@ CLOSED_KEPT = 200
 """Closed items listed (their outcome and who closed them), envelopes dropped."""
 ITEM_OVERHEAD_BYTES = 1024
 """What an item costs besides its envelope (the dataclass, its strings, the index)."""
+BOUND_BYTES = QUEUE_MAX_BYTES + CLOSED_KEPT * ITEM_OVERHEAD_BYTES
+"""The most a queue holds: its pending items within the byte bound, and the closed ones it lists
+(``proxy.memory_budget``)."""
 
 ItemKey = tuple[str, str]
 """(client identity, trace id)."""
@@ -119,6 +123,10 @@ class ReviewQueue:
         on_evict: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._items: OrderedDict[ItemKey, PendingReview] = OrderedDict()
+        """Without their envelopes: those are in ``_envelopes``, serialized."""
+        self._envelopes: dict[ItemKey, bytes] = {}
+        """Serialized and right-sized: what the byte bound counts is what is held (a parsed
+        envelope takes twice its JSON or more)."""
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -135,17 +143,17 @@ class ReviewQueue:
     def add(self, record: Mapping[str, Any]) -> None:
         """Queue the review sink's ``record`` (never raises for a record the sink accepts)."""
         try:
-            size = len(orjson.dumps(record.get("envelope")))
+            raw = orjson.dumps(record.get("envelope"))
         except orjson.JSONEncodeError:  # nested past orjson's depth: shown as too large to keep
-            size = self._max_bytes
-        item = pending_from_record(record, size)
-        cost = size + ITEM_OVERHEAD_BYTES
-        if cost > self._max_bytes:
-            item = _without_envelope(item)
-            cost = ITEM_OVERHEAD_BYTES
+            raw = b"x" * (self._max_bytes + 1)
+        item = replace(pending_from_record(record, len(raw)), envelope={})
+        if len(raw) + ITEM_OVERHEAD_BYTES > self._max_bytes:
+            raw = orjson.dumps({TOO_LARGE: len(raw)})
+            item = replace(item, size=len(raw))
         self._drop(item.key)
         self._items[item.key] = item
-        self._bytes += cost
+        self._envelopes[item.key] = retained(raw)
+        self._bytes += _cost(item)
         evicted = 0
         while len(self._items) > self._max_items or self._bytes > self._max_bytes:
             self._drop(next(iter(self._items)))
@@ -156,18 +164,23 @@ class ReviewQueue:
     def _drop(self, key: ItemKey) -> PendingReview | None:
         item = self._items.pop(key, None)
         if item is not None:
+            del self._envelopes[key]
             self._bytes -= _cost(item)
         return item
 
     def get(self, client: str, trace_id: str) -> PendingReview | None:
-        return self._items.get((client, trace_id))
+        """The pending item with its envelope."""
+        item = self._items.get((client, trace_id))
+        if item is None:
+            return None
+        return replace(item, envelope=as_dict(orjson.loads(self._envelopes[item.key])))
 
     def close(self, client: str, trace_id: str, outcome: str, by: str, at: float) -> PendingReview | None:
         """Take the item out of the queue, judged or overridden (``outcome``) by ``by``; None when
         it was not there."""
         item = self._drop((client, trace_id))
         if item is not None:
-            self._closed.appendleft(ClosedReview(replace(item, envelope={}, size=0), outcome, by, at))
+            self._closed.appendleft(ClosedReview(replace(item, size=0), outcome, by, at))
         return item
 
     def closed(self) -> tuple[ClosedReview, ...]:
@@ -175,16 +188,11 @@ class ReviewQueue:
         return tuple(self._closed)
 
     def pending(self) -> Iterable[PendingReview]:
-        """Oldest first."""
+        """Oldest first, without their envelopes (``get`` has them)."""
         return tuple(self._items.values())
 
 
 TOO_LARGE = "envelope_too_large"
-
-
-def _without_envelope(item: PendingReview) -> PendingReview:
-    """An item whose envelope alone passes the byte bound: kept, its envelope replaced by a note."""
-    return replace(item, envelope={TOO_LARGE: item.size}, size=0)
 
 
 def _cost(item: PendingReview) -> int:

@@ -3,8 +3,12 @@ the queue's bounds, the diagram's figures."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.api.console import diagram, tree
@@ -16,8 +20,20 @@ from proxy.api.console.session import (
     read_session,
 )
 from proxy.calibration.reliability import from_records
+from proxy.memory_budget import bounds
+from proxy.policy.loader import load_policy
+from proxy.settings import Settings
 from proxy.state.feedback import AnswerRecord
-from proxy.state.review_queue import ITEM_OVERHEAD_BYTES, TOO_LARGE, ReviewQueue
+from proxy.state.review_queue import (
+    BOUND_BYTES,
+    CLOSED_KEPT,
+    ITEM_OVERHEAD_BYTES,
+    QUEUE_MAX_BYTES,
+    QUEUE_MAX_ITEMS,
+    TOO_LARGE,
+    ReviewQueue,
+)
+from tests.paths import ROOT
 
 KEY, OTHER = "sk-admin-a", "sk-admin-b"
 NOW = 1_800_000_000.0
@@ -139,6 +155,58 @@ def test_closing_an_item_takes_it_out_and_lists_who_closed_it() -> None:
         {},
     )
     assert len(queue) == 0 and queue.bytes == 0
+
+
+def code_review(n: int) -> dict[str, Any]:
+    """A code-reviewer envelope of about 2 KiB, parsed as the sink hands it over."""
+    issues = [
+        {"line": i, "severity": "minor", "message": f"issue {i} of {n}: " + "m " * 30} for i in range(10)
+    ]
+    body = {"issues": issues, "summary": "s" * 200, "verdict": "approve", "rationale": "r" * 300}
+    parsed: dict[str, Any] = orjson.loads(orjson.dumps({"ok": True, "meta": {"risk": "high"}, "data": body}))
+    return parsed
+
+
+def test_what_the_queue_holds_is_within_what_the_memory_budget_counts_for_it() -> None:
+    """A parsed envelope took 2.2 times its JSON, which the byte bound counted: envelopes are kept
+    serialized and right-sized, and each item's bookkeeping, pending or closed, is within
+    ``ITEM_OVERHEAD_BYTES``."""
+    queue = ReviewQueue(max_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(QUEUE_MAX_ITEMS):
+            queue.add(record(f"{n:032x}", code_review(n), client=f"key-{n:016x}"))
+        for n in range(CLOSED_KEPT):
+            queue.close(f"key-{n:016x}", f"{n:032x}", "correct", "admin-0123456789ab", NOW)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = queue.bytes + CLOSED_KEPT * ITEM_OVERHEAD_BYTES
+    assert held <= counted, f"{held} bytes held, {counted} counted"
+    opened = queue.get(f"key-{CLOSED_KEPT:016x}", f"{CLOSED_KEPT:032x}")
+    assert opened is not None and opened.envelope == code_review(CLOSED_KEPT)
+
+
+def test_the_memory_budget_counts_the_queue_where_the_console_keeps_one(tmp_path: Path) -> None:
+    policy_path = tmp_path / "policy.yaml"
+    demo = (ROOT / "policies" / "demo.yaml").read_text(encoding="utf-8")
+    policy_path.write_text(demo + "review: {sink: redis-stream}\n", encoding="utf-8")
+    policy = load_policy(policy_path)
+    console = {"admin_port": 9001, "admin_keys": frozenset({KEY})}
+
+    def counted(**settings: Any) -> int:
+        (row,) = [
+            b
+            for b in bounds(Settings(policy_path=policy_path, module_dirs=(), **settings), policy)
+            if "review" in b.store
+        ]
+        return row.bytes
+
+    assert counted() == 0 and counted(redis_url="redis://127.0.0.1:1/0", **console) == 0
+    assert counted(**console) == BOUND_BYTES == QUEUE_MAX_BYTES + CLOSED_KEPT * ITEM_OVERHEAD_BYTES
 
 
 def answer(confidence: float, score: float, n: int) -> AnswerRecord:

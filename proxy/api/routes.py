@@ -78,6 +78,8 @@ def register(app: web.Application, routes: Iterable[Route]) -> None:
     app[ROUTE_INDEX] = index
 
 
+CONSOLE_REST = r"/review{rest:(/.*)?}"
+"""With the console, every other path under ``/review``: its 404 is a page."""
 UNMATCHED = "/{unmatched:.*}"
 """Last on either listener: every path no row names, a 404 answered after the edge's checks, so an
 ``Expect`` on it is handled like any other (aiohttp's own handler would echo it, text/plain)."""
@@ -93,6 +95,10 @@ def register_probes(app: web.Application, console: bool = False) -> None:
     404 for every other path."""
     for route in (*PROBE_ROUTES, *(CONSOLE_ROUTES if console else ())):
         app.router.add_route(ANY_METHOD, route.path, _checked(route), expect_handler=expect_on_probes)
+    if console:
+        app.router.add_route(
+            ANY_METHOD, CONSOLE_REST, console_guard.not_found, expect_handler=expect_on_probes
+        )
     app.router.add_route(ANY_METHOD, UNMATCHED, not_found, expect_handler=expect_on_probes)
 
 
@@ -108,7 +114,7 @@ def _checked(route: Route) -> Handler:
                 return refused
         return await route.handler(request)
 
-    return handler
+    return console_guard.answers_with_pages(handler) if route.console else handler
 
 
 def _add(app: web.Application, method: str, route: Route, **options: Any) -> web.AbstractResource:

@@ -256,3 +256,62 @@ async def test_every_console_row_needs_a_session_and_none_is_on_the_api_listener
                 sample.method, console.url + sample.target, data=form, allow_redirects=False
             ) as resp:
                 assert resp.status == sample.admitted, (route.path, resp.status)
+
+
+def is_page(resp: aiohttp.ClientResponse) -> bool:
+    """An HTML page with the console's framing defences, never an OpenAI error object."""
+    policy = resp.headers.get("Content-Security-Policy", "")
+    return (
+        resp.content_type == "text/html"
+        and "frame-ancestors 'none'" in policy
+        and resp.headers.get("X-Frame-Options") == "DENY"
+    )
+
+
+async def test_every_console_answer_a_browser_shows_is_a_page_that_refuses_framing(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Login failures, unknown paths and methods under /review/, and the queue's pages: HTML with
+    ``frame-ancestors 'none'`` and ``X-Frame-Options: DENY`` (no JSON error a browser shows raw)."""
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        trace_id = await send_to_review(console.px, fake_upstream)
+        http = console.http
+        refused = [
+            ("POST", "/review/session", {"key": ADMIN}, 403),  # no login token
+            ("GET", "/review/nope", None, 404),
+            ("POST", "/review/nope/deeper", {"x": "y"}, 404),
+            ("GET", "/review", None, 404),
+            ("GET", "/review/session", None, 405),
+            ("GET", "/review/static/nope.js", None, 404),
+        ]
+        for method, path, form, status in refused:
+            async with http.request(method, console.url + path, data=form, allow_redirects=False) as resp:
+                assert (resp.status, is_page(resp)) == (status, True), (
+                    method,
+                    path,
+                    resp.status,
+                    resp.content_type,
+                )
+        token = await console.csrf("/review/login")
+        status, text, resp = await console.post("/review/session", {"csrf": token, "key": "sk-wrong"})
+        assert (status, is_page(resp)) == (403, True) and "That is not an admin key." in text
+        assert await console.login() == 303
+        item = await the_item_path(console, trace_id)
+        for path in ("/review/", "/review/login", item, "/review/reliability", "/review/items/c/t"):
+            async with http.get(console.url + path, allow_redirects=False) as resp:
+                assert is_page(resp), (path, resp.status, dict(resp.headers))
+        async with http.get(console.url + "/review/session", allow_redirects=False) as resp:
+            assert resp.headers["Allow"] == "POST"
+
+
+async def test_a_console_form_body_is_read_up_to_16_kib(fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """The admin listener reads a console form of 16 KiB at most: just under is read (a wrong key,
+    refused as one), just over is refused unread (413, a page)."""
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        for size, status in ((15 * 1024, 403), (17 * 1024, 413)):
+            token = await console.csrf("/review/login")
+            status_seen, text, resp = await console.post(
+                "/review/session", {"csrf": token, "key": "k" * size}
+            )
+            assert (status_seen, is_page(resp)) == (status, True), (size, status_seen, text[:200])
+        assert "That is not an admin key." not in text

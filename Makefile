@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.installed-stamp
 # `make run PORT=8081` or `COGPROXY_PORT=8081 make run` (likewise HOST / COGPROXY_HOST)
 PORT   ?= $(or $(COGPROXY_PORT),8080)
 HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
+# the review console's listener (/review/, /healthz, /readyz, /metrics): the next port by default
+ADMIN_PORT ?= $(or $(COGPROXY_ADMIN_PORT),$(shell expr $(PORT) + 1))
 
-.PHONY: run test test-fast lint install redis-server doc-tools node-clients conformance bench mutation dashboard-pictures clean
+.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## run: the proxy on $(HOST):$(PORT) with the embedded default (offline demo provider: no API key, no Redis)
+## run: the proxy on $(HOST):$(PORT) with the embedded default (offline demo provider: no API key, no Redis),
+## and the review console on $(HOST):$(ADMIN_PORT) behind an admin key made up at each start (printed once;
+## in the environment, not on the command line)
 run: install
-	$(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host $(HOST) --port $(PORT) --log-format console
+	@key=$$($(BIN)/python -c 'import secrets; print("sk-demo-admin-" + secrets.token_urlsafe(24))'); \
+	echo "Review console: http://$(HOST):$(ADMIN_PORT)/review/ - log in with the demo admin key $$key (a new one each start)"; \
+	COGPROXY_ADMIN_KEYS=$$key exec $(BIN)/cogproxy serve --policy policies/demo.yaml --modules modules --host $(HOST) --port $(PORT) --admin-port $(ADMIN_PORT) --log-format console
 
 ## redis-server: the suite and the benchmark start their own on a free port; installed here when missing
 redis-server:
@@ -33,12 +39,20 @@ doc-tools:
 		(apt-get install -y -qq $$tool >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $$tool; }); } || \
 		{ echo "$$tool is missing: apt-get install -y $$tool"; exit 1; }; done
 
+## browser: Debian's chromium and its driver, which the review console's browser test drives (Selenium,
+## /usr/bin/chromedriver: nothing downloaded at run time); installed here when missing, the test skipped where they cannot be
+browser:
+	@{ command -v chromium >/dev/null 2>&1 && test -x /usr/bin/chromedriver; } || { command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }); } || \
+		echo "chromium is missing (apt-get install -y chromium chromium-driver): the review console's browser test will be skipped"
+
 ## test: set everything up and run the whole suite
-test: install redis-server doc-tools node-clients
+test: install redis-server doc-tools browser node-clients
 	$(BIN)/python -m pytest
 
 ## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core, hypothesis profile `fast` (25 examples)
-test-fast: install redis-server doc-tools node-clients
+test-fast: install redis-server doc-tools browser node-clients
 	$(BIN)/python -m pytest -m "not slow" -n auto -q --hypothesis-profile=fast
 
 ## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm

@@ -19,6 +19,8 @@ from proxy.api.app_keys import (
     METRICS,
     OUTBOX,
     REDACT_NAMES,
+    REVIEW_QUEUE,
+    REVIEW_STREAMS,
     ROUTER,
     RUNTIME,
     SESSION,
@@ -28,6 +30,8 @@ from proxy.api.app_keys import (
 )
 from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget
+from proxy.api.console import pages as console_pages
+from proxy.api.console.pages import TEMPLATES
 from proxy.api.errors import error_middleware
 from proxy.api.media import MEDIA_CACHES, MediaCaches
 from proxy.api.middleware import echo_trace_id, edge_middleware
@@ -38,7 +42,7 @@ from proxy.observability.metrics import Metrics
 from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
-from proxy.review import build_sink
+from proxy.review import QueueingSink, RedisStreamSink, build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
 from proxy.settings import Settings
@@ -47,6 +51,8 @@ from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedba
 from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
 from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_store import RedisBreakerStore
+from proxy.state.review_queue import ReviewQueue
+from proxy.state.review_stream import ReviewStreams
 from proxy.state.store import BreakerStore
 from proxy.upstream.breaker import Breakers
 from proxy.upstream.http import USER_AGENT, upstream_session
@@ -57,13 +63,20 @@ log = structlog.get_logger("proxy.app")
 
 PROBE_MAX_BODY_BYTES = 1024
 """The probe listener's routes take no body: anything larger is refused unread (413)."""
+CONSOLE_MAX_BODY_BYTES = 16 * 1024
+"""With the review console: its largest form, a verdict with a 1,000-character note, URL-encoded."""
 
 
 def load_runtime(
-    settings: Settings, session: aiohttp.ClientSession, metrics: Metrics, outbox: RedisOutbox | None
+    settings: Settings,
+    session: aiohttp.ClientSession,
+    metrics: Metrics,
+    outbox: RedisOutbox | None,
+    queue: ReviewQueue | None = None,
 ) -> Runtime:
-    """Policy, modules, provider clients and review sink; raises ``PolicyError`` for a bad
-    policy. A broken module is reported with its path and reason and the others still load."""
+    """Policy, modules, provider clients and review sink (its records also in ``queue``, the review
+    console's, when given); raises ``PolicyError`` for a bad policy. A broken module is reported
+    with its path and reason and the others still load."""
     policy = load_policy(settings.policy_path)
     for provider in policy.providers.values():
         missing = provider.api_key_env and not os.environ.get(provider.api_key_env)
@@ -77,6 +90,8 @@ def load_runtime(
         outbox,
         on_failure=lambda kind: metrics.review_sink_failures.labels(kind).inc(),
     )
+    if queue is not None and not isinstance(sink, RedisStreamSink):  # the console reads the stream
+        sink = QueueingSink(sink, queue.add)
     return Runtime(policy, registry, build_providers(policy, session), sink)
 
 
@@ -119,7 +134,12 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     app[FEEDBACK] = feedback_store
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
+    streams = ReviewStreams(settings.redis) if settings.redis and settings.serves_console else None
+    if streams is not None:  # the console reads the review stream when the policy's sink is it
+        app[REVIEW_STREAMS] = streams
     yield
+    if streams is not None:
+        await streams.aclose()
     await context.aclose()
     await feedback_store.aclose()
     if outbox is not None:
@@ -184,7 +204,7 @@ def _outbox(app: web.Application, redis: RedisOptions) -> RedisOutbox:
 def _load_first(app: web.Application, outbox: RedisOutbox | None) -> None:
     """The start-up runtime, logged and installed. A function of its own: a local of the
     lifecycle generator below would keep this runtime alive for good after a reload retires it."""
-    current = load_runtime(app[SETTINGS], app[SESSION], app[METRICS], outbox)
+    current = load_runtime(app[SETTINGS], app[SESSION], app[METRICS], outbox, app.get(REVIEW_QUEUE))
     for problem in current.registry.problems:
         log.warning("proxy.module_load_failed", path=str(problem.path), reason=problem.reason)
     app[RUNTIME].current = current
@@ -198,7 +218,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
     reloader = Reloader(
         settings,
         app[RUNTIME],
-        lambda: load_runtime(settings, app[SESSION], app[METRICS], outbox),
+        lambda: load_runtime(settings, app[SESSION], app[METRICS], outbox, app.get(REVIEW_QUEUE)),
         app[METRICS],
     )
     retired: set[asyncio.Task[None]] = set()
@@ -251,6 +271,8 @@ def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
     app[MEDIA_CACHES] = MediaCaches()
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
+    if settings.serves_console:
+        app[REVIEW_QUEUE] = ReviewQueue(on_evict=app[METRICS].review_queue_evicted.inc)
     app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx])
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
@@ -269,13 +291,24 @@ def build_probe_app(app: web.Application) -> web.Application:
     """The probe listener's application (``--admin-port``): the main app's health, readiness and
     metrics handlers (``routes.PROBE_ROUTES``) on the same runtime and registry; every other path
     is a 404 in OpenAI's format."""
-    probe = web.Application(middlewares=[error_middleware], client_max_size=PROBE_MAX_BODY_BYTES)
+    console = REVIEW_QUEUE in app
+    probe = web.Application(
+        middlewares=[error_middleware],
+        client_max_size=CONSOLE_MAX_BODY_BYTES if console else PROBE_MAX_BODY_BYTES,
+    )
     probe[RUNTIME] = app[RUNTIME]
     probe[METRICS] = app[METRICS]
     probe[SETTINGS] = app[SETTINGS]
     if OUTBOX in app:  # built in _state_ctx, which starts before _probe_ctx
         probe[OUTBOX] = app[OUTBOX]
-    routes.register_probes(probe)
+    if console:  # the review console: verdicts through the same store, overrides to the webhook
+        probe[REVIEW_QUEUE] = app[REVIEW_QUEUE]
+        if REVIEW_STREAMS in app:
+            probe[REVIEW_STREAMS] = app[REVIEW_STREAMS]
+        probe[FEEDBACK] = app[FEEDBACK]
+        probe[SESSION] = app[SESSION]
+        probe[TEMPLATES] = console_pages.environment()
+    routes.register_probes(probe, console)
     return probe
 
 

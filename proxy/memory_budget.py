@@ -20,6 +20,7 @@ from proxy.context.store import MEMORY_ENTRY_OVERHEAD_BYTES, MEMORY_MAX_BYTES, M
 from proxy.policy.model import Policy
 from proxy.settings import MiB, Settings
 from proxy.state.feedback import RECORD_MAX_BYTES
+from proxy.state.review_queue import BOUND_BYTES as REVIEW_QUEUE_BYTES
 
 BASELINE_BYTES = 72 * MiB
 """A worker's RSS with every store empty, after warm-up: interpreter, aiohttp, prometheus, the
@@ -42,6 +43,8 @@ class Bound:
 def bounds(settings: Settings, policy: Policy) -> tuple[Bound, ...]:
     """Each store's bound in one worker, in bytes, from the values the stores are built with."""
     context = 0 if settings.redis_url else MEMORY_MAX_BYTES + MEMORY_MAX_ENTRIES * MEMORY_ENTRY_OVERHEAD_BYTES
+    streamed = policy.review.sink == "redis-stream" and settings.redis_url  # the console reads Redis
+    review = REVIEW_QUEUE_BYTES if settings.serves_console and not streamed else 0
     return (
         Bound("baseline (measured)", "BASELINE_BYTES", BASELINE_BYTES),
         Bound("request bodies in flight", "--max-inflight-body-bytes", settings.max_inflight_body_bytes),
@@ -49,6 +52,7 @@ def bounds(settings: Settings, policy: Policy) -> tuple[Bound, ...]:
         Bound("feedback store", "feedback.max_entries", policy.feedback.max_entries * RECORD_MAX_BYTES),
         Bound("context store and result cache (0 with Redis)", "--redis-url", context),
         Bound("media cache", "media.cache_max_bytes", policy.media.cache_max_bytes),
+        Bound("review console queue (0 without it, or on the Redis stream)", "--admin-keys", review),
     )
 
 

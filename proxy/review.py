@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import aiohttp
@@ -27,10 +27,18 @@ WEBHOOK_BACKOFF = Backoff(base_ms=200.0, max_ms=5000.0)
 
 
 def review_record(
-    module: str, tier: str, trace_id: str, decision: str, envelope: dict[str, Any], client: str
+    module: str,
+    tier: str,
+    trace_id: str,
+    decision: str,
+    envelope: dict[str, Any],
+    client: str,
+    answer: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What every sink records for one answer sent to review; ``client`` is the caller's identity
-    (a name or a key hash, never a key), which an admin verdict names when trace ids collide."""
+    (a name or a key hash, never a key), which an admin verdict names when trace ids collide;
+    ``answer``: how the answer was decided (rung, target, reported and calibrated confidence,
+    the risks, cost), what the review console shows beside the envelope."""
     meta = envelope.get("meta") if isinstance(envelope.get("meta"), dict) else {}
     return {
         "module": module,
@@ -41,6 +49,7 @@ def review_record(
         "meta": meta,
         "envelope": envelope,
         "recorded_at": time.time(),
+        "answer": dict(answer or {}),
     }
 
 
@@ -93,8 +102,9 @@ class _Background(ABC):
 
 
 class RedisStreamSink:
-    """XADD to a stream (approximate MAXLEN) with fields module, tier, trace_id, decision, meta,
-    envelope (and the outbox's ``outbox_id``), through the app's Redis outbox."""
+    """XADD to a stream (approximate MAXLEN) with fields module, tier, trace_id, client, decision,
+    meta, envelope, answer (how it was decided: what the review console shows) and the outbox's
+    ``outbox_id``, through the app's Redis outbox."""
 
     def __init__(self, outbox: RedisOutbox, stream: str, maxlen: int) -> None:
         self._outbox = outbox
@@ -110,6 +120,7 @@ class RedisStreamSink:
             "decision": record["decision"],
             "meta": orjson.dumps(record["meta"]).decode(),
             "envelope": orjson.dumps(record["envelope"]).decode(),
+            "answer": orjson.dumps(record["answer"]).decode(),
         }
         if not self._outbox.put(StreamWrite(self._stream, fields, self._maxlen)):
             log.error(
@@ -178,3 +189,19 @@ def build_sink(
     if policy.sink == "webhook" and policy.url:
         return WebhookSink(session, policy.url, policy.timeout_s, policy.retries, on_failure)
     return LogSink()
+
+
+class QueueingSink:
+    """``sink``, and every record also in the review console's in-process queue (``queue(record)``):
+    for every sink but the Redis stream, which the console reads itself."""
+
+    def __init__(self, sink: ReviewSink, queue: Callable[[dict[str, Any]], None]) -> None:
+        self.sink = sink
+        self._queue = queue
+
+    async def submit(self, record: dict[str, Any]) -> None:
+        self._queue(record)
+        await self.sink.submit(record)
+
+    async def aclose(self) -> None:
+        await self.sink.aclose()

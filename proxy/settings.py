@@ -157,6 +157,11 @@ class Settings:
             )
 
     @property
+    def serves_console(self) -> bool:
+        """The review console is served on the admin listener: it has one and an admin key opens it."""
+        return self.admin_port is not None and bool(self.admin_keys)
+
+    @property
     def admin_bind_host(self) -> str:
         return self.admin_host or self.host
 

@@ -27,6 +27,9 @@ class Scope(StrEnum):
     """An admin key, always (closed when no admin key is configured); a client key is refused."""
     CLIENT_OR_ADMIN = "client-or-admin"
     """As ``CLIENT``, and an admin key too (the handler reads ``ADMIN_CALLER``)."""
+    CONSOLE = "console"
+    """A review console session: the cookie its login form sets for an admin key; a POST also
+    needs the session's CSRF token (``proxy.api.console.guard``). No bearer key opens it."""
 
 
 ANY_METHOD = "*"
@@ -47,6 +50,9 @@ class Route:
     completions): they reach the ``/v1/*`` passthrough. Otherwise the edge answers them 405."""
     probe: bool = False
     """Also served on the probe listener (``--admin-port``)."""
+    console: bool = False
+    """Served on the admin listener only (``--admin-port``, when ``--admin-keys`` opens the review
+    console), never on the API's."""
     allowed: frozenset[str] = field(init=False)
     allow_header: str = field(init=False)
     template: str = field(init=False)

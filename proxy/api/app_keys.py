@@ -14,6 +14,8 @@ from proxy.service.runtime import Runtime as Runtime
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore
 from proxy.state.outbox import RedisOutbox
+from proxy.state.review_queue import ReviewQueue
+from proxy.state.review_stream import ReviewStreams
 from proxy.upstream.router import Router
 
 
@@ -36,6 +38,11 @@ OUTBOX = web.AppKey("outbox", RedisOutbox)
 CONTEXT_STORE = web.AppKey("context_store", ContextStore)
 """Module context and the result cache: Redis with ``--redis-url``, else in-process memory."""
 REDACT_NAMES = web.AppKey("redact_names", NameMatcher)
+REVIEW_QUEUE = web.AppKey("review_queue", ReviewQueue)
+"""Answers sent to review, pending in the review console: set only when the console is served
+(``--admin-port`` and ``--admin-keys``)."""
+REVIEW_STREAMS = web.AppKey("review_streams", ReviewStreams)
+"""With the console and ``--redis-url``: it reads the policy's review stream when that is the sink."""
 
 
 def runtime_of(request: web.Request) -> Runtime:

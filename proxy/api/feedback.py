@@ -21,7 +21,8 @@ from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.service.instrument import record_verdict
-from proxy.state.feedback import AnswerRecord, with_verdict
+from proxy.service.runtime import Runtime
+from proxy.state.feedback import AnswerRecord, FeedbackStore, with_verdict
 
 VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
 SOURCE_MAX = 64
@@ -94,25 +95,41 @@ async def _record_for(request: web.Request, asked: Verdict) -> AnswerRecord | No
                 param="client",
             )
         return await store.get(request[CALLER].id, asked.trace_id)
-    found = await store.find(asked.trace_id)
-    if asked.client is not None:
-        found = [record for record in found if record.client == asked.client]
+    return await admin_record(store, asked.trace_id, asked.client)
+
+
+async def admin_record(store: FeedbackStore, trace_id: str, client: str | None) -> AnswerRecord | None:
+    """Any client's record of ``trace_id`` (an admin's verdict); ``client`` names whose when
+    several clients' answers carry it (409 when it is needed and missing)."""
+    found = await store.find(trace_id)
+    if client is not None:
+        found = [record for record in found if record.client == client]
     if len(found) > 1:
         names = ", ".join(record.client for record in found)
         raise ApiError(
             409,
-            f"Several clients' answers carry trace id {asked.trace_id!r} ({names}): name one with client",
+            f"Several clients' answers carry trace id {trace_id!r} ({names}): name one with client",
             code="ambiguous_trace",
             param="client",
         )
     return found[0] if found else None
 
 
+async def apply_verdict(
+    app: web.Application, runtime: Runtime, record: AnswerRecord, asked: Verdict
+) -> AnswerRecord:
+    """``asked`` on ``record``: stored in place of it and counted in ``cognitive_feedback_*`` (the
+    one path of a verdict: ``POST /v1/feedback`` and the review console)."""
+    judged = with_verdict(record, asked.verdict, asked.score, asked.source, asked.note)
+    await app[FEEDBACK].judged(judged)
+    record_verdict(app[METRICS], runtime.policy, judged, record)
+    return judged
+
+
 async def post_feedback(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     asked = _parse(await read_object(request))
     trace_id, verdict, score = asked.trace_id, asked.verdict, asked.score
-    store = request.app[FEEDBACK]
     record = await _record_for(request, asked)
     if record is None:
         reasons = NOT_FOUND_REASONS.format(window=runtime.policy.feedback.window_s)
@@ -123,9 +140,7 @@ async def post_feedback(request: web.Request) -> web.Response:
             param="trace_id",
         )
     request[RECORD_KEY].module = record.module
-    judged = with_verdict(record, verdict, score, asked.source, asked.note)
-    await store.judged(judged)
-    record_verdict(request.app[METRICS], runtime.policy, judged, record)
+    await apply_verdict(request.app, runtime, record, asked)
     return json_response(
         {
             "object": "feedback",

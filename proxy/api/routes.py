@@ -13,6 +13,8 @@ from aiohttp import hdrs, web
 
 from proxy.api import chat, execute, feedback, limits, meta, modules, openapi, passthrough, responses
 from proxy.api.access import ANY_METHOD, ROUTE_INDEX, Route, Scope, check_method
+from proxy.api.console import guard as console_guard
+from proxy.api.console import views as console
 from proxy.api.errors import Handler
 from proxy.api.middleware import expect_continue, expect_on_probes
 from proxy.api.refusals import EXECUTE_ROUTE
@@ -37,6 +39,18 @@ ROUTES: tuple[Route, ...] = (
     Route("/openapi.json", (GET,), Scope.CLIENT, openapi.openapi),
     Route("/v1/responses", (POST,), Scope.CLIENT, responses.create_response, shares_path=True),
     Route("/v1/usage", (GET,), Scope.ADMIN, limits.usage, shares_path=True),
+    # The review console (docs/review-console.md): the admin listener only.
+    Route("/review/login", (GET,), Scope.PUBLIC, console.login_form, console=True),
+    Route("/review/session", (POST,), Scope.PUBLIC, console.login, console=True),
+    Route("/review/logout", (POST,), Scope.CONSOLE, console.logout, console=True),
+    Route("/review/", (GET,), Scope.CONSOLE, console.queue_page, console=True),
+    Route("/review/items/{client}/{trace_id}", (GET,), Scope.CONSOLE, console.item_page, console=True),
+    Route("/review/items/{client}/{trace_id}/verdict", (POST,), Scope.CONSOLE, console.judge, console=True),
+    Route(
+        "/review/items/{client}/{trace_id}/override", (POST,), Scope.CONSOLE, console.override, console=True
+    ),
+    Route("/review/reliability", (GET,), Scope.CONSOLE, console.reliability_page, console=True),
+    Route("/review/static/{name}", (GET,), Scope.PUBLIC, console.static, console=True),
     # Last: every other /v1/* path is reverse-proxied (embeddings, files, audio, images, ...).
     # [\s\S]: a path holding an encoded CR/LF is refused by the passthrough (400), not unrouted.
     Route(r"/v1/{tail:[\s\S]*}", PROVIDER_METHODS, Scope.CLIENT, passthrough.catch_all),
@@ -45,6 +59,8 @@ ROUTES: tuple[Route, ...] = (
 
 PROBE_ROUTES: tuple[Route, ...] = tuple(route for route in ROUTES if route.probe)
 """Everything the probe listener serves: probes and Prometheus, never the keyed LLM API."""
+CONSOLE_ROUTES: tuple[Route, ...] = tuple(route for route in ROUTES if route.console)
+"""The review console, on the admin listener beside the probes when ``--admin-keys`` opens it."""
 
 
 def register(app: web.Application, routes: Iterable[Route]) -> None:
@@ -53,6 +69,8 @@ def register(app: web.Application, routes: Iterable[Route]) -> None:
     405); a row sharing its path with the passthrough takes only its own methods."""
     index: dict[web.AbstractResource, Route] = {}
     for route in routes:
+        if route.console:
+            continue  # the admin listener's (register_probes)
         methods = route.methods if route.shares_path else (ANY_METHOD,)
         for method in methods:
             index[_add(app, method, route, expect_handler=expect_continue)] = route
@@ -60,6 +78,8 @@ def register(app: web.Application, routes: Iterable[Route]) -> None:
     app[ROUTE_INDEX] = index
 
 
+CONSOLE_REST = r"/review{rest:(/.*)?}"
+"""With the console, every other path under ``/review``: its 404 is a page."""
 UNMATCHED = "/{unmatched:.*}"
 """Last on either listener: every path no row names, a 404 answered after the edge's checks, so an
 ``Expect`` on it is handled like any other (aiohttp's own handler would echo it, text/plain)."""
@@ -69,22 +89,32 @@ async def not_found(request: web.Request) -> web.StreamResponse:
     raise web.HTTPNotFound()
 
 
-def register_probes(app: web.Application) -> None:
-    """The probe listener's routes: its rows, which check their methods themselves (405 with
-    ``Allow``: the listener has no edge), then the 404 for every other path."""
-    for route in PROBE_ROUTES:
-        app.router.add_route(ANY_METHOD, route.path, _method_checked(route), expect_handler=expect_on_probes)
+def register_probes(app: web.Application, console: bool = False) -> None:
+    """The probe listener's routes: its rows (and the console's when ``console``), which check
+    their methods and scope themselves (405 with ``Allow``: the listener has no edge), then the
+    404 for every other path."""
+    for route in (*PROBE_ROUTES, *(CONSOLE_ROUTES if console else ())):
+        app.router.add_route(ANY_METHOD, route.path, _checked(route), expect_handler=expect_on_probes)
+    if console:
+        app.router.add_route(
+            ANY_METHOD, CONSOLE_REST, console_guard.not_found, expect_handler=expect_on_probes
+        )
     app.router.add_route(ANY_METHOD, UNMATCHED, not_found, expect_handler=expect_on_probes)
 
 
-def _method_checked(route: Route) -> Handler:
-    """``route``'s handler behind its method check (405 with ``Allow`` from the row)."""
+def _checked(route: Route) -> Handler:
+    """``route``'s handler behind its method check (405 with ``Allow`` from the row) and, on a
+    console row, its session and CSRF check."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         check_method(request, route)
+        if route.scope is Scope.CONSOLE:
+            refused = await console_guard.admit(request)
+            if refused is not None:
+                return refused
         return await route.handler(request)
 
-    return handler
+    return console_guard.answers_with_pages(handler) if route.console else handler
 
 
 def _add(app: web.Application, method: str, route: Route, **options: Any) -> web.AbstractResource:

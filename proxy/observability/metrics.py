@@ -179,6 +179,18 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         (),
     ),
     (
+        "review_console",
+        "cognitive_review_console_actions_total",
+        "Review console actions (login, judge, override, logout) by result (done, refused, failed).",
+        ("action", "result"),
+    ),
+    (
+        "review_queue_evicted",
+        "cognitive_review_queue_evicted_total",
+        "Pending review items dropped from the console's bounded queue before anyone judged them.",
+        (),
+    ),
+    (
         "cache",
         "cognitive_cache_total",
         "Module result cache lookups: hit (no model called), miss, bypass (Cache-Control: no-cache).",
@@ -431,6 +443,8 @@ class Metrics:
     policy_reloads: Counter
     review_sink_failures: Counter
     review_dropped: Counter
+    review_console: Counter
+    review_queue_evicted: Counter
     cache: Counter
     cache_saved_tokens: Counter
     context_redactions: Counter

@@ -35,7 +35,7 @@ from proxy.pipeline import Listener, ModuleAnswer, ModuleRun, finished, internal
 from proxy.policy.model import Policy
 from proxy.review import review_record
 from proxy.service.instrument import record_module_answer, record_module_cost
-from proxy.service.records import answer_record
+from proxy.service.records import answer_record, review_facts
 from proxy.service.runtime import Runtime
 from proxy.state.feedback import FeedbackStore
 from proxy.upstream.router import Router
@@ -188,6 +188,7 @@ def _step_runner(
                         answer.decision,
                         answer.envelope,
                         who.id,
+                        review_facts(answer),
                     )
                 )
         return answer
@@ -291,6 +292,7 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
                 answer.decision,
                 answer.envelope,
                 requester.caller.id,
+                review_facts(answer),
             )
         )
     return Answered(answer, CallReport(module.name, outcome, answer.upstream_s, fields))

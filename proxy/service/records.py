@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from proxy.module.model import Module
 from proxy.pipeline import ModuleAnswer
@@ -35,3 +36,20 @@ def answer_record(
         expires=now + policy.feedback.window_s,
         client=client,
     )
+
+
+def review_facts(answer: ModuleAnswer) -> dict[str, Any]:
+    """How an answer sent to review was decided, for the review record (the console shows it)."""
+    final = answer.final
+    facts: dict[str, Any] = {"cost_usd": answer.cost.usd}
+    if final is not None:
+        facts.update(
+            rung=final.rung,
+            target=final.target,
+            confidence=final.confidence,
+            calibrated=final.confidence if final.calibrated is None else final.calibrated,
+            risk=final.risk,
+            model_risk=final.model_risk,
+            rule_risk=final.rule_risk,
+        )
+    return facts

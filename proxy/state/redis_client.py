@@ -7,6 +7,7 @@ A purpose is what a client is for; its timeout is how long one command (and conn
 * ``limits``: the limits check on every request; past it the replica uses its local windows.
 * ``breakers``, ``context``, ``feedback``: reads on the request path; past it the store falls back.
 * ``outbox``, ``streams``: background writers (the outbox, the stream-session mirror), which retry.
+* ``review``: the review console reading the review stream (a page of entries) and closing items.
 * ``scan``: ``cogproxy calibration`` reading every feedback record, with no timeout.
 
 A URL of scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one node of a Redis
@@ -28,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
 
-Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
+Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "review", "scan"]
 
 LIMITS_TIMEOUT_S = 0.25
 """A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
@@ -41,6 +42,7 @@ TIMEOUTS_S: Mapping[Purpose, float | None] = MappingProxyType(
         "feedback": 0.25,
         "outbox": 1.0,
         "streams": 1.0,
+        "review": 1.0,
         "scan": None,
     }
 )
@@ -48,7 +50,7 @@ TIMEOUTS_S: Mapping[Purpose, float | None] = MappingProxyType(
 RETRY_AFTER_S: Mapping[Purpose, float] = MappingProxyType({"limits": 1.0, "breakers": 5.0, "context": 5.0})
 """After a failure, the stores that fall back skip Redis this long, so a dead Redis costs one
 timeout per interval, not one per request (the limits retry sooner: they are exact only in Redis)."""
-_DECODED: frozenset[Purpose] = frozenset({"breakers", "outbox"})
+_DECODED: frozenset[Purpose] = frozenset({"breakers", "outbox", "review"})
 """Purposes whose replies are read as ``str`` (the others read bytes)."""
 
 CLUSTER_SCHEMES: Mapping[str, str] = MappingProxyType({"redis+cluster": "redis", "rediss+cluster": "rediss"})

@@ -20,11 +20,11 @@ TEMPLATED = "/v1/modules/{name}/execute"
 
 def own_routes() -> set[tuple[str, str]]:
     """The operations of the route table (the passthrough's catch-all is no operation of the
-    proxy's own)."""
+    proxy's own; the review console's pages are HTML on the admin listener, not the API)."""
     return {
         (method, route.template)
         for route in ROUTES
-        if route.handler is not passthrough.catch_all
+        if route.handler is not passthrough.catch_all and not route.console
         for method in route.methods
         if method != ANY_METHOD
     }

@@ -58,6 +58,20 @@ SAMPLES: dict[str, Sample] = {
         Scope.CLIENT, "POST", "/v1/responses", 200, {"model": "gpt-4o-mini", "input": "hi"}
     ),
     "/v1/usage": Sample(Scope.ADMIN, "GET", "/v1/usage?client=nobody", 404),
+    # The review console: the admin listener's (tests/console walk it there).
+    "/review/login": Sample(Scope.PUBLIC, "GET", "/review/login", 200),
+    "/review/session": Sample(Scope.PUBLIC, "POST", "/review/session", 403),
+    "/review/logout": Sample(Scope.CONSOLE, "POST", "/review/logout", 303),
+    "/review/": Sample(Scope.CONSOLE, "GET", "/review/", 200),
+    "/review/items/{client}/{trace_id}": Sample(Scope.CONSOLE, "GET", "/review/items/c/t", 404),
+    "/review/items/{client}/{trace_id}/verdict": Sample(
+        Scope.CONSOLE, "POST", "/review/items/c/t/verdict", 404
+    ),
+    "/review/items/{client}/{trace_id}/override": Sample(
+        Scope.CONSOLE, "POST", "/review/items/c/t/override", 404
+    ),
+    "/review/reliability": Sample(Scope.CONSOLE, "GET", "/review/reliability", 200),
+    "/review/static/{name}": Sample(Scope.PUBLIC, "GET", "/review/static/console.css", 200),
     r"/v1/{tail:[\s\S]*}": Sample(Scope.CLIENT, "POST", "/v1/embeddings", 200, {"model": "e", "input": "x"}),
 }
 ADMITTED = "admitted"
@@ -82,6 +96,8 @@ REFUSALS: dict[Scope, dict[str, tuple[int, str] | str]] = {
         "wrong key": (401, "invalid_api_key"),
     },
 }
+API_ROUTES = tuple(route for route in ROUTES if not route.console)
+"""The API listener's rows (the console's are on the admin listener only)."""
 OPENING_KEY = {Scope.PUBLIC: None, Scope.CLIENT: CLIENT, Scope.ADMIN: ADMIN, Scope.CLIENT_OR_ADMIN: CLIENT}
 
 
@@ -129,7 +145,7 @@ async def test_every_route_with_every_key(fake_upstream: FakeUpstream, tmp_path:
     row's own answer; GET rows answer HEAD alike."""
     wrong: list[tuple[str, str, int, Any]] = []
     async with keyed_proxy(fake_upstream, tmp_path) as px, aiohttp.ClientSession() as session:
-        for route in ROUTES:
+        for route in API_ROUTES:
             sample = SAMPLES[route.path]
             for who, key in KEYS.items():
                 expected = REFUSALS[sample.scope][who]
@@ -153,7 +169,7 @@ async def test_a_method_a_row_does_not_list(fake_upstream: FakeUpstream, tmp_pat
     """A row owning its path answers 405 with ``Allow`` from the table (an envelope on a module
     route); on a path the provider's API shares, the method is the passthrough's, under client auth."""
     async with keyed_proxy(fake_upstream, tmp_path) as px, aiohttp.ClientSession() as session:
-        for route in ROUTES:
+        for route in API_ROUTES:
             method = next(m for m in ("DELETE", "TRACE") if not route.takes(m))  # TRACE: the passthrough's
             sample = SAMPLES[route.path]
             fake_upstream.reset()
@@ -234,7 +250,7 @@ async def test_without_keys_client_routes_are_open_and_the_admin_route_closed(
         running_proxy(tmp_path, upstream_policy(fake_upstream)) as px,
         aiohttp.ClientSession() as session,
     ):
-        for route in ROUTES:
+        for route in API_ROUTES:
             sample = SAMPLES[route.path]
             status, body, _ = await call(session, px, sample.method, sample, None)
             if route.scope is Scope.ADMIN:

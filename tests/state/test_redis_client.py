@@ -83,7 +83,7 @@ async def test_every_store_takes_its_client_from_the_factory_with_its_purpose() 
                 expected,
             )
             assert (kwargs["username"], kwargs["password"]) == ("proxy", "s3cret")
-            assert kwargs["decode_responses"] is (purpose in ("breakers", "outbox"))
+            assert kwargs["decode_responses"] is (purpose in ("breakers", "outbox", "review"))
     finally:
         for _, store, _ in stores:
             await store.aclose()
@@ -98,6 +98,7 @@ def test_the_default_timeouts_and_retry_intervals_are_the_stores_former_ones() -
         "feedback": 0.25,
         "outbox": 1.0,
         "streams": 1.0,
+        "review": 1.0,
         "scan": None,
     }
     assert {p: options.health(p).retry_after_s for p in RETRY_AFTER_S} == {

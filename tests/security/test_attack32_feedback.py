@@ -67,7 +67,7 @@ def judged_row(module: str, **changes: Any) -> list[Any]:
     return list(row.values())
 
 
-HOSTILE = {
+HOSTILE: dict[str, dict[str, Any]] = {
     "verdict without a score": {"score": None},
     "NaN confidence": {"confidence": "NaN"},
     "infinite confidence": {"confidence": "inf"},
@@ -120,7 +120,19 @@ async def test_verdicts_on_answers_past_the_daily_cap_do_not_exceed_it(module_ke
 
     def answer(n: int) -> AnswerRecord:
         return AnswerRecord(
-            f"{module}-{n}", module, "decision", "fast", "p", "x", 0.8, 0.8, "low", "accept", 0.7, now, now + 600
+            f"{module}-{n}",
+            module,
+            "decision",
+            "fast",
+            "p",
+            "x",
+            0.8,
+            0.8,
+            "low",
+            "accept",
+            0.7,
+            now,
+            now + 600,
         )
 
     try:

@@ -26,12 +26,15 @@ from tests.api.test_managed_redis import PASSWORD, documented_rule
 from tests.policy.test_loader import MINIMAL
 from tests.proxy_server import free_port
 from tests.security.test_attack32_feedback import judged_row
+from tests.support.redis_server import redis_port
 from tests.support.redis_tls import TlsRedis, tls_redis
 from tests.support.tls_certs import Certificates, make_certificates
 
 SECRET = "S3cr/etPW-attack32"
 """A password with a '/' (base64 alphabets have one): in a URL it must be percent-encoded, and an
 operator who forgets gets an error message; that message must not carry a piece of it."""
+HANG_GUARD_S = 30.0
+"""Well past any sane connect timeout, under pytest-timeout's 60 s."""
 REDIS_ENV = ("URL", "CA_FILE", "CERT_FILE", "KEY_FILE", "USERNAME", "PASSWORD", "PASSWORD_FILE")
 
 
@@ -190,3 +193,27 @@ def test_a_password_file_that_is_not_text_is_named_with_its_flag(tmp_path: Path)
     binary.write_bytes(b"\xff\xfep\x00w\x00\n\x00")  # UTF-16 with its byte-order mark
     with pytest.raises(ValueError, match=f"--redis-password-file {binary}"):
         settings_of("--redis-url", "redis://127.0.0.1:1/0", "--redis-password-file", str(binary))
+
+
+def test_calibration_against_a_redis_that_does_not_speak_tls_fails_instead_of_hanging() -> None:
+    """Finding (low): ``rediss://`` is never downgraded (good), but the ``scan`` purpose has no
+    timeout at all, connect included (``TIMEOUTS_S["scan"] = None``): ``cogproxy calibration
+    report --redis-url rediss://...`` pointed at a Redis without TLS (or at any endpoint that
+    accepts and stays silent: a wrong port, a half-open load balancer) waits in the TLS
+    handshake forever, with no output. Expected: a connect timeout, then the usual one line
+    "error: Redis at ...: ..." and exit 2. (The suite's own plain redis-server is the endpoint.)"""
+    plain_as_tls = f"rediss://127.0.0.1:{redis_port()}/15"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", "calibration", "report", "--redis-url", plain_as_tls],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+            check=False,
+            env=clean_env(),
+        )
+    except subprocess.TimeoutExpired as hung:
+        raise AssertionError(
+            f"calibration still waiting for the TLS handshake after {HANG_GUARD_S:g} s"
+        ) from hung
+    assert done.returncode == 2 and done.stderr.startswith("error: Redis at rediss://127.0.0.1:")

@@ -21,9 +21,8 @@ from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.service.instrument import record_verdict
-from proxy.state.feedback import AnswerRecord, with_verdict
+from proxy.state.feedback import VERDICT_SCORES, AnswerRecord, with_verdict
 
-VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
 SOURCE_MAX = 64
 CLIENT_MAX = 64
 """A client identity: a keys-file name (64 at most) or ``key-`` and 16 hex digits."""

@@ -98,7 +98,7 @@ def test_the_default_timeouts_and_retry_intervals_are_the_stores_former_ones() -
         "feedback": 0.25,
         "outbox": 1.0,
         "streams": 1.0,
-        "scan": None,
+        "scan": 5.0,  # calibration: an endpoint that never answers is an error (issue #32 attack)
     }
     assert {p: options.health(p).retry_after_s for p in RETRY_AFTER_S} == {
         "limits": 1.0,

@@ -109,7 +109,10 @@ def check_url(url: str) -> None:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         raise ValueError(f"--redis-url: not a Redis URL (schemes: {', '.join(s + '://' for s in SCHEMES)})")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL": a '[' left open
+        raise ValueError("--redis-url: not a URL (an unclosed '[' in the host?)") from None
     names = [piece.partition("=")[0] if "=" in piece else piece for piece in parts.query.split("&")]
     if "@" not in parts.netloc and "@" in parts.path + parts.fragment + "".join(names):
         raise ValueError(f"--redis-url: an '@' after the host ({ENCODE_HINT})")
@@ -137,7 +140,15 @@ def url_credentials(url: str) -> tuple[bool, bool]:
 def redacted(url: str) -> str:
     """``url`` with its password (if any) replaced by ``***``: the userinfo's, and every query
     option named like a password (``?password=``, ``?ssl_password=``). A URL whose userinfo ran
-    past the host (an unencoded '/', '?' or '#' in a password) loses all of it up to the last '@'."""
+    past the host (an unencoded '/', '?' or '#' in a password) loses all of it up to the last '@';
+    one that is not a URL at all, everything after its scheme."""
+    try:
+        return _redacted(url)
+    except ValueError:
+        return f"{url.partition('://')[0]}://{MASK}"
+
+
+def _redacted(url: str) -> str:
     parts = urlsplit(url)
     if "@" in parts.netloc:
         user, _, host = parts.netloc.rpartition("@")
@@ -146,7 +157,7 @@ def redacted(url: str) -> str:
     elif "@" in url.partition("://")[2]:
         scheme, sep, rest = url.partition("://")
         parts = urlsplit(f"{scheme}{sep}{MASK}@{rest.rpartition('@')[2]}")
-    if "password" in parts.query.lower():
+    if parts.query:
         pieces = (piece.partition("=") for piece in parts.query.split("&"))
         query = "&".join(
             f"{name}={MASK}" if "password" in unquote(name).lower() else f"{name}{eq}{value}"

@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
 
-from proxy.state.redis_access import CLUSTER_SCHEMES, check_url
+from proxy.state.redis_access import CLUSTER_SCHEMES, TLS_SCHEMES, check_url
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
 
@@ -86,7 +86,7 @@ class RedisOptions:
     def __post_init__(self) -> None:
         check_url(self.url)
         tls_files = (self.ssl_ca_certs, self.ssl_certfile, self.ssl_keyfile)
-        if any(tls_files) and not node_url(self.url)[0].startswith("rediss://"):
+        if any(tls_files) and self.url.partition("://")[0].lower() not in TLS_SCHEMES:
             raise ValueError("Redis TLS files need a rediss:// (or rediss+cluster://) URL")
         for purpose, seconds in self.timeouts_s.items():
             if seconds is not None and seconds <= 0:

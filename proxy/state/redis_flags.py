@@ -66,7 +66,8 @@ ACCESS_FLAGS = (
         "there is no password flag: a command line shows in ps)",
     ),
 )
-_TLS_FLAGS = ("--redis-ca-file", "--redis-cert-file", "--redis-key-file")
+_TLS_FLAGS = ACCESS_FLAGS[:3]
+"""The CA, certificate and key files."""
 
 
 class RedisAccess(TypedDict):
@@ -131,7 +132,7 @@ def check_access(url: str | None, args: argparse.Namespace) -> RedisAccess:
     files readable and valid PEM, TLS only with a TLS URL, each credential given once (a URL's would
     silently win over a flag's). ``ValueError`` naming the flag, never showing a password."""
     refuse_password_flag(args)
-    files = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) or None for flag in _TLS_FLAGS}
+    files = {option.flag: getattr(args, option.dest) or None for option in _TLS_FLAGS}
     tls = [flag for flag, value in files.items() if value]
     from_env = env(PASSWORD_ENV)
     if args.redis_password_file and from_env:

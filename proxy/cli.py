@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
-from urllib.parse import urlsplit
+from typing import Any
 
 import orjson
 
@@ -68,8 +67,8 @@ from proxy.settings import (
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
-from proxy.state.redis_access import check_tls_files, read_password_file
 from proxy.state.redis_client import LIMITS_TIMEOUT_S
+from proxy.state.redis_flags import ACCESS_FLAGS, add_refused_password_flag, check_access
 from proxy.state.spool import adopt_spools, spool_dir_of
 from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
 from proxy.upstream.breaker import Breakers
@@ -300,9 +299,6 @@ def _boolean(text: str) -> bool:
     raise ValueError(text)
 
 
-REDIS_PASSWORD_ENV = "REDIS_PASSWORD"
-"""``COGPROXY_REDIS_PASSWORD``: the Redis password from the environment (e.g. a Secret's key)."""
-
 SERVE_OPTIONS = (
     ServeOption("--policy", "POLICY", str, None, "policy YAML"),
     ServeOption("--host", "HOST", str, "127.0.0.1", "bind address"),
@@ -410,31 +406,7 @@ SERVE_OPTIONS = (
         LIMITS_TIMEOUT_S,
         "seconds a limit check waits for Redis before this replica falls back to its local windows",
     ),
-    ServeOption(
-        "--redis-ca-file",
-        "REDIS_CA_FILE",
-        str,
-        None,
-        "PEM CA certificates the Redis server's certificate must chain to (needs a rediss:// URL); "
-        "unset: the system's",
-    ),
-    ServeOption(
-        "--redis-cert-file",
-        "REDIS_CERT_FILE",
-        str,
-        None,
-        "PEM client certificate, for a Redis that checks clients' certificates (rediss://)",
-    ),
-    ServeOption("--redis-key-file", "REDIS_KEY_FILE", str, None, "PEM private key of --redis-cert-file"),
-    ServeOption("--redis-username", "REDIS_USERNAME", str, None, "Redis ACL user; unset: default"),
-    ServeOption(
-        "--redis-password-file",
-        "REDIS_PASSWORD_FILE",
-        str,
-        None,
-        f"file whose first line is the Redis ACL user's password (or set COGPROXY_{REDIS_PASSWORD_ENV}; "
-        "there is no password flag: a command line shows in ps)",
-    ),
+    *(ServeOption(access.flag, access.env, str, None, access.help) for access in ACCESS_FLAGS),
     ServeOption(
         "--spool-dir",
         "SPOOL_DIR",
@@ -575,64 +547,6 @@ def _redact_names(text: str | None) -> dict[str, tuple[str, ...]]:
     return {"context_redact_names": names} if names else {}
 
 
-class RedisAccess(TypedDict):
-    """The ``Settings`` fields of Redis TLS and ACL, as ``serve``'s flags give them."""
-
-    redis_ca_file: Path | None
-    redis_cert_file: Path | None
-    redis_key_file: Path | None
-    redis_username: str | None
-    redis_password: str | None
-
-
-def _redis_access(args: argparse.Namespace) -> RedisAccess:
-    """TLS files and ACL credentials for ``--redis-url``, checked: files readable and valid PEM,
-    TLS only with rediss://, a password given once (a URL's would silently win over a file's)."""
-    if args.redis_password is not None:
-        raise ValueError(
-            "--redis-password is refused: a password on the command line shows in ps and in "
-            f"manifests; use --redis-password-file FILE or COGPROXY_{REDIS_PASSWORD_ENV}"
-        )
-    url: str = args.redis_url or ""
-    files = {
-        "--redis-ca-file": args.redis_ca_file,
-        "--redis-cert-file": args.redis_cert_file,
-        "--redis-key-file": args.redis_key_file,
-    }
-    tls = [flag for flag, value in files.items() if value]
-    from_env = _env(REDIS_PASSWORD_ENV) or None
-    if args.redis_password_file and from_env:
-        raise ValueError(
-            f"the Redis password is given twice: --redis-password-file and COGPROXY_{REDIS_PASSWORD_ENV}"
-        )
-    given = tls + ["--redis-username"] * bool(args.redis_username)
-    given += ["a Redis password"] * bool(args.redis_password_file or from_env)
-    if given and not url:
-        raise ValueError(f"{', '.join(given)}: there is no --redis-url to use them with")
-    if tls and not url.startswith("rediss://"):
-        raise ValueError(
-            f"{', '.join(tls)} need a rediss:// --redis-url (TLS), not {url.partition(':')[0]}://"
-        )
-    in_url = urlsplit(url)
-    if (in_url.password and (args.redis_password_file or from_env)) or (
-        in_url.username and args.redis_username
-    ):
-        raise ValueError(
-            "the --redis-url carries a user or password already: give each once (the URL's would win)"
-        )
-    paths = {flag: Path(value) if value else None for flag, value in files.items()}
-    check_tls_files(*paths.values())
-    return {
-        "redis_ca_file": paths["--redis-ca-file"],
-        "redis_cert_file": paths["--redis-cert-file"],
-        "redis_key_file": paths["--redis-key-file"],
-        "redis_username": args.redis_username or None,
-        "redis_password": read_password_file(Path(args.redis_password_file))
-        if args.redis_password_file
-        else from_env,
-    }
-
-
 def serve_settings(args: argparse.Namespace) -> Settings:
     """The settings ``serve`` runs with, from its resolved flags (``resolve_serve_options``)."""
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
@@ -667,7 +581,7 @@ def serve_settings(args: argparse.Namespace) -> Settings:
         replicas_hint=args.replicas_hint,
         redis_url=args.redis_url or None,
         redis_limits_timeout_s=args.redis_limits_timeout,
-        **_redis_access(args),
+        **check_access(args.redis_url, args),
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),
         spool_dir=spool_dir_of(Path(args.spool_dir), args.worker_slot) if args.spool_dir else None,
@@ -895,13 +809,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             default=None,
             help=f"{option.help} (COGPROXY_{option.env}; default: {default})",
         )
-    p.add_argument(
-        "--redis-password",
-        default=None,
-        metavar="REFUSED",
-        help="refused (a command line shows in ps): use --redis-password-file or "
-        f"COGPROXY_{REDIS_PASSWORD_ENV}",
-    )
+    add_refused_password_flag(p)
     p.add_argument(WORKER_FLAG, type=int, default=None, help=argparse.SUPPRESS)  # set by the supervisor
     p.set_defaults(func=cmd_serve)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from proxy.clients import ClientIdentity, read_identities
 from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
 from proxy.state.redis_client import LIMITS_TIMEOUT_S, RedisOptions
+from proxy.state.redis_flags import RedisAccess, options_of
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
@@ -110,14 +111,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.redis_url:
-            redis = RedisOptions(
-                self.redis_url,
-                ssl_ca_certs=_text(self.redis_ca_file),
-                ssl_certfile=_text(self.redis_cert_file),
-                ssl_keyfile=_text(self.redis_key_file),
-                username=self.redis_username,
-                password=self.redis_password,
-            ).with_timeout("limits", self.redis_limits_timeout_s)
+            access = RedisAccess(
+                redis_ca_file=self.redis_ca_file,
+                redis_cert_file=self.redis_cert_file,
+                redis_key_file=self.redis_key_file,
+                redis_username=self.redis_username,
+                redis_password=self.redis_password,
+            )
+            redis = options_of(self.redis_url, access).with_timeout("limits", self.redis_limits_timeout_s)
             object.__setattr__(self, "redis", redis)
         if self.max_upload_bytes <= 0:
             raise ValueError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
@@ -169,10 +170,6 @@ class Settings:
     def shares_port(self) -> bool:
         """Bound with SO_REUSEPORT: one of several worker processes accepting on the port."""
         return self.workers > 1
-
-
-def _text(path: Path | None) -> str | None:
-    return None if path is None else str(path)
 
 
 def read_key_file(path: Path) -> frozenset[str]:

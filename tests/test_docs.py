@@ -112,9 +112,13 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken, broken
 
 
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def shell_commands(block: Block) -> list[list[str]]:
     """The simple commands of a shell block: continuation lines joined, `$ ` prompts honoured
-    (only prompted lines are commands then), comments dropped, split at `&&`, `||`, `|`, `;`, `&`."""
+    (only prompted lines are commands then), comments dropped, split at `&&`, `||`, `|`, `;`, `&`,
+    leading `NAME=value` assignments dropped (the command after them is the one checked)."""
     lines = block.text.replace("\\\n", " ").splitlines()
     if any(line.startswith("$ ") for line in lines):
         lines = [line[2:] for line in lines if line.startswith("$ ")]
@@ -126,7 +130,7 @@ def shell_commands(block: Block) -> list[list[str]]:
                 if words:
                     commands.append(words)
                 words = []
-            else:
+            elif words or not ENV_ASSIGNMENT.match(word):
                 words.append(word)
     return commands
 

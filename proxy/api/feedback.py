@@ -22,9 +22,8 @@ from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.service.instrument import record_verdict
 from proxy.service.runtime import Runtime
-from proxy.state.feedback import AnswerRecord, FeedbackStore, with_verdict
+from proxy.state.feedback import VERDICT_SCORES, AnswerRecord, FeedbackStore, with_verdict
 
-VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
 SOURCE_MAX = 64
 CLIENT_MAX = 64
 """A client identity: a keys-file name (64 at most) or ``key-`` and 16 hex digits."""

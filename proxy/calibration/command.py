@@ -11,6 +11,8 @@ import yaml
 from proxy.calibration.fit import Point, fit_map
 from proxy.calibration.reliability import Reliability, render
 from proxy.calibration.sources import SourceError, from_prometheus, from_redis, points_from_bins
+from proxy.state.redis_client import RedisOptions
+from proxy.state.redis_flags import URL_ENV, access_options, add_access_flags, env, refuse_unused
 
 DEFAULT_WINDOW = "7d"
 DEFAULT_MIN_VERDICTS = 100
@@ -26,11 +28,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ("fit", "propose calibration maps (isotonic regression) and print them as policy YAML", cmd_fit),
     ):
         p = commands.add_parser(name, help=help_text)
-        source = p.add_mutually_exclusive_group(required=True)
+        source = p.add_mutually_exclusive_group()
         source.add_argument("--prometheus", metavar="URL", help="read the cognitive_feedback_* counters here")
         source.add_argument(
-            "--redis-url", metavar="URL", help="read the judged answers the proxy stored here"
+            "--redis-url",
+            metavar="URL",
+            help="read the judged answers the proxy stored here (COGPROXY_REDIS_URL)",
         )
+        add_access_flags(p)  # serve's TLS and ACL flags and variables
         p.add_argument(
             "--window",
             default=DEFAULT_WINDOW,
@@ -47,19 +52,38 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         p.set_defaults(func=func)
 
 
+def _redis(args: argparse.Namespace) -> RedisOptions:
+    """``--redis-url`` (else ``COGPROXY_REDIS_URL``) with ``serve``'s access flags and variables,
+    checked as ``serve`` checks them."""
+    url = args.redis_url or env(URL_ENV)
+    if not url:
+        raise SourceError(f"give --prometheus URL or --redis-url URL (or set COGPROXY_{URL_ENV})")
+    try:
+        return access_options(url, args)
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
+
+
 async def _load(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]]:
     if args.prometheus:
+        try:
+            refuse_unused(args, "--prometheus")
+        except ValueError as exc:
+            raise SourceError(str(exc)) from None
         rel = await from_prometheus(args.prometheus, args.window, args.module)
         return rel, points_from_bins(rel)
-    return await from_redis(args.redis_url, args.module)
+    return await from_redis(_redis(args), args.module)
 
 
 def _read(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]] | None:
     try:
-        return asyncio.run(_load(args))
+        loaded = asyncio.run(_load(args))
     except SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+    if loaded[0].skipped:
+        print(f"# {loaded[0].skipped} records skipped as malformed (not counted)", file=sys.stderr)
+    return loaded
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -64,6 +64,8 @@ class Reliability:
     """(tier, decision) -> verdict count and correct count"""
     would_have_been: dict[tuple[str, str], float] = field(default_factory=dict)
     """(provider/model, tier) -> accepted answers judged incorrect that came in above the threshold"""
+    skipped: int = 0
+    """Stored records left out as malformed (Redis only: another version's, damaged, hand-edited)."""
 
     def model(self, target: str, scale: str) -> ModelReliability:
         return self.models.setdefault((target, scale), ModelReliability())

@@ -96,20 +96,31 @@ async def from_prometheus(url: str, window: str, module: str | None = None) -> R
     return rel
 
 
-async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, dict[str, list[Point]]]:
-    """The figures of the judged answers in Redis, and per target the points to fit."""
-    records = []
+async def from_redis(
+    redis: RedisOptions | str, module: str | None = None
+) -> tuple[Reliability, dict[str, list[Point]]]:
+    """The figures of the judged answers in Redis (a URL, or the options with its access), and per
+    target the points to fit; records that are not sane ones are left out and counted
+    (``Reliability.skipped``)."""
     try:
-        async for record in scan_records(RedisOptions(url)):
+        options = RedisOptions(redis) if isinstance(redis, str) else redis
+    except ValueError as exc:  # its message quotes none of the URL
+        raise SourceError(str(exc)) from None
+    records = []
+    skipped: list[str] = []
+    try:
+        async for record in scan_records(options, on_skipped=skipped.append):
             if record.verdict is not None and (module is None or record.module == module):
                 records.append(record)
     except (RedisError, OSError) as exc:
-        raise SourceError(f"Redis at {redacted(url)}: {exc}") from exc
+        raise SourceError(f"Redis at {redacted(options.url)}: {exc}") from exc
     points: dict[str, list[Point]] = {}
     for r in records:
-        assert r.score is not None
-        points.setdefault(f"{r.provider}/{r.model}", []).append(Point(r.confidence, r.score))
-    return from_records(records), points
+        if r.score is not None:  # a judged record has its score (``feedback.from_redis`` checks)
+            points.setdefault(f"{r.provider}/{r.model}", []).append(Point(r.confidence, r.score))
+    figures = from_records(records)
+    figures.skipped = len(skipped)
+    return figures, points
 
 
 def points_from_bins(rel: Reliability) -> dict[str, list[Point]]:

@@ -34,6 +34,8 @@ from proxy.state.redis_client import RedisOptions, redis_client
 
 log = structlog.get_logger("proxy.feedback")
 
+VERDICT_SCORES = {"correct": 1.0, "incorrect": 0.0, "partially_correct": 0.5}
+"""The verdicts ``POST /v1/feedback`` takes, and each one's default score."""
 KEY_PREFIX = "cogproxy:answers:"
 LEGACY_PREFIX = "cogproxy:feedback:"
 """0.3's keys (one string per trace id, no client): still read by ``scan_records`` until they
@@ -121,7 +123,7 @@ class AnswerRecord:
         doc = orjson.loads(raw)
         if not isinstance(doc, dict):
             raise TypeError("a record is a JSON object")
-        return cls(**{k: v for k, v in doc.items() if k in _FIELDS})
+        return checked(cls(**{k: v for k, v in doc.items() if k in _FIELDS}))
 
 
 _FIELDS = frozenset(f.name for f in fields(AnswerRecord))
@@ -135,38 +137,88 @@ def _cut(confidence: float) -> float:
     return near if near <= confidence else round(near - 1e-4, 4)
 
 
+def checked(record: AnswerRecord) -> AnswerRecord:
+    """``record`` if it is one this proxy could have written: names are strings, confidences and
+    the threshold finite numbers in [0, 1], a verdict one of ``VERDICT_SCORES`` with a score in
+    [0, 1] (and no score without one). ValueError or TypeError otherwise: a record read from Redis
+    is data another version, a hand edit or a partial restore may have left, and one NaN or a
+    missing score would otherwise crash or poison every figure computed from the rest."""
+    names = (record.trace_id, record.module, record.tier, record.rung, record.provider, record.model)
+    if not all(isinstance(name, str) for name in (*names, record.risk, record.decision, record.client)):
+        raise TypeError("a record's names are strings")
+    for name, value, bounded in (
+        ("confidence", record.confidence, True),
+        ("calibrated", record.calibrated, True),
+        ("min_confidence", record.min_confidence, True),
+        ("at", record.at, False),
+        ("expires", record.expires, False),
+    ):
+        _number(name, value, bounded)
+    if record.verdict is None:
+        if record.score is not None:
+            raise ValueError("a score without a verdict")
+    elif record.verdict not in VERDICT_SCORES:
+        raise ValueError("not a verdict")
+    else:
+        _number("score", record.score, bounded=True)
+    if isinstance(record.verdicts, bool) or not isinstance(record.verdicts, int) or record.verdicts < 0:
+        raise TypeError("verdicts is a count")
+    if not all(text is None or isinstance(text, str) for text in (record.source, record.note)):
+        raise TypeError("source and note are strings")
+    return record
+
+
+def _number(name: str, value: object, bounded: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is a number")
+    if not math.isfinite(value) or (bounded and not 0 <= value <= 1):
+        raise ValueError(f"{name} out of range")
+
+
+def _real(value: object) -> float:
+    """A packed number as a float; TypeError for anything else (a string "NaN" included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("a packed number")
+    return float(value)
+
+
 def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
     """The record stored as ``raw`` in the field ``client`` of ``trace_id``'s hash: ``packed``, or
     the whole record of an older version (kept the window through: they expire with it).
-    ValueError or TypeError for anything else."""
+    ValueError or TypeError for anything else, a row that is not a sane record included
+    (``checked``)."""
     row = orjson.loads(raw)
     if isinstance(row, dict):
-        return AnswerRecord(**{k: v for k, v in row.items() if k in _FIELDS})
+        return checked(AnswerRecord(**{k: v for k, v in row.items() if k in _FIELDS}))
     if not isinstance(row, list) or len(row) not in (_PACKED, _PACKED + 5):
         raise TypeError("a packed record is an array of 8 or 13 fields")
     module, tier, target, confidence, calibrated, decision, min_confidence, expires = row[:_PACKED]
-    provider, _, model = str(target).partition("/")
+    if not isinstance(target, str):
+        raise TypeError("a packed target is provider/model")
+    provider, _, model = target.partition("/")
     verdict, score, verdicts, source, note = row[_PACKED:] or (None, None, 0, None, None)
-    return AnswerRecord(
-        trace_id=trace_id,
-        module=module,
-        tier=tier,
-        rung="",
-        provider=provider,
-        model=model,
-        confidence=float(confidence),
-        calibrated=float(calibrated),
-        risk="",
-        decision=decision,
-        min_confidence=float(min_confidence),
-        at=0.0,
-        expires=float(expires),
-        client=client,
-        verdict=verdict,
-        score=None if score is None else float(score),
-        source=source,
-        note=note,
-        verdicts=int(verdicts),
+    return checked(
+        AnswerRecord(
+            trace_id=trace_id,
+            module=module,
+            tier=tier,
+            rung="",
+            provider=provider,
+            model=model,
+            confidence=_real(confidence),
+            calibrated=_real(calibrated),
+            risk="",
+            decision=decision,
+            min_confidence=_real(min_confidence),
+            at=0.0,
+            expires=_real(expires),
+            client=client,
+            verdict=verdict,
+            score=None if score is None else _real(score),
+            source=source,
+            note=note,
+            verdicts=verdicts,
+        )
     )
 
 
@@ -202,14 +254,24 @@ class MemoryFeedbackStore:
         self._owned: dict[str, OrderedDict[str, None]] = {}
         """client -> its trace ids, oldest first: past the bound, the client holding the most
         records loses its own oldest, so one client's calls never evict another's records."""
+        self._unshared: set[RecordKey] = set()
+        """Records a ``RedisFeedbackStore`` kept here only (past ``feedback.max_per_day``): their
+        verdicts stay here too, or judging would carry every capped answer into Redis."""
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
+    def remember(
+        self, record: AnswerRecord, max_entries: int, max_per_day: int = 0, *, shared: bool = True
+    ) -> None:
         records = self._records
-        records[record.key] = record
-        records.move_to_end(record.key)
+        key = record.key
+        records[key] = record
+        records.move_to_end(key)
+        if shared:
+            self._unshared.discard(key)
+        else:
+            self._unshared.add(key)
         self._clients.setdefault(record.trace_id, set()).add(record.client)
         owned = self._owned.setdefault(record.client, OrderedDict())
         owned[record.trace_id] = None
@@ -221,6 +283,7 @@ class MemoryFeedbackStore:
 
     def _forget(self, key: RecordKey) -> None:
         del self._records[key]
+        self._unshared.discard(key)
         client, trace_id = key
         owned = self._owned[client]
         del owned[trace_id]
@@ -251,6 +314,10 @@ class MemoryFeedbackStore:
     async def judged(self, record: AnswerRecord) -> None:
         if record.key in self._records:
             self._records[record.key] = record
+
+    def unshared(self, key: RecordKey) -> bool:
+        """The record of ``key`` is held here and was kept here only (``remember(shared=False)``)."""
+        return key in self._unshared and self.peek(*key) is not None
 
     def records(self) -> list[AnswerRecord]:
         now = self._clock()
@@ -307,8 +374,9 @@ class RedisFeedbackStore:
         self._on_capped = on_capped
 
     def remember(self, record: AnswerRecord, max_entries: int, max_per_day: int = 0) -> None:
-        self._local.remember(record, max_entries)
-        if max_per_day and self._today.count >= max_per_day:
+        capped = bool(max_per_day) and self._today.count >= max_per_day
+        self._local.remember(record, max_entries, shared=not capped)
+        if capped:
             self._capped(max_per_day)
             return
         self._today.add()
@@ -368,28 +436,37 @@ class RedisFeedbackStore:
         return record
 
     async def judged(self, record: AnswerRecord) -> None:
+        """The verdict replaces the record where it is: here only for an answer kept here only
+        (past the day's cap), else here (if held) and in Redis."""
+        unshared = self._local.unshared(record.key)
         await self._local.judged(record)
-        self._write(record)
+        if not unshared:
+            self._write(record)
 
     async def aclose(self) -> None:
         """Close its reads; its writes are the outbox's (closed by the app after this store)."""
         await self._redis.aclose()
 
 
-async def scan_records(options: RedisOptions, clock: Clock = time.time) -> AsyncIterator[AnswerRecord]:
+async def scan_records(
+    options: RedisOptions, clock: Clock = time.time, on_skipped: Callable[[str], None] | None = None
+) -> AsyncIterator[AnswerRecord]:
     """Every record in the Redis ``options`` name still in its window (for ``cogproxy
-    calibration``), 0.3's ``cogproxy:feedback:<trace id>`` strings included."""
+    calibration``), 0.3's ``cogproxy:feedback:<trace id>`` strings included. A stored value that is
+    not a sane record (``checked``) is left out and its key given to ``on_skipped`` (default: a
+    ``proxy.feedback_record_skipped`` log line)."""
+    skipped = on_skipped or _log_skipped
     client: Any = redis_client(options, "scan")
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
             trace_id = _text(key).removeprefix(KEY_PREFIX)
             for name, raw in (await client.hgetall(key)).items():
-                record = _loaded(partial(from_redis, raw, _text(name), trace_id), key)
+                record = _loaded(partial(from_redis, raw, _text(name), trace_id), _text(key), skipped)
                 if record is not None and record.expires > clock():
                     yield record
         async for key in client.scan_iter(match=LEGACY_PREFIX + "*", count=SCAN_COUNT, _type="string"):
             raw = await client.get(key)
-            record = None if raw is None else _loaded(partial(AnswerRecord.loads, raw), key)
+            record = None if raw is None else _loaded(partial(AnswerRecord.loads, raw), _text(key), skipped)
             if record is not None and record.expires > clock():
                 yield record
     finally:
@@ -400,11 +477,17 @@ def _text(name: bytes | str) -> str:
     return name.decode() if isinstance(name, bytes) else name
 
 
-def _loaded(load: Callable[[], AnswerRecord], key: Any) -> AnswerRecord | None:
+def _log_skipped(key: str) -> None:
+    log.warning("proxy.feedback_record_skipped", key=key)
+
+
+def _loaded(
+    load: Callable[[], AnswerRecord], key: str, skipped: Callable[[str], None]
+) -> AnswerRecord | None:
     try:
         return load()
-    except (ValueError, TypeError):
-        log.warning("proxy.feedback_record_skipped", key=str(key))  # not written by this version
+    except (ValueError, TypeError):  # another version's, or damaged: not a record to count
+        skipped(key)
         return None
 
 

@@ -8,7 +8,8 @@ A purpose is what a client is for; its timeout is how long one command (and conn
 * ``breakers``, ``context``, ``feedback``: reads on the request path; past it the store falls back.
 * ``outbox``, ``streams``: background writers (the outbox, the stream-session mirror), which retry.
 * ``review``: the review console reading the review stream (a page of entries) and closing items.
-* ``scan``: ``cogproxy calibration`` reading every feedback record, with no timeout.
+* ``scan``: ``cogproxy calibration`` reading every feedback record (one command at a time, each
+  short: a bounded ``SCAN`` step, one hash), so a silent endpoint is an error, not a wait forever.
 
 A URL of scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one node of a Redis
 Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then, which find the other nodes
@@ -29,11 +30,16 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
 
+from proxy.state.redis_access import CLUSTER_SCHEMES, TLS_SCHEMES, check_url
+
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "review", "scan"]
 
 LIMITS_TIMEOUT_S = 0.25
 """A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
 ``--redis-limits-timeout`` sets it."""
+SCAN_TIMEOUT_S = 5.0
+"""A calibration command waits this long for Redis (connect, TLS handshake included, and each
+command): far above a round trip to a managed Redis in another region, well below "hung"."""
 TIMEOUTS_S: Mapping[Purpose, float | None] = MappingProxyType(
     {
         "limits": LIMITS_TIMEOUT_S,
@@ -43,7 +49,7 @@ TIMEOUTS_S: Mapping[Purpose, float | None] = MappingProxyType(
         "outbox": 1.0,
         "streams": 1.0,
         "review": 1.0,
-        "scan": None,
+        "scan": SCAN_TIMEOUT_S,
     }
 )
 """Each purpose's command (and connect) timeout; None: none."""
@@ -53,8 +59,6 @@ timeout per interval, not one per request (the limits retry sooner: they are exa
 _DECODED: frozenset[Purpose] = frozenset({"breakers", "outbox", "review"})
 """Purposes whose replies are read as ``str`` (the others read bytes)."""
 
-CLUSTER_SCHEMES: Mapping[str, str] = MappingProxyType({"redis+cluster": "redis", "rediss+cluster": "rediss"})
-"""A cluster URL's scheme -> the plain scheme ``redis-py`` parses (the node it names is a seed)."""
 
 Clock = Callable[[], float]
 
@@ -82,8 +86,9 @@ class RedisOptions:
     password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        check_url(self.url)
         tls_files = (self.ssl_ca_certs, self.ssl_certfile, self.ssl_keyfile)
-        if any(tls_files) and not node_url(self.url)[0].startswith("rediss://"):
+        if any(tls_files) and self.url.partition("://")[0].lower() not in TLS_SCHEMES:
             raise ValueError("Redis TLS files need a rediss:// (or rediss+cluster://) URL")
         for purpose, seconds in self.timeouts_s.items():
             if seconds is not None and seconds <= 0:

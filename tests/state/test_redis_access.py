@@ -94,7 +94,8 @@ def test_the_password_flag_is_refused_without_echoing_it() -> None:
 
 def test_tls_files_need_a_rediss_url_and_any_access_flag_needs_a_url(certs: Certificates) -> None:
     with pytest.raises(
-        ValueError, match=r"--redis-ca-file need a rediss:// --redis-url \(TLS\), not redis://"
+        ValueError,
+        match=r"--redis-ca-file need a TLS --redis-url \(rediss:// or rediss\+cluster://\), not redis://",
     ):
         settings_of("--redis-url", PLAIN, "--redis-ca-file", str(certs.ca.cert))
     with pytest.raises(ValueError, match="--redis-username: there is no --redis-url"):
@@ -119,7 +120,7 @@ def test_files_that_are_not_pem_are_named(certs: Certificates, tmp_path: Path) -
         )
     with pytest.raises(ValueError, match="--redis-key-file needs --redis-cert-file"):
         settings_of("--redis-url", URL, "--redis-key-file", str(certs.client.key))
-    with pytest.raises(ValueError, match="the file is empty"):
+    with pytest.raises(ValueError, match="the password is empty"):
         settings_of("--redis-url", URL, "--redis-password-file", str(password_file(tmp_path, "\n")))
 
 

@@ -9,7 +9,7 @@ HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 # the review console's listener (/review/, /healthz, /readyz, /metrics): the next port by default
 ADMIN_PORT ?= $(or $(COGPROXY_ADMIN_PORT),$(shell expr $(PORT) + 1))
 
-.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures clean
+.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures console-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,10 @@ mutation: install redis-server
 bench: install redis-server
 	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get install -y -qq wrk; }
 	$(BIN)/python tests/perf/bench.py
+
+## console-pictures: docs/images/review-console-*.png, taken by the review console's browser test
+console-pictures: install browser
+	COGPROXY_CONSOLE_PICTURES=1 $(BIN)/python -m pytest -q -p no:randomly tests/console/test_console_browser.py
 
 ## dashboard-pictures: docs/images/dashboard-*.png, each Grafana dashboard's panels drawn (matplotlib) from a
 ## real Prometheus (Debian's `prometheus`, installed here when missing) scraping ~100 s of load on the proxy

@@ -1,13 +1,16 @@
 """The review console in a real browser: Debian's chromium, driven by Selenium through
 /usr/bin/chromedriver (``make browser`` installs both; nothing is downloaded at run time), against
-a ``cogproxy serve`` process whose policy sends a module answer to review. Takes the pictures in
-docs/images/ that docs/review-console.md shows."""
+a ``cogproxy serve`` process whose policy sends a module answer to review. Takes the pictures
+docs/review-console.md shows: into the test's own directory, or into docs/images/ when
+``COGPROXY_CONSOLE_PICTURES=1`` (``make console-pictures``), so a test run leaves the clone as it
+found it."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -32,6 +35,8 @@ from tests.support.polling import eventually
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 IMAGES = ROOT / "docs" / "images"
+PICTURES_ENV = "COGPROXY_CONSOLE_PICTURES"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REVIEW_INPUT = {"code": "def f(x):\n    return x\n", "language": "python"}
 HOSTILE = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
 SIBLINGS = 10_000
@@ -117,6 +122,7 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(upstream_policy(fake_upstream)))
+    pictures = IMAGES if os.environ.get(PICTURES_ENV) == "1" else tmp_path
     admin_port = free_port()
     async with proxy_process(
         "--policy",
@@ -148,7 +154,7 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
         rows = driver.find_elements(By.CSS_SELECTOR, "tr.item")
         assert len(rows) == 2 and plain in rows[0].text and hostile in rows[1].text
         assert driver.execute_script("return document.cookie").find("cogproxy_console=") == -1
-        await browse(driver.save_screenshot, str(IMAGES / "review-console-queue.png"))
+        await browse(driver.save_screenshot, str(pictures / "review-console-queue.png"))
 
         # The hostile envelope renders as text, fast, and no script of it runs.
         await browse(driver.get, console + f"/review/items/key-{_hash(CLIENT)}/{hostile}")
@@ -198,7 +204,9 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
         figure = driver.find_element(By.CSS_SELECTOR, "figure.diagram")
         assert "up/strong" in figure.text and "ECE 0.180" in figure.text  # one correct verdict at 0.82
         assert "0.180" in driver.find_element(By.ID, "report").text
-        await browse(driver.save_screenshot, str(IMAGES / "review-console-reliability.png"))
+        await browse(driver.save_screenshot, str(pictures / "review-console-reliability.png"))
+    for name in ("review-console-queue.png", "review-console-reliability.png"):
+        assert (pictures / name).read_bytes().startswith(PNG_MAGIC)
     assert ADMIN not in served.output[0] + served.output[1]
     audit = [
         json.loads(line) for line in "".join(served.output).splitlines() if "proxy.review_console" in line

@@ -27,9 +27,9 @@ from proxy.api.console.session import (
     login_token_ok,
     open_session,
 )
-from proxy.api.feedback import NOTE_MAX, VERDICT_SCORES, Verdict, admin_record, apply_verdict
+from proxy.api.feedback import NOTE_MAX, Verdict, admin_record, apply_verdict
 from proxy.calibration.reliability import from_records, render
-from proxy.state.feedback import MemoryFeedbackStore, RedisFeedbackStore, scan_records
+from proxy.state.feedback import VERDICT_SCORES, MemoryFeedbackStore, RedisFeedbackStore, scan_records
 from proxy.state.review_queue import (
     GONE,
     ClosedReview,

@@ -110,6 +110,12 @@ def test_fit_from_redis_prints_a_policy_the_loader_accepts(judged_module: str) -
     done = cogproxy("fit", "--redis-url", REDIS_URL, "--module", judged_module)
     assert done.returncode == 0, done.stderr
     assert "fitted on 400 verdicts" in done.stderr
+    rows = {line.split()[1]: line.split()[2:] for line in done.stderr.splitlines() if line.startswith("#   ")}
+    assert set(rows) == {"kind", "isotonic", "platt", "temperature"}
+    [proposed] = [kind for kind, row in rows.items() if row[-1] == "proposed"]
+    loss, ece_before, ece_after, brier_before, brier_after = map(float, rows[proposed][:5])
+    assert loss == min(float(row[0]) for kind, row in rows.items() if kind != "kind")
+    assert ece_before == pytest.approx(0.3, abs=0.06) and ece_after < 0.1 and brier_after < brier_before
     proposal = yaml.safe_load(done.stdout)
     policy = parse_policy({**MINIMAL, **proposal})
     assert policy.calibrate("p/m", 0.95) < 0.8  # right ~65% of the time at 0.95

@@ -24,6 +24,7 @@ import orjson
 from proxy import __version__, conformance_table
 from proxy.app import build_app
 from proxy.calibration import command as calibration_command
+from proxy.calibration import policy_command
 from proxy.clients import read_identities
 from proxy.compose.run import Composer
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
@@ -907,8 +908,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``policy check`` and ``policy explain``."""
-    policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
+    """``policy check``, ``explain``, ``tune`` and ``simulate``."""
+    policy = sub.add_parser("policy", help="check a policy, explain a decision, tune or simulate one")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     p = policy_sub.add_parser("check", help="validate a policy and print a summary")
     p.add_argument("file", help="the policy YAML")
@@ -927,6 +928,7 @@ def _policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
+    policy_command.add_parsers(policy_sub)
 
 
 def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Bin, Reliability, from_records
-from proxy.state.feedback import scan_records
+from proxy.state.feedback import AnswerRecord, scan_records
 from proxy.state.redis_access import redacted
 from proxy.state.redis_client import RedisOptions
 
@@ -96,8 +96,8 @@ async def from_prometheus(url: str, window: str, module: str | None = None) -> R
     return rel
 
 
-async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, dict[str, list[Point]]]:
-    """The figures of the judged answers in Redis, and per target the points to fit."""
+async def judged_records(url: str, module: str | None = None) -> list[AnswerRecord]:
+    """The judged answers stored in Redis at ``url`` (of ``module`` only, when given)."""
     records = []
     try:
         async for record in scan_records(RedisOptions(url)):
@@ -105,6 +105,12 @@ async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, 
                 records.append(record)
     except (RedisError, OSError) as exc:
         raise SourceError(f"Redis at {redacted(url)}: {exc}") from exc
+    return records
+
+
+async def from_redis(url: str, module: str | None = None) -> tuple[Reliability, dict[str, list[Point]]]:
+    """The figures of the judged answers in Redis, and per target the points to fit."""
+    records = await judged_records(url, module)
     points: dict[str, list[Point]] = {}
     for r in records:
         assert r.score is not None

@@ -23,6 +23,7 @@ from proxy.api.app_keys import (
     RUNTIME,
     SESSION,
     SETTINGS,
+    SHADOW,
     Runtime,
     RuntimeHolder,
 )
@@ -41,6 +42,7 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
+from proxy.service.shadow import ShadowJudge
 from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
@@ -117,9 +119,11 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         feedback_store = RedisFeedbackStore(settings.redis, outbox, on_capped=metrics.feedback_capped.inc)
         context = RedisContextStore(settings.redis, outbox)
     app[FEEDBACK] = feedback_store
+    shadow = app[SHADOW] = ShadowJudge(metrics, limiter)
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
     yield
+    await shadow.aclose()  # before the stores and the limiter it writes to
     await context.aclose()
     await feedback_store.aclose()
     if outbox is not None:

@@ -95,7 +95,17 @@ async def test_rate_one_judges_every_accepted_cheap_answer_and_records_shadow_ve
             )
             == 2
         )
-        # a human's verdict replaces the shadow one and is compared with it
+        reliability = "cognitive_feedback_total"
+        human = {
+            "module": JUDGED,
+            "provider": "up",
+            "model": "cheap",
+            "scale": "reported",
+            "bucket": "0.9",
+            "verdict": "incorrect",
+        }
+        assert await value(session, px, reliability, **human) == 0  # the reliability counters are the humans'
+        # a human's verdict replaces the shadow one, is compared with it, and is the answer's first human one
         async with session.post(
             px.base + "/feedback", json={"trace_id": "rate-one-2", "verdict": "incorrect"}
         ) as resp:
@@ -104,6 +114,7 @@ async def test_rate_one_judges_every_accepted_cheap_answer_and_records_shadow_ve
             await value(session, px, "cognitive_shadow_human_agreement_total", module=JUDGED, agree="true")
             == 1
         )
+        assert await value(session, px, reliability, **human) == 1
         async with session.post(
             px.base + "/feedback", json={"trace_id": "rate-one-1", "verdict": "correct", "source": "shadow"}
         ) as resp:

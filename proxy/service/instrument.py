@@ -200,13 +200,17 @@ def _record_escalation(metrics: Metrics, module: str, attempt: Attempt, rungs: l
 
 
 def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previous: AnswerRecord) -> None:
-    """Count a verdict: the reliability counters take an answer's first verdict only (a counter
-    cannot take back a replaced one); later verdicts count in ``cognitive_feedback_replaced_total``."""
+    """Count a verdict: the reliability counters take an answer's first human verdict only (a
+    counter cannot take back a replaced one); later verdicts count in
+    ``cognitive_feedback_replaced_total``. A shadow verdict counts in ``cognitive_verdicts_total``
+    only, so the reliability counters stay the humans' and the two sources are compared, not mixed."""
     assert record.verdict is not None and record.score is not None
     metrics.verdicts.labels(record.module, source_label(record.source), record.verdict).inc()
-    if previous.source == SHADOW_SOURCE and record.source != SHADOW_SOURCE:
+    if record.source == SHADOW_SOURCE:
+        return
+    if previous.source == SHADOW_SOURCE:
         record_shadow_vs_human(metrics, record.module, previous.verdict, record.verdict)
-    if previous.verdict is not None:
+    elif previous.verdict is not None:
         changed = (previous.verdict, previous.score) != (record.verdict, record.score)
         metrics.feedback_replaced.labels(record.module, "true" if changed else "false").inc()
         return

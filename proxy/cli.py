@@ -211,7 +211,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     if args.policy:
         policy = _policy_or_report(args.policy)
         if policy is None:
-            return EXIT_USAGE
+            return PolicyError.EXIT_STATUS
         outcomes = asyncio.run(_golden_with_policy(module, policy))
     else:
         outcomes = run_golden(module, offline_envelope)
@@ -238,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.policy:
         policy = _policy_or_report(args.policy)
         if policy is None:
-            return EXIT_USAGE
+            return PolicyError.EXIT_STATUS
         siblings = ModuleRegistry.load([module.path.parent]).modules  # a composite's steps
         answer = asyncio.run(_run_with_policy(module, value, policy, siblings))
         envelope = answer.envelope
@@ -774,7 +774,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}")
-        return EXIT_FAILED
+        return PolicyError.EXIT_STATUS
     print("\n".join(summary(policy)))
     return EXIT_OK
 
@@ -782,7 +782,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     policy = _policy_or_report(args.policy)
     if policy is None:
-        return EXIT_FAILED
+        return PolicyError.EXIT_STATUS
     if args.module:
         registry = ModuleRegistry.load(Path(d) for d in args.modules)
         module = registry.get(args.module)

@@ -20,6 +20,7 @@ from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
 from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_client import RedisOptions
 from tests.calibration.test_tune import overconfident
+from tests.paths import MODULES, ROOT
 from tests.policy.test_loader import MINIMAL
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
@@ -143,9 +144,30 @@ def test_unreadable_sources_and_bad_arguments_are_reported(tmp_path: Path) -> No
     assert down.returncode == 2 and down.stderr.startswith("error: Redis at"), down.stderr
     bad = cogproxy("tune", "--policy", policy, "--from", REDIS_URL, "--target-accuracy", "1")
     assert bad.returncode == 2 and "outside (0, 1)" in bad.stderr
+
+
+def test_a_bad_policy_exits_1_from_every_command_that_reads_one(tmp_path: Path) -> None:
+    """One status for a refused policy (``PolicyError.EXIT_STATUS``), whichever command reads it."""
     broken = write_policy(tmp_path, {**PRICED, "ladder": []})
-    refused = cogproxy("simulate", "--policy", broken, "--from", REDIS_URL)
-    assert refused.returncode == 2 and "policy.yaml: ladder" in refused.stderr, refused.stderr
+    reviewer = str(MODULES / "code-reviewer")
+    commands = [
+        ["policy", "simulate", "--policy", broken, "--from", REDIS_URL],
+        ["policy", "tune", "--policy", broken, "--from", REDIS_URL, "--target-accuracy", "0.8"],
+        ["policy", "check", broken],
+        ["policy", "explain", "--policy", broken, "--tier", "exec", "--confidence", "0.9", "--risk", "low"],
+        ["test", reviewer, "--policy", broken],
+    ]
+    for args in commands:
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert "policy.yaml: ladder" in done.stdout + done.stderr, (args, done.stdout, done.stderr)
 
 
 def test_answer_fields_used_here_exist() -> None:

@@ -82,18 +82,23 @@ def _probability(text: str) -> float:
     return value
 
 
-def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | None:
+SOURCE_UNREADABLE = 2
+"""Exit status when the verdicts cannot be read (as ``calibration report`` and ``fit``)."""
+
+
+def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
+    """The policy and the judged answers, or the exit status after printing why not."""
     try:
         policy = load_policy(Path(args.policy))
     except PolicyError as exc:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}", file=sys.stderr)
-        return None
+        return PolicyError.EXIT_STATUS
     try:
         records = asyncio.run(judged_records(args.source, args.module))
     except SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return None
+        return SOURCE_UNREADABLE
     return policy, records
 
 
@@ -167,8 +172,8 @@ def _entry(thresholds: Thresholds, threshold: float) -> dict[str, object]:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     loaded = _load(args)
-    if loaded is None:
-        return 2
+    if isinstance(loaded, int):
+        return loaded
     policy, records = loaded
     placed = place(policy, records)
     usage = Usage(args.tokens_in, args.tokens_out)
@@ -203,8 +208,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     loaded = _load(args)
-    if loaded is None:
-        return 2
+    if isinstance(loaded, int):
+        return loaded
     policy, records = loaded
     usage = Usage(args.tokens_in, args.tokens_out)
     result = simulate(policy, records, usage)

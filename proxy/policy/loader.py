@@ -66,6 +66,11 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
 class PolicyError(ValueError):
     """A policy that cannot be used; the message lists each problem as ``path.to.key: problem``."""
 
+    EXIT_STATUS = 1
+    """What a command that reads a policy (``policy check``, ``explain``, ``tune``, ``simulate``,
+    ``test --policy``) exits with when it refuses one; ``serve`` exits 2, as for every start-up
+    error (docs/cli.md)."""
+
     def __init__(self, source: str, problems: list[str]) -> None:
         super().__init__(f"{source}: " + "; ".join(problems))
         self.source = source

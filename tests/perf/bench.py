@@ -669,6 +669,67 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
     redis.Redis.from_url(bench_redis).flushdb()
 
 
+SHADOW_CALLS = 1_000
+"""Per phase of the shadow section; four phases (off, on, on, off: drift cancels out)."""
+
+
+def _shadow_policy(up_port: int, rate: float) -> str:
+    """Two rungs on the no-delay upstream; code-reviewer accepted on the first, judged on the
+    second in the background when ``rate`` > 0 (``feedback.shadow``)."""
+    return (
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n  - {name: strong, targets: [up/judge]}\n"
+        "feedback: {max_entries: 1000, shadow: {rate: %s, judge_rung: strong}}\n" % rate
+    )
+
+
+def _shadow_counts(port: int) -> dict[str, float]:
+    """The proxy's shadow judgements by result and skips by reason, from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("cognitive_shadow_judgements_total", "cognitive_shadow_skipped_total"):
+                key = sample.labels.get("result") or sample.labels.get("reason", "")
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def shadow_bench(tmpdir: Path, up_port: int, calls: int = SHADOW_CALLS) -> None:
+    """Client latency of module calls (c=1) with shadow judging off and on (rate 1: every answer
+    judged on the second rung in the background), in the same run, phases off-on-on-off."""
+    latencies: dict[str, list[float]] = {"off": [], "on": []}
+    counts: dict[str, float] = {}
+    for phase in ("off", "on", "on", "off"):
+        port = free_port()
+        policy = tmpdir / f"shadow-{phase}.yaml"
+        policy.write_text(_shadow_policy(up_port, 1.0 if phase == "on" else 0.0))
+        proxy = subprocess.Popen(serve_command(policy, port, "--log-level", "warning"), cwd=ROOT)
+        try:
+            wait_port(port)
+            url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
+            asyncio.run(_sequential(url, MODULE_BODY, 50, {}))  # warm-up
+            latencies[phase] += asyncio.run(_sequential(url, MODULE_BODY, calls, {}))
+            if phase == "on":
+                for key, value in _shadow_counts(port).items():
+                    counts[key] = counts.get(key, 0.0) + value
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+    off, on = latencies["off"], latencies["on"]
+    print(
+        f"shadow judging, module call c=1 ({len(off)} calls each): off p50 {pct(off, 50):.3f} ms, "
+        f"p99 {pct(off, 99):.3f} ms; on (rate 1) p50 {pct(on, 50):.3f} ms, p99 {pct(on, 99):.3f} ms"
+    )
+    print(f"shadow judging, on: {', '.join(f'{k} {v:.0f}' for k, v in sorted(counts.items()))}")
+
+
 LIMIT_ROUNDS = 3000
 
 
@@ -1279,6 +1340,9 @@ def main() -> int:
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     parser.add_argument(
+        "--shadow", action="store_true", help="only client latency with shadow judging off and on"
+    )
+    parser.add_argument(
         "--retries", action="store_true", help="only the success rate at 30%% 503s (repeated runs)"
     )
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
@@ -1323,7 +1387,7 @@ def main() -> int:
     if args.retries:
         retries_bench()
         return 0
-    if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
+    if not (args.memory_only or args.stream or args.context or args.shadow) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -1348,6 +1412,9 @@ def main() -> int:
                 return 0
             if args.context:
                 context_bench(tmpdir, up_port)
+                return 0
+            if args.shadow:
+                shadow_bench(tmpdir, up_port)
                 return 0
             if args.memory_only:
                 memory_section(through, proxy.pid)
@@ -1381,6 +1448,7 @@ def main() -> int:
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
             stream_section(up_port, proxy_port)
             context_bench(tmpdir, up_port)
+            shadow_bench(tmpdir, up_port)
             composition_bench()
             parse_bench()
             limits_bench()

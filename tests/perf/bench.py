@@ -669,8 +669,10 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
     redis.Redis.from_url(bench_redis).flushdb()
 
 
-SHADOW_CALLS = 1_000
-"""Per phase of the shadow section; four phases (off, on, on, off: drift cancels out)."""
+SHADOW_BLOCKS, SHADOW_BLOCK = 10, 200
+"""Calls per variant: blocks of sequential calls, the variants taking turns (the machine's other
+load falls on each alike)."""
+SHADOW_RATES = {"off": 0.0, "rate 0.05": 0.05, "rate 1": 1.0}
 
 
 def _shadow_policy(up_port: int, rate: float) -> str:
@@ -680,7 +682,7 @@ def _shadow_policy(up_port: int, rate: float) -> str:
         "version: 1\n"
         f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
         "ladder:\n  - {name: fast, targets: [up/m]}\n  - {name: strong, targets: [up/judge]}\n"
-        "feedback: {max_entries: 1000, shadow: {rate: %s, judge_rung: strong}}\n" % rate
+        f"feedback: {{max_entries: 1000, shadow: {{rate: {rate}, judge_rung: strong}}}}\n"
     )
 
 
@@ -701,33 +703,53 @@ def _shadow_counts(port: int) -> dict[str, float]:
     return counts
 
 
-def shadow_bench(tmpdir: Path, up_port: int, calls: int = SHADOW_CALLS) -> None:
-    """Client latency of module calls (c=1) with shadow judging off and on (rate 1: every answer
-    judged on the second rung in the background), in the same run, phases off-on-on-off."""
-    latencies: dict[str, list[float]] = {"off": [], "on": []}
-    counts: dict[str, float] = {}
-    for phase in ("off", "on", "on", "off"):
-        port = free_port()
-        policy = tmpdir / f"shadow-{phase}.yaml"
-        policy.write_text(_shadow_policy(up_port, 1.0 if phase == "on" else 0.0))
-        proxy = subprocess.Popen(serve_command(policy, port, "--log-level", "warning"), cwd=ROOT)
-        try:
+def _judgements_settled(port: int) -> dict[str, float]:
+    """Wait until the proxy's judgements stop growing (none left in the background)."""
+    last = _shadow_counts(port)
+    while True:
+        time.sleep(0.2)
+        now = _shadow_counts(port)
+        if now == last:
+            return now
+        last = now
+
+
+def shadow_bench(tmpdir: Path, up_port: int) -> None:
+    """Client latency of module calls (c=1) with shadow judging off, at rate 0.05 and at rate 1
+    (every answer judged on the second rung in the background), in the same run: blocks of calls,
+    the variants taking turns, each block measured once the previous one's judgements ended."""
+    ports: dict[str, int] = {}
+    procs = []
+    try:
+        for name, rate in SHADOW_RATES.items():
+            ports[name] = port = free_port()
+            policy = tmpdir / f"shadow-{rate}.yaml"
+            policy.write_text(_shadow_policy(up_port, rate))
+            procs.append(subprocess.Popen(serve_command(policy, port, "--log-level", "warning"), cwd=ROOT))
+        latencies: dict[str, list[float]] = {name: [] for name in ports}
+        for port in ports.values():
             wait_port(port)
-            url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
-            asyncio.run(_sequential(url, MODULE_BODY, 50, {}))  # warm-up
-            latencies[phase] += asyncio.run(_sequential(url, MODULE_BODY, calls, {}))
-            if phase == "on":
-                for key, value in _shadow_counts(port).items():
-                    counts[key] = counts.get(key, 0.0) + value
-        finally:
-            proxy.terminate()
-            proxy.wait(timeout=30)
-    off, on = latencies["off"], latencies["on"]
-    print(
-        f"shadow judging, module call c=1 ({len(off)} calls each): off p50 {pct(off, 50):.3f} ms, "
-        f"p99 {pct(off, 99):.3f} ms; on (rate 1) p50 {pct(on, 50):.3f} ms, p99 {pct(on, 99):.3f} ms"
-    )
-    print(f"shadow judging, on: {', '.join(f'{k} {v:.0f}' for k, v in sorted(counts.items()))}")
+            asyncio.run(
+                _sequential(f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute", MODULE_BODY, 50, {})
+            )
+            _judgements_settled(port)
+        names = list(ports)
+        for block in range(SHADOW_BLOCKS):
+            for name in names[block % len(names) :] + names[: block % len(names)]:
+                url = f"http://127.0.0.1:{ports[name]}/v1/modules/code-reviewer/execute"
+                latencies[name] += asyncio.run(_sequential(url, MODULE_BODY, SHADOW_BLOCK, {}))
+                _judgements_settled(ports[name])
+        for name, values in latencies.items():
+            counts = _shadow_counts(ports[name])
+            judged = ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none judged"
+            print(
+                f"shadow judging {name:<9} module call c=1, {len(values)} calls: "
+                f"p50 {pct(values, 50):.3f} ms, p99 {pct(values, 99):.3f} ms ({judged})"
+            )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 LIMIT_ROUNDS = 3000

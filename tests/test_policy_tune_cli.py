@@ -142,6 +142,14 @@ def test_unreadable_sources_and_bad_arguments_are_reported(tmp_path: Path) -> No
     policy = write_policy(tmp_path, PRICED)
     down = cogproxy("simulate", "--policy", policy, "--from", "redis://127.0.0.1:9/0")
     assert down.returncode == 2 and down.stderr.startswith("error: Redis at"), down.stderr
+    prometheus = cogproxy("simulate", "--policy", policy, "--from", "http://127.0.0.1:9")
+    assert prometheus.returncode == 2 and "simulate replays answers stored in Redis" in prometheus.stderr
+    unreachable = cogproxy(
+        "tune", "--policy", policy, "--from", "http://127.0.0.1:9", "--target-accuracy", "0.8"
+    )
+    assert unreachable.returncode == 2 and unreachable.stderr.startswith("error: Prometheus at"), (
+        unreachable.stderr
+    )
     bad = cogproxy("tune", "--policy", policy, "--from", REDIS_URL, "--target-accuracy", "1")
     assert bad.returncode == 2 and "outside (0, 1)" in bad.stderr
 

@@ -1,6 +1,7 @@
 """``cogproxy policy tune`` and ``cogproxy policy simulate``: policies from verdicts, tried on them.
 
-Both read the judged answers the proxy stored in Redis and change nothing: ``tune`` prints the
+Both read the judged answers the proxy stored in Redis (``tune`` also the first human verdicts
+Prometheus counts, on the calibrated scale's 0.1 bins) and change nothing: ``tune`` prints the
 thresholds it can vouch for as a policy YAML block to review, ``simulate`` what a candidate policy
 would have decided.
 """
@@ -11,7 +12,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import orjson
@@ -19,13 +20,14 @@ import yaml
 
 from proxy.calibration.replay import TOKENS_IN, TOKENS_OUT, Usage, escalation_usd, place
 from proxy.calibration.simulate import render, simulate
-from proxy.calibration.sources import SourceError, judged_records
+from proxy.calibration.sources import SourceError, judged_records, prometheus_records
 from proxy.calibration.tune import Tuned, Verdict, tune
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import Policy, Thresholds
 from proxy.state.feedback import AnswerRecord
 
 DEFAULT_DELTA = 0.05
+DEFAULT_WINDOW = "7d"
 PER = 1000
 """Cost changes are stated per this many answers."""
 
@@ -45,7 +47,12 @@ def add_parsers(policy_sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help=f"the guarantee holds with probability 1 - delta (default {DEFAULT_DELTA})",
     )
     _common(p)
-    p.set_defaults(func=cmd_tune)
+    p.set_defaults(func=cmd_tune, reads_prometheus=True)
+    p.add_argument(
+        "--window",
+        default=DEFAULT_WINDOW,
+        help=f"with a Prometheus --from: the verdicts of this last window (default {DEFAULT_WINDOW})",
+    )
     p = policy_sub.add_parser("simulate", help="replay stored judged answers under a candidate policy")
     p.add_argument("--policy", required=True, help="the candidate policy")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for CI)")
@@ -55,7 +62,11 @@ def add_parsers(policy_sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--from", dest="source", required=True, metavar="URL", help="the Redis the proxy stores answers in"
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="the Redis the proxy stores answers in (redis://); for tune also a Prometheus (http://)",
     )
     p.add_argument("--module", default=None, help="only this module's answers")
     p.add_argument(
@@ -94,12 +105,20 @@ def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}", file=sys.stderr)
         return PolicyError.EXIT_STATUS
+    prometheus = args.source.startswith(("http://", "https://"))
+    if prometheus and not getattr(args, "reads_prometheus", False):
+        print("error: --from: simulate replays answers stored in Redis (redis://)", file=sys.stderr)
+        return SOURCE_UNREADABLE
     try:
-        records = asyncio.run(judged_records(args.source, args.module))
+        if prometheus:
+            records = asyncio.run(prometheus_records(args.source, args.window, args.module))
+        else:
+            records = asyncio.run(judged_records(args.source, args.module))
     except SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return SOURCE_UNREADABLE
-    return policy, records
+    # Prometheus's bins are on the calibrated scale already: the maps in force are not applied again.
+    return (replace(policy, calibration={}) if prometheus else policy), records
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,3 +127,46 @@ def points_from_bins(rel: Reliability) -> dict[str, list[Point]]:
                 Point(b.mean_confidence, b.accuracy, b.count) for b in figures.bins.values() if b.count
             ]
     return out
+
+
+async def prometheus_records(url: str, window: str, module: str | None = None) -> list[AnswerRecord]:
+    """The first human verdicts of the last ``window`` as answer records, one per verdict (the same
+    record repeated), each at the lower edge of its bin on the ``calibrated`` scale: the confidence
+    decided on, so a threshold on a bin edge accepts exactly the answers of the bins at or above
+    it. Counts are Prometheus's ``increase()``, rounded."""
+    if not WINDOW.match(window):
+        raise SourceError(f"window {window!r}: a Prometheus duration such as 1h, 7d")
+    if module is not None and not _MODULE.match(module):
+        raise SourceError(f"module {module!r}: not a module name")
+    calibrated = _selector(module, 'scale="calibrated"')
+    by = "module, provider, model, bucket, verdict"
+    verdicts = f"sum by ({by}) (increase(cognitive_feedback_total{calibrated}[{window}]))"
+    tiers = (
+        f"sum by (module, tier) (increase(cognitive_feedback_outcomes_total{_selector(module)}[{window}]))"
+    )
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROMETHEUS_TIMEOUT_S)) as session:
+        tier_of = {s["metric"]["module"]: s["metric"]["tier"] for s in await _query(session, url, tiers)}
+        rows = await _query(session, url, verdicts)
+    records: list[AnswerRecord] = []
+    for sample in rows:
+        labels, count = sample["metric"], round(float(sample["value"][1]))
+        edge, verdict, name = float(labels["bucket"]), labels["verdict"], labels["module"]
+        record = AnswerRecord(
+            trace_id="",
+            module=name,
+            tier=tier_of.get(name, ""),
+            rung="",
+            provider=labels["provider"],
+            model=labels["model"],
+            confidence=edge,
+            calibrated=edge,
+            risk="",
+            decision="",
+            min_confidence=0.0,
+            at=0.0,
+            expires=0.0,
+            verdict=verdict,
+            score=1.0 if verdict == "correct" else 0.0,
+        )
+        records += [record] * count
+    return records

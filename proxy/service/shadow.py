@@ -57,10 +57,13 @@ def sampled(trace_id: str, rate: float) -> bool:
 def judge_rung(
     policy: Policy, module: Module, answer: ModuleAnswer, record: AnswerRecord | None
 ) -> int | None:
-    """The rung that judges ``answer`` (None: not eligible): an accepted answer of a plain module,
-    remembered for feedback, from a rung below ``feedback.shadow.judge_rung``."""
+    """The rung that judges ``answer`` (None: not eligible): an accepted answer of a plain module
+    without media inputs (a background call holds no request's memory budget), remembered for
+    feedback, from a rung below ``feedback.shadow.judge_rung``."""
     shadow = policy.feedback.shadow
-    if record is None or module.is_composite or answer.decision != "accept" or not shadow.judges(module.name):
+    if record is None or module.is_composite or module.takes_media or answer.decision != "accept":
+        return None
+    if not shadow.judges(module.name):
         return None
     judge = len(policy.ladder) - 1 if shadow.judge_rung is None else policy.rung_index(shadow.judge_rung)
     rung = policy.rung_index(record.rung)
@@ -142,7 +145,6 @@ class ShadowJudge:
             trace_id=record.trace_id,
             check_input=call.check_input,
             top_rung=judge,
-            media=call.media,
         )
         job = _Job(run, module, policy, answer.envelope.get("data"), record, services.feedback)
         task = asyncio.create_task(self._judge(job))

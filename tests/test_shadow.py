@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.api.app_keys import FEEDBACK, SHADOW
@@ -22,7 +25,7 @@ from proxy.state.redis_client import RedisOptions
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
-from tests.proxy_server import RunningProxy, upstream_policy
+from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, proxy_process, upstream_policy
 from tests.support.polling import eventually
 from tests.support.redis_server import redis_url
 
@@ -229,3 +232,27 @@ async def test_shadow_verdicts_land_in_redis_for_calibration(
 
     records = await eventually(stored, "the shadow verdict in Redis")
     assert [(r.verdict, r.source, r.model) for r in records] == [("correct", "shadow", "cheap")]
+
+
+async def test_a_served_process_stops_cleanly_with_a_judgement_held_upstream(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """SIGTERM while the judge's request is held at the upstream: the process exits 0 without a
+    task reported pending, a traceback or a failed judgement (that ``aclose`` cancels the pending
+    one is checked in process, above)."""
+    fake_upstream.set_default_reply("cheap", envelope(0.9))
+    fake_upstream.set_default_reply("strong", envelope(0.95))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(shadow_policy(fake_upstream, rate=1.0)))
+    gate = fake_upstream.hold(model="strong")
+    async with proxy_process("--policy", str(policy), env={UPSTREAM_KEY_ENV: UPSTREAM_KEY}) as served:
+        async with aiohttp.ClientSession() as session:
+            px = RunningProxy(served.url, web.Application())
+            assert (await execute(session, px, "held-at-stop"))[0] == 200
+            await eventually(gate.reached.wait, "the judge at the upstream, held")
+        stdout, stderr = await served.stop()
+    gate.release()
+    written = stdout + stderr
+    assert served.proc.returncode == 0, written
+    for sign in ("Traceback", "was destroyed but it is pending", "proxy.shadow_failed"):
+        assert sign not in written, written

@@ -25,6 +25,7 @@ from proxy.api.app_keys import (
     RUNTIME,
     SESSION,
     SETTINGS,
+    SHADOW,
     Runtime,
     RuntimeHolder,
 )
@@ -45,6 +46,7 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import QueueingSink, RedisStreamSink, build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
+from proxy.service.shadow import ShadowJudge
 from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
@@ -132,12 +134,14 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         feedback_store = RedisFeedbackStore(settings.redis, outbox, on_capped=metrics.feedback_capped.inc)
         context = RedisContextStore(settings.redis, outbox)
     app[FEEDBACK] = feedback_store
+    shadow = app[SHADOW] = ShadowJudge(metrics, limiter)
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
     streams = ReviewStreams(settings.redis) if settings.redis and settings.serves_console else None
     if streams is not None:  # the console reads the review stream when the policy's sink is it
         app[REVIEW_STREAMS] = streams
     yield
+    await shadow.aclose()  # before the stores and the limiter it writes to
     if streams is not None:
         await streams.aclose()
     await context.aclose()

@@ -23,6 +23,7 @@ import orjson
 from proxy import __version__, conformance_table
 from proxy.app import build_app
 from proxy.calibration import command as calibration_command
+from proxy.calibration import policy_command
 from proxy.clients import read_identities
 from proxy.compose.run import Composer
 from proxy.conformance import OFFICIAL_VECTORS, run_vectors
@@ -209,7 +210,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     if args.policy:
         policy = _policy_or_report(args.policy)
         if policy is None:
-            return EXIT_USAGE
+            return PolicyError.EXIT_STATUS
         outcomes = asyncio.run(_golden_with_policy(module, policy))
     else:
         outcomes = run_golden(module, offline_envelope)
@@ -236,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.policy:
         policy = _policy_or_report(args.policy)
         if policy is None:
-            return EXIT_USAGE
+            return PolicyError.EXIT_STATUS
         siblings = ModuleRegistry.load([module.path.parent]).modules  # a composite's steps
         answer = asyncio.run(_run_with_policy(module, value, policy, siblings))
         envelope = answer.envelope
@@ -687,7 +688,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}")
-        return EXIT_FAILED
+        return PolicyError.EXIT_STATUS
     print("\n".join(summary(policy)))
     return EXIT_OK
 
@@ -695,7 +696,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     policy = _policy_or_report(args.policy)
     if policy is None:
-        return EXIT_FAILED
+        return PolicyError.EXIT_STATUS
     if args.module:
         registry = ModuleRegistry.load(Path(d) for d in args.modules)
         module = registry.get(args.module)
@@ -815,8 +816,8 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``policy check`` and ``policy explain``."""
-    policy = sub.add_parser("policy", help="check a policy file, or explain a decision")
+    """``policy check``, ``explain``, ``tune`` and ``simulate``."""
+    policy = sub.add_parser("policy", help="check a policy, explain a decision, tune or simulate one")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     p = policy_sub.add_parser("check", help="validate a policy and print a summary")
     p.add_argument("file", help="the policy YAML")
@@ -835,6 +836,7 @@ def _policy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("--modules", action="append", default=None, help="module directory (default: modules)")
     p.set_defaults(func=cmd_policy_explain)
+    policy_command.add_parsers(policy_sub)
 
 
 def _module_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -23,8 +23,10 @@ ANONYMOUS = "anonymous"
 """The client of a proxy without client keys: every request shares its limits."""
 LABELS = frozenset({"name", "team"})
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SHADOW = "cogproxy-shadow"
+"""The proxy itself as a client: the shadow judge's spend (``feedback.shadow``)."""
 HASHED_PREFIX = "key-"
-_DERIVED = re.compile(rf"^({HASHED_PREFIX}[0-9a-f]{{16}}|{ANONYMOUS})$")
+_DERIVED = re.compile(rf"^({HASHED_PREFIX}[0-9a-f]{{16}}|{ANONYMOUS}|{SHADOW})$")
 """Identities the rule derives; a configured name never takes one (it would share its records)."""
 
 

@@ -306,6 +306,8 @@ class Gate:
 
     reached: asyncio.Event = field(default_factory=asyncio.Event)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
+    model: str | None = None
+    """Hold only requests for this model (None: every request)."""
 
     def release(self) -> None:
         self.opened.set()
@@ -337,10 +339,11 @@ class FakeUpstream:
         self.gate: Gate | None = None
         """When set, every request is held on arrival until the gate opens (``hold``)."""
 
-    def hold(self) -> Gate:
-        """Hold every request on arrival until ``Gate.release()``; ``Gate.reached`` is set once
-        one arrived (a test does something while the proxy waits on the upstream)."""
-        self.gate = Gate()
+    def hold(self, model: str | None = None) -> Gate:
+        """Hold every request (``model``: every request for that model) on arrival until
+        ``Gate.release()``; ``Gate.reached`` is set once one arrived (a test does something while
+        the proxy waits on the upstream)."""
+        self.gate = Gate(model=model)
         return self.gate
 
     @property
@@ -448,7 +451,7 @@ class FakeUpstream:
             )
             self.requests.append(record)
             request[_RECORD] = record
-            if self.gate is not None:
+            if self.gate is not None and self.gate.model in (None, record.model):
                 self.gate.reached.set()
                 await self.gate.opened.wait()
             response = await handler(request)

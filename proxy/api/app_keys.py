@@ -11,6 +11,7 @@ from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore
 from proxy.observability.metrics import Metrics
 from proxy.service.runtime import Runtime as Runtime
+from proxy.service.shadow import ShadowJudge
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore
 from proxy.state.outbox import RedisOutbox
@@ -33,6 +34,8 @@ ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", Metrics)
 FEEDBACK = web.AppKey("feedback", FeedbackStore)
 """Module answers remembered for ``POST /v1/feedback`` (memory, or Redis with ``--redis-url``)."""
+SHADOW = web.AppKey("shadow", ShadowJudge)
+"""The background judge of ``feedback.shadow`` (idle while the policy does not enable it)."""
 OUTBOX = web.AppKey("outbox", RedisOutbox)
 """Set only with ``--redis-url``."""
 CONTEXT_STORE = web.AppKey("context_store", ContextStore)

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.api.app_keys import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, Runtime
+from proxy.api.app_keys import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, ROUTER, SHADOW, Runtime
 from proxy.api.errors import ApiError
 from proxy.api.limits import CallLimits
 from proxy.api.media import media_env
@@ -39,6 +39,7 @@ def services_of(request: web.Request) -> Services:
         context_store=app[CONTEXT_STORE],
         redact=app[REDACT_NAMES],
         feedback=app[FEEDBACK],
+        shadow=app[SHADOW],
         edge_errors=(ApiError,),
     )
 

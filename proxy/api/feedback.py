@@ -22,7 +22,7 @@ from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
 from proxy.service.instrument import record_verdict
 from proxy.service.runtime import Runtime
-from proxy.state.feedback import VERDICT_SCORES, AnswerRecord, FeedbackStore, with_verdict
+from proxy.state.feedback import SHADOW_SOURCE, VERDICT_SCORES, AnswerRecord, FeedbackStore, with_verdict
 
 SOURCE_MAX = 64
 CLIENT_MAX = 64
@@ -72,11 +72,16 @@ def _parse(body: dict[str, Any]) -> Verdict:
     score = body.get("score", VERDICT_SCORES[verdict])
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 1:
         raise ApiError(400, "score must be a number from 0 to 1", param="score")
+    source = _field(body, "source", SOURCE_MAX)
+    if source == SHADOW_SOURCE:
+        raise ApiError(
+            400, f"source {SHADOW_SOURCE!r} is the proxy's own judge's (feedback.shadow)", param="source"
+        )
     return Verdict(
         trace_id,
         verdict,
         float(score),
-        _field(body, "source", SOURCE_MAX),
+        source,
         _field(body, "note", NOTE_MAX),
         _field(body, "client", CLIENT_MAX),
     )

@@ -22,6 +22,7 @@ from proxy.api.app_keys import runtime_of
 from proxy.api.errors import json_response
 from proxy.contract.errors import BY_CODE
 from proxy.module.model import Module
+from proxy.state.feedback import SHADOW_SOURCE
 from proxy.stream.chunks import CHUNK_SCHEMA_FILE
 
 OPENAPI_VERSION = "3.1.0"
@@ -291,7 +292,12 @@ _FEEDBACK_REQUEST: dict[str, Any] = {
         "trace_id": {"type": "string", "pattern": "^[A-Za-z0-9._:/=+-]{1,128}$"},
         "verdict": {"enum": ["correct", "incorrect", "partially_correct"]},
         "score": {"type": "number", "minimum": 0, "maximum": 1},
-        "source": {"type": "string", "maxLength": 64},
+        "source": {
+            "type": "string",
+            "maxLength": 64,
+            "not": {"const": SHADOW_SOURCE},
+            "description": f"who judged; {SHADOW_SOURCE!r} is the proxy's own judge's (feedback.shadow)",
+        },
         "note": {"type": "string", "maxLength": 1000},
         "client": {"type": "string", "maxLength": 64, "description": "whose answer (admin keys only)"},
     },

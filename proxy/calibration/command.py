@@ -8,7 +8,8 @@ import sys
 
 import yaml
 
-from proxy.calibration.fit import Point, fit_map
+from proxy.calibration.choose import FOLDS, Choice, choose
+from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Reliability, render
 from proxy.calibration.sources import SourceError, from_prometheus, from_redis, points_from_bins
 from proxy.state.redis_client import RedisOptions
@@ -25,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     commands = calibration.add_subparsers(dest="calibration_command", required=True, metavar="SUBCOMMAND")
     for name, help_text, func in (
         ("report", "per model: verdicts, ECE, Brier, reliability bins; per tier and decision", cmd_report),
-        ("fit", "propose calibration maps (isotonic regression) and print them as policy YAML", cmd_fit),
+        ("fit", "propose calibration maps (isotonic, Platt or temperature) as policy YAML", cmd_fit),
     ):
         p = commands.add_parser(name, help=help_text)
         source = p.add_mutually_exclusive_group()
@@ -94,6 +95,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scores(choice: Choice) -> list[str]:
+    header = f"{'kind':<12} {'log-loss':>8} {'ECE before':>10} {'after':>6} {'Brier before':>12} {'after':>6}"
+    lines = [f"#   {header}"]
+    for s in choice.scores:
+        mark = "  <- proposed" if s.kind == choice.kind else ""
+        lines.append(
+            f"#   {s.kind:<12} {s.log_loss:>8.4f} {s.ece_before:>10.3f} {s.ece_after:>6.3f} "
+            f"{s.brier_before:>12.3f} {s.brier_after:>6.3f}{mark}"
+        )
+    return lines
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     loaded = _read(args)
     if loaded is None:
@@ -101,16 +114,22 @@ def cmd_fit(args: argparse.Namespace) -> int:
     maps = {}
     for target, points in sorted(loaded[1].items()):
         verdicts = sum(p.weight for p in points)
-        fitted = fit_map(points) if verdicts >= args.min_verdicts else None
-        if fitted is None:
+        if verdicts < max(args.min_verdicts, FOLDS):
             print(f"# {target}: {verdicts:.0f} verdicts, no map proposed", file=sys.stderr)
             continue
-        maps[target] = fitted.as_yaml()
-        print(f"# {target}: fitted on {verdicts:.0f} verdicts", file=sys.stderr)
+        choice = choose(points)
+        maps[target] = choice.as_yaml()
+        print(
+            f"# {target}: fitted on {verdicts:.0f} verdicts; {choice.kind} has the lowest log-loss on "
+            f"held-out verdicts ({FOLDS}-fold cross-validation):",
+            file=sys.stderr,
+        )
+        print("\n".join(_scores(choice)), file=sys.stderr)
     if not maps:
         print("error: no target has enough verdicts to fit a map", file=sys.stderr)
         return 1
-    print("# Proposed by `cogproxy calibration fit` (isotonic regression). Review it, put it in the")
-    print("# policy, and reload (SIGHUP, or the file change is picked up): nothing applies it for you.")
+    print("# Proposed by `cogproxy calibration fit` (isotonic, Platt or temperature: the lowest")
+    print("# cross-validated log-loss). Review it, put it in the policy, and reload (SIGHUP, or the")
+    print("# file change is picked up): nothing applies it for you.")
     print(yaml.safe_dump({"calibration": maps}, sort_keys=True, default_flow_style=None), end="")
     return 0

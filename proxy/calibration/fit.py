@@ -27,20 +27,33 @@ class Point:
     weight: float = 1.0
 
 
-def pava(points: Iterable[Point]) -> list[Point]:
-    """The weighted isotonic (non-decreasing) fit: one block per pooled run, as (weighted mean x,
-    block mean y, block weight), x strictly increasing when the inputs' x are distinct."""
-    blocks: list[list[float]] = []  # [weight, sum w*x, sum w*y]
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A pooled run of PAV: its weighted mean ``x``, mean correctness ``y`` and ``weight``, and
+    the range ``lo``..``hi`` of the reported confidences it covers."""
+
+    x: float
+    y: float
+    weight: float
+    lo: float
+    hi: float
+
+
+def pava(points: Iterable[Point]) -> list[Block]:
+    """The weighted isotonic (non-decreasing) fit: one block per pooled run, x strictly increasing
+    when the inputs' x are distinct."""
+    blocks: list[list[float]] = []  # [weight, sum w*x, sum w*y, lo, hi]
     for p in sorted(points, key=lambda p: p.x):
         if p.weight <= 0:
             continue
-        blocks.append([p.weight, p.weight * p.x, p.weight * p.y])
+        blocks.append([p.weight, p.weight * p.x, p.weight * p.y, p.x, p.x])
         while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] > blocks[-1][2] / blocks[-1][0]:
-            w, wx, wy = blocks.pop()
+            w, wx, wy, _, hi = blocks.pop()
             blocks[-1][0] += w
             blocks[-1][1] += wx
             blocks[-1][2] += wy
-    return [Point(wx / w, wy / w, w) for w, wx, wy in blocks]
+            blocks[-1][4] = hi
+    return [Block(wx / w, wy / w, w, lo, hi) for w, wx, wy, lo, hi in blocks]
 
 
 def grouped(points: Iterable[Point], grid: int = GRID) -> list[Point]:
@@ -55,18 +68,22 @@ def grouped(points: Iterable[Point], grid: int = GRID) -> list[Point]:
 
 
 def fit_map(points: Iterable[Point]) -> CalibrationMap | None:
-    """A monotone piecewise-linear map through the PAV block means; None with fewer than two
-    distinct blocks (nothing to interpolate: too few or too uniform verdicts)."""
-    blocks = pava(grouped(points))
-    if len(blocks) < MIN_POINTS:
+    """The isotonic map: each PAV block a flat segment over its range of reported confidences
+    (scikit-learn's semantics), joined linearly to the next; a single block is a flat map (a model
+    whose confidence tells nothing). None without points."""
+    corners: list[tuple[float, float]] = []
+    for b in pava(grouped(points)):
+        y = round(min(1.0, max(0.0, b.y)), 4)
+        corners += [(round(b.lo, 4), y), (round(b.hi, 4), y)]
+    if not corners:
         return None
-    xs = [round(b.x, 4) for b in blocks]
-    ys = [round(min(1.0, max(0.0, b.y)), 4) for b in blocks]
-    kept_x, kept_y = [xs[0]], [ys[0]]
-    for x, y in zip(xs[1:], ys[1:], strict=True):
-        if x > kept_x[-1]:  # rounding may tie two blocks: keep the map a function
+    kept_x, kept_y = [corners[0][0]], [corners[0][1]]
+    for x, y in corners[1:]:
+        if x > kept_x[-1]:  # a one-point block, or rounding, ties two corners: keep a function
             kept_x.append(x)
             kept_y.append(max(y, kept_y[-1]))
-    if len(kept_x) < MIN_POINTS:
-        return None
+        else:
+            kept_y[-1] = max(y, kept_y[-1])
+    if len(kept_x) < MIN_POINTS:  # one reported confidence: flat everywhere
+        return CalibrationMap((0.0, 1.0), (kept_y[0], kept_y[0]))
     return CalibrationMap(tuple(kept_x), tuple(kept_y))

@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 
 from proxy.calibration.fit import Point
 from proxy.calibration.reliability import Bin, Reliability, from_records
-from proxy.state.feedback import scan_records
+from proxy.state.feedback import AnswerRecord, scan_records
 from proxy.state.redis_access import redacted
 from proxy.state.redis_client import RedisOptions
 
@@ -96,24 +96,32 @@ async def from_prometheus(url: str, window: str, module: str | None = None) -> R
     return rel
 
 
-async def from_redis(
-    redis: RedisOptions | str, module: str | None = None
-) -> tuple[Reliability, dict[str, list[Point]]]:
-    """The figures of the judged answers in Redis (a URL, or the options with its access), and per
-    target the points to fit; records that are not sane ones are left out and counted
-    (``Reliability.skipped``)."""
+async def judged_records(
+    redis: RedisOptions | str, module: str | None = None, on_skipped: Callable[[str], None] | None = None
+) -> list[AnswerRecord]:
+    """The judged answers stored in Redis (a URL, or the options with its access), of ``module``
+    only when given; records that are not sane ones are left out and passed to ``on_skipped``."""
     try:
         options = RedisOptions(redis) if isinstance(redis, str) else redis
     except ValueError as exc:  # its message quotes none of the URL
         raise SourceError(str(exc)) from None
     records = []
-    skipped: list[str] = []
     try:
-        async for record in scan_records(options, on_skipped=skipped.append):
+        async for record in scan_records(options, on_skipped=on_skipped):
             if record.verdict is not None and (module is None or record.module == module):
                 records.append(record)
     except (RedisError, OSError) as exc:
         raise SourceError(f"Redis at {redacted(options.url)}: {exc}") from exc
+    return records
+
+
+async def from_redis(
+    redis: RedisOptions | str, module: str | None = None
+) -> tuple[Reliability, dict[str, list[Point]]]:
+    """The figures of the judged answers in Redis, and per target the points to fit; records that
+    are not sane ones are left out and counted (``Reliability.skipped``)."""
+    skipped: list[str] = []
+    records = await judged_records(redis, module, skipped.append)
     points: dict[str, list[Point]] = {}
     for r in records:
         if r.score is not None:  # a judged record has its score (``feedback.from_redis`` checks)
@@ -132,3 +140,46 @@ def points_from_bins(rel: Reliability) -> dict[str, list[Point]]:
                 Point(b.mean_confidence, b.accuracy, b.count) for b in figures.bins.values() if b.count
             ]
     return out
+
+
+async def prometheus_records(url: str, window: str, module: str | None = None) -> list[AnswerRecord]:
+    """The first human verdicts of the last ``window`` as answer records, one per verdict (the same
+    record repeated), each at the lower edge of its bin on the ``calibrated`` scale: the confidence
+    decided on, so a threshold on a bin edge accepts exactly the answers of the bins at or above
+    it. Counts are Prometheus's ``increase()``, rounded."""
+    if not WINDOW.match(window):
+        raise SourceError(f"window {window!r}: a Prometheus duration such as 1h, 7d")
+    if module is not None and not _MODULE.match(module):
+        raise SourceError(f"module {module!r}: not a module name")
+    calibrated = _selector(module, 'scale="calibrated"')
+    by = "module, provider, model, bucket, verdict"
+    verdicts = f"sum by ({by}) (increase(cognitive_feedback_total{calibrated}[{window}]))"
+    tiers = (
+        f"sum by (module, tier) (increase(cognitive_feedback_outcomes_total{_selector(module)}[{window}]))"
+    )
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROMETHEUS_TIMEOUT_S)) as session:
+        tier_of = {s["metric"]["module"]: s["metric"]["tier"] for s in await _query(session, url, tiers)}
+        rows = await _query(session, url, verdicts)
+    records: list[AnswerRecord] = []
+    for sample in rows:
+        labels, count = sample["metric"], round(float(sample["value"][1]))
+        edge, verdict, name = float(labels["bucket"]), labels["verdict"], labels["module"]
+        record = AnswerRecord(
+            trace_id="",
+            module=name,
+            tier=tier_of.get(name, ""),
+            rung="",
+            provider=labels["provider"],
+            model=labels["model"],
+            confidence=edge,
+            calibrated=edge,
+            risk="",
+            decision="",
+            min_confidence=0.0,
+            at=0.0,
+            expires=0.0,
+            verdict=verdict,
+            score=1.0 if verdict == "correct" else 0.0,
+        )
+        records += [record] * count
+    return records

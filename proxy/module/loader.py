@@ -179,6 +179,7 @@ def _build(
         calls=calls,
         tools=_tools(as_dict(manifest.get("tools"))),
         policies=tuple((str(k), str(v)) for k, v in as_dict(manifest.get("policies")).items()),
+        decision_fields=tuple(str(x) for x in as_dict(manifest.get("meta")).get("decision_fields") or ()),
     )
 
 

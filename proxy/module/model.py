@@ -85,6 +85,8 @@ class Module:
     calls: tuple[CallDirective, ...] = ()
     """The prompt's ``@call`` directives (their lines are already out of ``prompt``)."""
     tools: ToolPolicy = ToolPolicy()
+    decision_fields: tuple[str, ...] = ()
+    """``meta.decision_fields``: the data fields a shadow judge must agree on (empty: declared none)."""
     policies: tuple[tuple[str, str], ...] = ()
     """``policies`` as declared (``network: deny``...); only declared entries are enforced."""
 
@@ -111,6 +113,15 @@ class Module:
     def data_schema(self) -> dict[str, Any]:
         value = self.schema.get("data")
         return value if isinstance(value, dict) else {}
+
+    @property
+    def judged_fields(self) -> tuple[str, ...]:
+        """The data fields an answer is judged on: ``meta.decision_fields``, else the fields the
+        data schema marks required."""
+        if self.decision_fields:
+            return self.decision_fields
+        required = self.data_schema.get("required")
+        return tuple(str(name) for name in required) if isinstance(required, list) else ()
 
     @property
     def keeps_confidence_in_data(self) -> bool:

@@ -297,6 +297,39 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("module", "changed"),
     ),
     (
+        "verdicts",
+        "cognitive_verdicts_total",
+        "Every verdict recorded on a module answer, by source (human: POST /v1/feedback; shadow: "
+        "the proxy's own judge, feedback.shadow).",
+        ("module", "source", "verdict"),
+    ),
+    (
+        "shadow_judgements",
+        "cognitive_shadow_judgements_total",
+        "Shadow judgements by result (agree, disagree: recorded as a verdict; failed: the judge gave "
+        "no usable answer; gone: the answer's record expired or was evicted meanwhile).",
+        ("module", "result"),
+    ),
+    (
+        "shadow_skipped",
+        "cognitive_shadow_skipped_total",
+        "Sampled answers not judged: over_budget (feedback.shadow.budget_usd_per_day or a global "
+        "budget spent), busy (the bounded set of pending judgements full).",
+        ("reason",),
+    ),
+    (
+        "shadow_spend",
+        "cognitive_shadow_spend_usd_total",
+        "USD the shadow judge spent (the policy's prices x the judge's usage).",
+        (),
+    ),
+    (
+        "shadow_vs_human",
+        "cognitive_shadow_human_agreement_total",
+        "Answers with both a shadow and a human verdict, by whether they agree.",
+        ("module", "agree"),
+    ),
+    (
         "cost",
         "cognitive_cost_usd",
         "USD spent, from the policy's prices x each answer's usage (client: the key's name).",
@@ -462,6 +495,11 @@ class Metrics:
     feedback_brier: Counter
     feedback_outcomes: Counter
     feedback_replaced: Counter
+    verdicts: Counter
+    shadow_judgements: Counter
+    shadow_skipped: Counter
+    shadow_spend: Counter
+    shadow_vs_human: Counter
     cost: Counter
     savings: Counter
     savings_lost: Counter

@@ -39,6 +39,7 @@ from proxy.policy.model import (
     RetryBudget,
     ReviewPolicy,
     Rung,
+    ShadowPolicy,
     Target,
     Thresholds,
     Timeouts,
@@ -64,6 +65,11 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
 
 class PolicyError(ValueError):
     """A policy that cannot be used; the message lists each problem as ``path.to.key: problem``."""
+
+    EXIT_STATUS = 1
+    """What a command that reads a policy (``policy check``, ``explain``, ``tune``, ``simulate``,
+    ``test --policy``) exits with when it refuses one; ``serve`` exits 2, as for every start-up
+    error (docs/cli.md)."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         super().__init__(f"{source}: " + "; ".join(problems))
@@ -219,6 +225,17 @@ def _feedback(raw: dict[str, Any]) -> FeedbackPolicy:
         window_s=float(raw.get("window_s", defaults.window_s)),
         max_entries=int(raw.get("max_entries", defaults.max_entries)),
         max_per_day=int(raw.get("max_per_day", defaults.max_per_day)),
+        shadow=_shadow(as_dict(raw.get("shadow"))),
+    )
+
+
+def _shadow(raw: dict[str, Any]) -> ShadowPolicy:
+    defaults = ShadowPolicy()
+    return ShadowPolicy(
+        rate=float(raw.get("rate", defaults.rate)),
+        judge_rung=raw.get("judge_rung", defaults.judge_rung),
+        budget_usd_per_day=float(raw.get("budget_usd_per_day", defaults.budget_usd_per_day)),
+        modules=tuple(raw.get("modules", defaults.modules)),
     )
 
 
@@ -343,6 +360,9 @@ def _cross_checks(doc: dict[str, Any]) -> list[str]:
     for key in as_dict(doc.get("capabilities")):
         if key.split("/", 1)[0] not in providers:
             problems.append(f"capabilities.{key}: unknown provider {key.split('/', 1)[0]!r}")
+    judge = as_dict(as_dict(as_dict(doc.get("feedback")).get("shadow"))).get("judge_rung")
+    if judge is not None and judge not in rung_names:
+        problems.append(f"feedback.shadow.judge_rung: no rung named {judge!r}")
     for alias, target in as_dict(doc.get("aliases")).items():
         if target not in rung_names and target.split("/", 1)[0] not in providers:
             problems.append(f"aliases.{alias}: {target!r} is neither a rung nor provider/model")

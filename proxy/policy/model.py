@@ -220,6 +220,30 @@ keeps its own; a sidecar that judges more answers later shares a Redis (``--redi
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowPolicy:
+    """``feedback.shadow``: verdicts without humans. A sampled share of accepted answers of a rung
+    below ``judge_rung`` is asked again there after the client has its answer; agreement on the
+    module's decision fields is recorded as a verdict with ``source: shadow``."""
+
+    rate: float = 0.0
+    """Share of eligible answers judged (0: off), sampled by trace id."""
+    judge_rung: str | None = None
+    """The rung that judges (None: the ladder's top rung)."""
+    budget_usd_per_day: float = 1.0
+    """The judge's spend per UTC day, all replicas together with ``--redis-url``; past it answers
+    are not judged (``cognitive_shadow_skipped_total{reason="over_budget"}``)."""
+    modules: tuple[str, ...] = ()
+    """Modules judged (empty: every module)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+    def judges(self, module: str) -> bool:
+        return self.enabled and (not self.modules or module in self.modules)
+
+
+@dataclass(frozen=True, slots=True)
 class FeedbackPolicy:
     """How long module answers are remembered for ``POST /v1/feedback``."""
 
@@ -229,6 +253,7 @@ class FeedbackPolicy:
     max_per_day: int = 0
     """Records one replica adds to Redis in a UTC day (0: no cap); past it an answer stays in
     this replica's memory only (``cognitive_feedback_capped_total``)."""
+    shadow: ShadowPolicy = ShadowPolicy()
 
 
 MB = 1024 * 1024

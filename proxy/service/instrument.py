@@ -20,7 +20,7 @@ from proxy.observability.metrics import (
 )
 from proxy.pipeline import Attempt, ModuleAnswer
 from proxy.policy.model import Policy, Target
-from proxy.state.feedback import AnswerRecord
+from proxy.state.feedback import SHADOW_SOURCE, AnswerRecord
 from proxy.upstream.base import ProviderError
 
 log = structlog.get_logger("proxy")
@@ -200,10 +200,17 @@ def _record_escalation(metrics: Metrics, module: str, attempt: Attempt, rungs: l
 
 
 def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previous: AnswerRecord) -> None:
-    """Count a verdict: the reliability counters take an answer's first verdict only (a counter
-    cannot take back a replaced one); later verdicts count in ``cognitive_feedback_replaced_total``."""
+    """Count a verdict: the reliability counters take an answer's first human verdict only (a
+    counter cannot take back a replaced one); later verdicts count in
+    ``cognitive_feedback_replaced_total``. A shadow verdict counts in ``cognitive_verdicts_total``
+    only, so the reliability counters stay the humans' and the two sources are compared, not mixed."""
     assert record.verdict is not None and record.score is not None
-    if previous.verdict is not None:
+    metrics.verdicts.labels(record.module, source_label(record.source), record.verdict).inc()
+    if record.source == SHADOW_SOURCE:
+        return
+    if previous.source == SHADOW_SOURCE:
+        record_shadow_vs_human(metrics, record.module, previous.verdict, record.verdict)
+    elif previous.verdict is not None:
         changed = (previous.verdict, previous.score) != (record.verdict, record.score)
         metrics.feedback_replaced.labels(record.module, "true" if changed else "false").inc()
         return
@@ -220,3 +227,14 @@ def record_verdict(metrics: Metrics, policy: Policy, record: AnswerRecord, previ
     metrics.feedback_outcomes.labels(
         record.module, record.tier, provider, model, record.decision, gate, record.verdict
     ).inc()
+
+
+def source_label(source: str | None) -> str:
+    """The bounded ``source`` label of a verdict: ``shadow`` for the proxy's own judge, else
+    ``human`` (a client's ``source`` is free text, never a label)."""
+    return "shadow" if source == SHADOW_SOURCE else "human"
+
+
+def record_shadow_vs_human(metrics: Metrics, module: str, shadow: str | None, human: str | None) -> None:
+    """One answer judged by both the shadow judge and a human: do they agree?"""
+    metrics.shadow_vs_human.labels(module, "true" if shadow == human else "false").inc()

@@ -37,6 +37,7 @@ from proxy.review import review_record
 from proxy.service.instrument import record_module_answer, record_module_cost
 from proxy.service.records import answer_record, review_facts
 from proxy.service.runtime import Runtime
+from proxy.service.shadow import ShadowJudge
 from proxy.state.feedback import FeedbackStore
 from proxy.upstream.router import Router
 
@@ -92,6 +93,8 @@ class Services:
     context_store: ContextStore
     redact: NameMatcher
     feedback: FeedbackStore
+    shadow: ShadowJudge | None = None
+    """Verdicts without humans (``feedback.shadow``); None: never judged."""
     edge_errors: tuple[type[Exception], ...] = ()
     """Exceptions that are the edge's own answers (a busy memory budget: 503): raised as they are,
     never turned into E4000."""
@@ -283,6 +286,8 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
     if remembered is not None:
         feedback = runtime.policy.feedback
         services.feedback.remember(remembered, feedback.max_entries, feedback.max_per_day)
+    if services.shadow is not None:  # in the background: the answer never waits for it
+        services.shadow.consider(call, services, answer, remembered)
     if answer.decision == "review":
         await runtime.review.submit(
             review_record(

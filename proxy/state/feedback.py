@@ -53,6 +53,9 @@ REDIS_RECORD_BYTES = 360
 id, a hashed client key, ~40 characters of module, tier and target names); ~430 bytes of
 ``used_memory`` with the key's expiry. A verdict adds its own fields (a note up to 1,000)."""
 
+SHADOW_SOURCE = "shadow"
+"""The ``source`` of a verdict by the proxy's own judge (``feedback.shadow``); refused from clients."""
+
 Clock = Callable[[], float]
 RecordKey = tuple[str, str]
 """(client identity, trace id)."""

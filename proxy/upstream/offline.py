@@ -13,6 +13,9 @@ escalation::
         - {model: small, module: code-reviewer, confidence: 0.42}
       reply: "Hello from the offline provider."
 
+``options.population`` scripts a seeded synthetic population instead: confidence and correctness
+on known curves (``proxy.upstream.offline_population``).
+
 It exists for ``make run``, demos and tests, and is never part of ``policies/default.yaml``.
 """
 
@@ -30,6 +33,7 @@ from proxy.module.model import Module
 from proxy.module.sample import sample
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallInfo, Relayed, relay_from_complete
+from proxy.upstream.offline_population import populations, wrong
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
 DEFAULT_REPLY = "Hello from the cognitive-proxy offline demo provider."
@@ -86,6 +90,18 @@ def offline_answer(
     return orjson.dumps(example).decode()
 
 
+def _drawn(text: str, module: Module, confidence: float, right: bool) -> str:
+    """An answer of a synthetic population: ``text`` reporting ``confidence``, its judged fields
+    changed when it is to be wrong (``proxy.upstream.offline_population``)."""
+    answer = orjson.loads(text)
+    if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
+        return text
+    answer["meta"] = {**as_dict(answer.get("meta")), "confidence": confidence}
+    if not right:
+        answer["data"] = wrong(module, answer["data"])
+    return orjson.dumps(answer).decode()
+
+
 class OfflineProvider:
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -94,6 +110,7 @@ class OfflineProvider:
             (str(rule.get("model")), str(rule.get("module"))): float(rule.get("confidence", 0.4))
             for rule in map(as_dict, as_list(config.options.get("low_confidence")))
         }
+        self._populations = populations(config.options)
         # Golden cases read once per loaded module (a reload brings new Module objects); the
         # module is kept in the value so its id cannot be reused while cached.
         self._cases: dict[int, tuple[Module, list[GoldenCase]]] = {}
@@ -108,6 +125,9 @@ class OfflineProvider:
     def _module_answer(self, model: str, ctx: CallInfo) -> str:
         assert ctx.module is not None
         text = offline_answer(ctx.module, ctx.input, cases=self._cases_of(ctx.module))
+        population = self._populations.get((model, ctx.module.name))
+        if population is not None:
+            return _drawn(text, ctx.module, *population.draw())
         low = self._low.get((model, ctx.module.name))
         if low is None:
             return text

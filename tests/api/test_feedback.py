@@ -71,7 +71,9 @@ async def test_a_verdict_is_counted_by_model_bucket_and_verdict_and_a_second_rep
         text = await metrics(session, proxy)
         assert 'cognitive_feedback_replaced_total{changed="false",module="code-reviewer"} 1.0' in text
         assert 'cognitive_feedback_replaced_total{changed="true",module="code-reviewer"} 1.0' in text
-        assert 'verdict="correct"} 1.0' not in text  # the reliability counters keep the first verdict
+        reliability = [line for line in text.splitlines() if line.startswith("cognitive_feedback_")]
+        assert not [line for line in reliability if 'verdict="correct"} 1.0' in line]  # the first verdict's
+        assert 'cognitive_verdicts_total{module="code-reviewer",source="human",verdict="correct"} 1.0' in text
 
 
 @pytest.mark.parametrize(

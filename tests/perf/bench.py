@@ -669,6 +669,89 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
     redis.Redis.from_url(bench_redis).flushdb()
 
 
+SHADOW_BLOCKS, SHADOW_BLOCK = 10, 200
+"""Calls per variant: blocks of sequential calls, the variants taking turns (the machine's other
+load falls on each alike)."""
+SHADOW_RATES = {"off": 0.0, "rate 0.05": 0.05, "rate 1": 1.0}
+
+
+def _shadow_policy(up_port: int, rate: float) -> str:
+    """Two rungs on the no-delay upstream; code-reviewer accepted on the first, judged on the
+    second in the background when ``rate`` > 0 (``feedback.shadow``)."""
+    return (
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n  - {name: strong, targets: [up/judge]}\n"
+        f"feedback: {{max_entries: 1000, shadow: {{rate: {rate}, judge_rung: strong}}}}\n"
+    )
+
+
+def _shadow_counts(port: int) -> dict[str, float]:
+    """The proxy's shadow judgements by result and skips by reason, from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("cognitive_shadow_judgements_total", "cognitive_shadow_skipped_total"):
+                key = sample.labels.get("result") or sample.labels.get("reason", "")
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def _judgements_settled(port: int) -> dict[str, float]:
+    """Wait until the proxy's judgements stop growing (none left in the background)."""
+    last = _shadow_counts(port)
+    while True:
+        time.sleep(0.2)
+        now = _shadow_counts(port)
+        if now == last:
+            return now
+        last = now
+
+
+def shadow_bench(tmpdir: Path, up_port: int) -> None:
+    """Client latency of module calls (c=1) with shadow judging off, at rate 0.05 and at rate 1
+    (every answer judged on the second rung in the background), in the same run: blocks of calls,
+    the variants taking turns, each block measured once the previous one's judgements ended."""
+    ports: dict[str, int] = {}
+    procs = []
+    try:
+        for name, rate in SHADOW_RATES.items():
+            ports[name] = port = free_port()
+            policy = tmpdir / f"shadow-{rate}.yaml"
+            policy.write_text(_shadow_policy(up_port, rate))
+            procs.append(subprocess.Popen(serve_command(policy, port, "--log-level", "warning"), cwd=ROOT))
+        latencies: dict[str, list[float]] = {name: [] for name in ports}
+        for port in ports.values():
+            wait_port(port)
+            asyncio.run(
+                _sequential(f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute", MODULE_BODY, 50, {})
+            )
+            _judgements_settled(port)
+        names = list(ports)
+        for block in range(SHADOW_BLOCKS):
+            for name in names[block % len(names) :] + names[: block % len(names)]:
+                url = f"http://127.0.0.1:{ports[name]}/v1/modules/code-reviewer/execute"
+                latencies[name] += asyncio.run(_sequential(url, MODULE_BODY, SHADOW_BLOCK, {}))
+                _judgements_settled(ports[name])
+        for name, values in latencies.items():
+            counts = _shadow_counts(ports[name])
+            judged = ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none judged"
+            print(
+                f"shadow judging {name:<9} module call c=1, {len(values)} calls: "
+                f"p50 {pct(values, 50):.3f} ms, p99 {pct(values, 99):.3f} ms ({judged})"
+            )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 LIMIT_ROUNDS = 3000
 
 
@@ -1279,6 +1362,9 @@ def main() -> int:
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     parser.add_argument(
+        "--shadow", action="store_true", help="only client latency with shadow judging off and on"
+    )
+    parser.add_argument(
         "--retries", action="store_true", help="only the success rate at 30%% 503s (repeated runs)"
     )
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
@@ -1323,7 +1409,7 @@ def main() -> int:
     if args.retries:
         retries_bench()
         return 0
-    if not (args.memory_only or args.stream or args.context) and shutil.which("wrk") is None:
+    if not (args.memory_only or args.stream or args.context or args.shadow) and shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -1348,6 +1434,9 @@ def main() -> int:
                 return 0
             if args.context:
                 context_bench(tmpdir, up_port)
+                return 0
+            if args.shadow:
+                shadow_bench(tmpdir, up_port)
                 return 0
             if args.memory_only:
                 memory_section(through, proxy.pid)
@@ -1381,6 +1470,7 @@ def main() -> int:
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
             stream_section(up_port, proxy_port)
             context_bench(tmpdir, up_port)
+            shadow_bench(tmpdir, up_port)
             composition_bench()
             parse_bench()
             limits_bench()

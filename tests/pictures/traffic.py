@@ -24,6 +24,7 @@ from tests.fake_upstream import FakeUpstream, Fault
 from tests.test_grafana import LIMITED_KEY, PATCH_INPUT, REVIEW_INPUT, e2e_policy, patch_answer, review_answer
 
 TICK_S = 0.2
+SHADOW_RATE = 0.1
 """Pause between rounds: a steady load (some 6 module calls a second here), not a stress test."""
 BREAKER_OPEN_S = 10
 RELOAD_INTERVAL_S = 0.2
@@ -52,6 +53,8 @@ def pictures_policy(fake: FakeUpstream) -> dict[str, Any]:
     """``tests/test_grafana.py``'s end-to-end policy, with a breaker that closes again."""
     policy = e2e_policy(fake)
     policy["failover"]["circuit_breaker"]["open_s"] = BREAKER_OPEN_S
+    # the strong rung judges a share of code-reviewer's accepted answers (the shadow panels)
+    policy["feedback"] = {"shadow": {"rate": SHADOW_RATE, "modules": ["code-reviewer"]}}
     return policy
 
 
@@ -85,6 +88,7 @@ class Load:
         self.fake.script("cheap", self._slow(fast, 0.005, 0.04))
         self.fake.script("backup", self._slow(backup or fast, 0.005, 0.04))
         self.fake.script("strong", self._slow(strong, 0.03, 0.15))
+        self.fake.set_default_reply("strong", strong)  # a shadow judgement may take the scripted one
         async with self.session.post(self.base + f"/modules/{module}/execute", json={"input": data}) as resp:
             await resp.read()
             headers = resp.headers

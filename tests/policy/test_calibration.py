@@ -70,7 +70,9 @@ def test_a_map_for_an_unknown_provider_is_refused() -> None:
 
 def test_feedback_schema_defaults_are_the_dataclass_defaults() -> None:
     schema = load("policy.schema.json")["properties"]["feedback"]["properties"]
-    assert {f.name: f.default for f in fields(FeedbackPolicy)} == {k: v["default"] for k, v in schema.items()}
+    # the nested feedback.shadow block's defaults: tests/policy/test_defaults.py
+    scalars = {f.name: f.default for f in fields(FeedbackPolicy) if f.name != "shadow"}
+    assert scalars == {k: v["default"] for k, v in schema.items() if k != "shadow"}
     assert parse_policy(MINIMAL).feedback == FeedbackPolicy()
     assert parse_policy({**MINIMAL, "feedback": {"window_s": 60}}).feedback.window_s == 60
 
@@ -131,10 +133,24 @@ def test_fit_recovers_the_accuracy_curve_of_a_miscalibrated_model() -> None:
     ) == fitted(0.9)
 
 
-def test_fit_needs_two_distinct_blocks() -> None:
-    assert fit_map([Point(0.9, 1.0), Point(0.91, 1.0)]) is not None
-    assert fit_map([Point(0.9, 1.0), Point(0.95, 0.0)]) is None  # pooled into one block
+def test_a_pooled_block_is_a_flat_segment_over_its_reported_range() -> None:
+    # 40 answers at 0.95 half right, 20 at 0.75 three quarters right: PAV pools both (issue #34).
+    points = [Point(0.95, float(i < 20)) for i in range(40)] + [Point(0.75, float(i < 15)) for i in range(20)]
+    flat = fit_map(points)
+    assert flat is not None
+    assert flat.xs == (0.75, 0.95) and flat.ys == (0.5833, 0.5833)
+    assert {round(flat(x), 4) for x in (0.0, 0.75, 0.8, 0.95, 1.0)} == {0.5833}
+    # Two blocks, the upper one pooled over 0.8..0.9: flat there, linear between blocks.
+    fitted = fit_map([Point(0.5, 0.2), Point(0.8, 0.9), Point(0.9, 0.5)])
+    assert fitted is not None and fitted.xs == (0.5, 0.8, 0.9) and fitted.ys == (0.2, 0.7, 0.7)
     assert grouped([Point(0.901, 1), Point(0.899, 0)]) == [Point(0.9, 0.5, 2)]
+
+
+def test_answers_all_at_one_confidence_give_a_flat_map() -> None:
+    flat = fit_map([Point(0.9, 1.0), Point(0.9, 0.0), Point(0.9, 1.0)])
+    assert flat is not None and flat(0.1) == flat(0.99) == 0.6667
+    assert parse_policy({**MINIMAL, "calibration": {"p/m": flat.as_yaml()}}).calibrate("p/m", 0.9) == 0.6667
+    assert fit_map([]) is None
 
 
 def record(confidence: float, verdict: str, score: float, decision: str = "accept") -> AnswerRecord:

@@ -22,6 +22,7 @@ from proxy.policy.model import (
     ProviderConfig,
     RetryBudget,
     ReviewPolicy,
+    ShadowPolicy,
     Thresholds,
     Timeouts,
 )
@@ -42,6 +43,7 @@ OWNERS: dict[str, Any] = {
     "/properties/prices/additionalProperties": Price(),
     "/properties/limits": LimitsPolicy(),
     "/properties/feedback": FeedbackPolicy(),
+    "/properties/feedback/properties/shadow": ShadowPolicy(),
     "/properties/media": MediaPolicy(),
     "/properties/cache": CachePolicy(),
     "/definitions/tier": Thresholds(0.0, "high"),

@@ -90,7 +90,10 @@ def _access_flags(*command: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("command", [("calibration", "report"), ("calibration", "fit")])
+@pytest.mark.parametrize(
+    "command",
+    [("calibration", "report"), ("calibration", "fit"), ("policy", "tune"), ("policy", "simulate")],
+)
 def test_calibration_takes_every_access_flag_serve_takes_from_one_definition(
     command: tuple[str, ...],
 ) -> None:

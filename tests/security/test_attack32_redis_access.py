@@ -23,6 +23,7 @@ from proxy.cli import build_parser, resolve_serve_options, serve_settings
 from proxy.settings import Settings
 from proxy.state.feedback import KEY_PREFIX
 from tests.api.test_managed_redis import PASSWORD, documented_rule
+from tests.conftest import ROOT
 from tests.policy.test_loader import MINIMAL
 from tests.proxy_server import free_port
 from tests.security.test_attack32_feedback import judged_row
@@ -36,6 +37,8 @@ operator who forgets gets an error message; that message must not carry a piece 
 HANG_GUARD_S = 30.0
 """Well past any sane connect timeout, under pytest-timeout's 60 s."""
 REDIS_ENV = ("URL", "CA_FILE", "CERT_FILE", "KEY_FILE", "USERNAME", "PASSWORD", "PASSWORD_FILE")
+
+DEFAULT_POLICY = ROOT / "policies" / "default.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -147,6 +150,16 @@ async def test_calibration_reads_a_managed_redis_without_its_password_on_the_com
     )
     assert done.returncode == 0, done.stderr[-400:]
     assert any(line.startswith("p/x") and " reported " in line for line in done.stdout.splitlines())
+    simulate = ("policy", "simulate", "--json", "--policy", str(DEFAULT_POLICY), "--from", tls_acl_redis.url(0))
+    simulated = subprocess.run(
+        [sys.executable, "-m", "proxy", *simulate],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert simulated.returncode == 0, simulated.stderr[-400:]  # `policy simulate` reads it the same way
 
 
 async def test_a_password_in_the_url_query_is_masked_in_the_calibration_error() -> None:

@@ -1,0 +1,219 @@
+"""Verdicts without humans (``feedback.shadow`` in the policy).
+
+A sampled share of accepted answers of a rung below the judge rung is asked again on the judge
+rung in the background, after the client has its answer: the client's answer is never delayed or
+changed. Agreement on the module's judged fields (``Module.judged_fields``) is recorded as a
+verdict with ``source: shadow`` through the feedback store and ``record_verdict``, like a
+``POST /v1/feedback``; a human verdict is never replaced by a shadow one (the two are compared
+instead: ``cognitive_shadow_human_agreement_total``).
+
+Bounded: at most ``MAX_CONCURRENT`` judge calls at once and ``MAX_PENDING`` judgements waiting
+(past it a sampled answer is skipped, ``reason="busy"``); ``aclose`` cancels what is pending. The
+judge spends as the client ``proxy.clients.SHADOW``, settled through the limiter: capped by
+``budget_usd_per_day`` (shared by replicas with ``--redis-url``) and counted against the global
+budgets; a judgement may start while the cap is not yet reached, so the day's spend can pass it
+by at most ``MAX_CONCURRENT`` judge calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from proxy.clients import SHADOW, Caller, ClientIdentity
+from proxy.jsonshape import as_dict
+from proxy.limits.limiter import Limiter
+from proxy.module.model import Module
+from proxy.observability.metrics import Metrics
+from proxy.pipeline import ModuleAnswer, ModuleRun, run_module
+from proxy.policy.limits import LimitSpec, LimitsPolicy
+from proxy.policy.model import Policy, Target
+from proxy.service.instrument import record_cost, record_shadow_vs_human, record_verdict, total_tokens
+from proxy.state.feedback import SHADOW_SOURCE, AnswerRecord, FeedbackStore, with_verdict
+
+if TYPE_CHECKING:
+    from proxy.service.module_call import ModuleCall, Services
+
+log = structlog.get_logger("proxy.shadow")
+
+MAX_CONCURRENT = 2
+MAX_PENDING = 32
+SHADOW_CALLER = Caller(SHADOW, ClientIdentity(SHADOW))
+_FRACTION = 2**64
+
+
+def sampled(trace_id: str, rate: float) -> bool:
+    """Whether ``trace_id``'s answer is in the judged share: the first 8 bytes of its SHA-256, as
+    a fraction of 2^64, below ``rate`` (the same choice on every replica, and reproducible)."""
+    digest = hashlib.sha256(trace_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / _FRACTION < rate
+
+
+def judge_rung(
+    policy: Policy, module: Module, answer: ModuleAnswer, record: AnswerRecord | None
+) -> int | None:
+    """The rung that judges ``answer`` (None: not eligible): an accepted answer of a plain module
+    without media inputs (a background call holds no request's memory budget), remembered for
+    feedback, from a rung below ``feedback.shadow.judge_rung``."""
+    shadow = policy.feedback.shadow
+    if record is None or module.is_composite or module.takes_media or answer.decision != "accept":
+        return None
+    if not shadow.judges(module.name):
+        return None
+    judge = len(policy.ladder) - 1 if shadow.judge_rung is None else policy.rung_index(shadow.judge_rung)
+    rung = policy.rung_index(record.rung)
+    return judge if judge is not None and rung is not None and rung < judge else None
+
+
+def judge_policy(policy: Policy, module: Module, judge: int) -> Policy:
+    """``policy`` with ``module`` starting on the judge rung and taking its answer whatever its
+    confidence and risk (the judge's answer is compared, not decided on)."""
+    override = {
+        **policy.modules.get(module.name, {}),
+        "start": policy.ladder[judge].name,
+        "min_confidence": 0.0,
+        "max_risk": "high",
+        "exhausted": "accept",
+    }
+    return replace(policy, modules=MappingProxyType({**policy.modules, module.name: override}))
+
+
+def disagreements(fields: tuple[str, ...], answered: Any, judged: Any) -> list[str]:
+    """The judged fields whose values differ between the two answers' ``data``."""
+    mine, theirs = as_dict(answered), as_dict(judged)
+    return [name for name in fields if mine.get(name) != theirs.get(name)]
+
+
+def shadow_limits(policy: Policy) -> LimitsPolicy:
+    """The judge's own budget line: ``budget_usd_per_day`` for the shadow client, and the policy's
+    global budgets (its request and token windows are the clients')."""
+    cap = LimitSpec(usd_per_day=policy.feedback.shadow.budget_usd_per_day)
+    spend = policy.limits.global_
+    shared = (
+        None if spend is None else LimitSpec(usd_per_day=spend.usd_per_day, usd_per_month=spend.usd_per_month)
+    )
+    return LimitsPolicy(clients=MappingProxyType({SHADOW: cap}), global_=shared)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    run: ModuleRun
+    module: Module
+    policy: Policy
+    data: Any
+    """The client's answer's ``data``."""
+    record: AnswerRecord
+    feedback: FeedbackStore
+
+
+class ShadowJudge:
+    """The process's background judgements (one per worker)."""
+
+    def __init__(self, metrics: Metrics, limiter: Limiter) -> None:
+        self._metrics = metrics
+        self._limiter = limiter
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._gate = asyncio.Semaphore(MAX_CONCURRENT)
+        self._limits: tuple[Policy, LimitsPolicy] | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    def consider(
+        self, call: ModuleCall, services: Services, answer: ModuleAnswer, record: AnswerRecord | None
+    ) -> None:
+        """Judge ``answer`` in the background when it is eligible and sampled; returns at once."""
+        policy, module = call.runtime.policy, call.module
+        judge = judge_rung(policy, module, answer, record)
+        if judge is None or record is None or not sampled(record.trace_id, policy.feedback.shadow.rate):
+            return
+        if len(self._tasks) >= MAX_PENDING:
+            self._metrics.shadow_skipped.labels("busy").inc()
+            return
+        run = ModuleRun(
+            module,
+            call.value,
+            judge_policy(policy, module, judge),
+            call.runtime.providers,
+            services.router,
+            trace_id=record.trace_id,
+            check_input=call.check_input,
+            top_rung=judge,
+        )
+        job = _Job(run, module, policy, answer.envelope.get("data"), record, services.feedback)
+        task = asyncio.create_task(self._judge(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _limits_of(self, policy: Policy) -> LimitsPolicy:
+        """The judge's limits for ``policy``, built once per policy (the limiter caches plans by it)."""
+        if self._limits is None or self._limits[0] is not policy:
+            self._limits = (policy, shadow_limits(policy))
+        return self._limits[1]
+
+    async def _judge(self, job: _Job) -> None:
+        try:
+            async with self._gate:
+                await self._judged(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a judgement must never take the worker down; it is counted as failed
+            log.exception("proxy.shadow_failed", module=job.module.name, trace_id=job.record.trace_id)
+            self._metrics.shadow_judgements.labels(job.module.name, "failed").inc()
+
+    async def _judged(self, job: _Job) -> None:
+        metrics, module = self._metrics, job.module.name
+        admission = await self._limiter.admit(self._limits_of(job.policy), SHADOW_CALLER, 0, count=False)
+        if admission.over_budget is not None:
+            metrics.shadow_skipped.labels("over_budget").inc()
+            return
+        answer = await run_module(job.run)
+        tokens = self._spent(job.policy, answer)
+        await self._limiter.settle(admission, tokens, answer.cost.usd)
+        envelope = answer.envelope
+        if answer.final is None or not envelope.get("ok"):
+            metrics.shadow_judgements.labels(module, "failed").inc()
+            return
+        differ = disagreements(job.module.judged_fields, job.data, envelope.get("data"))
+        await self._record(job, differ, answer.answered_by)
+
+    def _spent(self, policy: Policy, answer: ModuleAnswer) -> int:
+        """Meter the judge's attempts (cost by client ``cogproxy-shadow``); returns its tokens."""
+        tokens = 0
+        for attempt in answer.attempts:
+            provider, _, model = attempt.target.partition("/")
+            record_cost(
+                self._metrics, policy, answer.module.name, Target(provider, model), attempt.usage, SHADOW
+            )
+            tokens += total_tokens(attempt.usage)
+        self._metrics.shadow_spend.inc(answer.cost.usd)
+        return tokens
+
+    async def _record(self, job: _Job, differ: list[str], judge: str) -> None:
+        metrics, module, record = self._metrics, job.module.name, job.record
+        verdict = "incorrect" if differ else "correct"
+        current = await job.feedback.get(record.client, record.trace_id)
+        if current is None:
+            metrics.shadow_judgements.labels(module, "gone").inc()
+            return
+        metrics.shadow_judgements.labels(module, "disagree" if differ else "agree").inc()
+        if current.verdict is not None and current.source != SHADOW_SOURCE:
+            record_shadow_vs_human(metrics, module, verdict, current.verdict)  # a human's stays
+            return
+        note = f"judged by {judge}" + (f"; differs on {', '.join(differ)}" if differ else "")
+        judged = with_verdict(current, verdict, 0.0 if differ else 1.0, SHADOW_SOURCE, note)
+        await job.feedback.judged(judged)
+        record_verdict(metrics, job.policy, judged, current)
+
+    async def aclose(self) -> None:
+        """Cancel the judgements under way and wait for them to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -150,7 +150,8 @@ async def test_calibration_reads_a_managed_redis_without_its_password_on_the_com
     )
     assert done.returncode == 0, done.stderr[-400:]
     assert any(line.startswith("p/x") and " reported " in line for line in done.stdout.splitlines())
-    simulate = ("policy", "simulate", "--json", "--policy", str(DEFAULT_POLICY), "--from", tls_acl_redis.url(0))
+    url = tls_acl_redis.url(0)
+    simulate = ("policy", "simulate", "--json", "--policy", str(DEFAULT_POLICY), "--from", url)
     simulated = subprocess.run(
         [sys.executable, "-m", "proxy", *simulate],
         capture_output=True,

@@ -352,7 +352,7 @@ async def test_fit_keeps_its_yaml_clean_and_counts_the_records_it_skipped(
     """``fit``'s stdout is the YAML an operator pipes into the policy: a skipped record is counted on
     stderr, never logged into it."""
     module, client = module_keys
-    for n, (confidence, score) in enumerate([(0.2, 0.0), (0.9, 1.0)]):
+    for n, (confidence, score) in enumerate([(0.2, 0.0), (0.9, 1.0)] * 10):  # enough for fit's 5 folds
         row = judged_row(module, confidence=confidence, calibrated=confidence, score=score)
         await client.hset(f"{KEY_PREFIX}{module}-{n}", "key-aaaaaaaaaaaaaaaa", orjson.dumps(row))
     await client.hset(f"{KEY_PREFIX}{module}-bad1", "key-aaaaaaaaaaaaaaaa", b"[1, 2, 3]")  # not a row

@@ -1141,6 +1141,11 @@ INSTRUCTIONS_SECONDS = 15
 STREAM_TOKENS = (20, 80)
 """Streamed answers of this many frames (plus [DONE]): the first is the cell of the goal, the
 slope between them is what each further chunk costs."""
+COUNTED_FLAGS = ("--reload-interval", "0")
+"""The proxies whose instructions are counted per request do not poll their files: the poll costs
+per second, not per request (``_idle_rate`` prints it), and would be spread over however many
+requests the loaded machine let through."""
+IDLE_SECONDS = 10
 STREAM_REQUESTS = 32
 STREAM_CONCURRENCY = 4
 
@@ -1233,6 +1238,15 @@ def _stream_instructions(command: list[str], port: int, url: str, tmp: Path, nam
     return per_request
 
 
+def _idle_rate(command: list[str], port: int, tmp: Path, name: str) -> float:
+    """Instructions per second of ``command`` serving nothing (callgrind)."""
+    with _callgrind(command, port, tmp, name) as count:
+        time.sleep(2)
+        count()
+        time.sleep(IDLE_SECONDS)
+        return count() / IDLE_SECONDS
+
+
 def instructions_section(up_port: int, tmp: Path) -> None:
     """Instructions per request, floor relay and proxy, under callgrind: the one measure here that
     machine load does not move (both run the same Python and aiohttp). Passthrough chat, plain and
@@ -1246,7 +1260,7 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     floor_port, proxy_port = free_port(), free_port()
     floor = [sys.executable, str(Path(__file__).with_name("floor_relay.py")), "--port", str(floor_port)]
     floor += ["--upstream", f"http://127.0.0.1:{up_port}/v1"]
-    proxy = serve_command(policy, proxy_port)
+    proxy = serve_command(policy, proxy_port, *COUNTED_FLAGS)
     floor_url = f"http://127.0.0.1:{floor_port}/v1/chat/completions"
     proxy_url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
     plain = {
@@ -1268,6 +1282,9 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     print(f"{f'per chunk ({short} -> {long} chunks)':<40}{'floor':>12}{'proxy':>10}{'added':>10}")
     added = proxy_chunk - floor_chunk
     print(f"{'instructions per streamed chunk':<40}{floor_chunk:>12,.0f}{proxy_chunk:>10,.0f}{added:>10,.0f}")
+    idle_port = free_port()
+    idle = _idle_rate(serve_command(policy, idle_port), idle_port, tmp, "idle")
+    print(f"{'proxy idle, default --reload-interval':<40}{idle:>12,.0f}  per second (left out above)")
 
 
 def ablation_section(up_port: int, tmp: Path) -> None:
@@ -1287,7 +1304,7 @@ def ablation_section(up_port: int, tmp: Path) -> None:
     counts: dict[str, float] = {}
     for parts in runs:
         port = free_port()
-        command = [sys.executable, launcher, parts, *serve_command(policy, port)[3:]]
+        command = [sys.executable, launcher, parts, *serve_command(policy, port, *COUNTED_FLAGS)[3:]]
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         counts[parts] = _instructions(command, port, url, tmp, f"ablation-{len(counts)}")
     whole = counts["none"]

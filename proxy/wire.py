@@ -74,26 +74,53 @@ def sse_frame(obj: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+SNIFF_BYTES = 16 * 1024
+"""Forwarded bytes collected before the usage sniffer looks through them."""
+MAX_FRAME_BYTES = 1 << 20
+"""A line longer than this is no usage frame: not kept across reads."""
+
+
 class UsageSniffer:
-    """Finds the ``usage`` object in forwarded SSE bytes without parsing every chunk: only a
-    chunk that mentions a non-null usage is split into frames and decoded."""
+    """Finds the last ``usage`` object in forwarded SSE bytes without parsing every chunk: the
+    reads are collected (a list append each) and looked through every ``SNIFF_BYTES`` and when
+    ``usage`` is read; only a line that mentions ``"usage"`` is decoded."""
 
     def __init__(self) -> None:
-        self.usage: dict[str, Any] = {}
+        self._usage: dict[str, Any] = {}
+        self._reads: list[bytes] = []
+        self._size = 0
+        self._partial = b""
+        """The last line read so far without its end (a frame split across reads)."""
 
     def feed(self, chunk: bytes) -> None:
-        if b'"usage":' not in chunk and b'"usage": ' not in chunk:
+        self._reads.append(chunk)
+        self._size += len(chunk)
+        if self._size >= SNIFF_BYTES:
+            self._look()
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        self._look(last=True)
+        return self._usage
+
+    def _look(self, *, last: bool = False) -> None:
+        data = self._partial + b"".join(self._reads)
+        self._reads.clear()
+        self._size = 0
+        end = len(data) if last else data.rfind(b"\n") + 1
+        self._partial = data[end:] if len(data) - end <= MAX_FRAME_BYTES else b""
+        if b'"usage"' not in data:
             return
-        for line in chunk.split(b"\n"):
+        for line in data[:end].split(b"\n"):
             if not line.startswith(b"data: {") or b'"usage"' not in line:
                 continue
             try:
                 frame = orjson.loads(line[6:])
             except orjson.JSONDecodeError:
-                continue  # a frame split across chunks: usage is reported in one small frame
+                continue
             usage = frame.get("usage") if isinstance(frame, dict) else None
             if isinstance(usage, dict):
-                self.usage = usage
+                self._usage = usage
 
 
 def response_object(model: str, text: str, usage: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ between reads (aiohttp's ``sock_read``) and by the optional ``stream_total_s`` o
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -102,6 +103,58 @@ class StreamEnd:
     """Chunks that were not JSON (forwarded as is)."""
 
 
+class _ReadBound:
+    """The bounds of a copy with one timer re-aimed when it fires, not one per read: a read only
+    notes when its wait began (``since``), and the timer, at ``since + idle_s`` or ``until``, stops
+    the copying task if the wait is still on (or the answer ran past ``until``) and re-aims
+    otherwise. Time spent writing to the client never counts as the upstream's silence."""
+
+    __slots__ = ("_cancelling", "_handle", "_idle", "_loop", "_task", "_until", "clock", "reason", "since")
+
+    def __init__(self, idle_s: float | None, until: float | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.clock = self._loop.time
+        self._idle = math.inf if idle_s is None else idle_s
+        now = self._loop.time()
+        # ``until`` is a time.monotonic() instant; the timer runs on the loop's clock.
+        self._until = math.inf if until is None else now + (until - time.monotonic())
+        self.since: float | None = None
+        """When the pending read began (loop time); None while writing to the client."""
+        self.reason: IncompleteReason | None = None
+        """Set when the bound stopped the copy (and cancelled the task)."""
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        due = min((now if self.since is None else self.since) + self._idle, self._until)
+        self._handle = None if due == math.inf else self._loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        now = self._loop.time()
+        if now >= self._until:
+            self._stop("too_long")
+        elif self.since is not None and now >= self.since + self._idle:
+            self._stop("stalled")
+        else:
+            self._arm(now)
+
+    def _stop(self, reason: IncompleteReason) -> None:
+        self.reason = reason
+        self._task.cancel()
+
+    def stopped(self) -> bool:
+        """After a ``CancelledError``: was it this bound's (then the cancel is taken back)?"""
+        return self.reason is not None and self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+
 async def copy(
     head: bytes,
     chunks: AsyncIterator[bytes],
@@ -111,29 +164,33 @@ async def copy(
     idle_s: float | None,
     until: float | None,
 ) -> StreamEnd:
-    """Write ``head`` and the rest of ``chunks``: at most ``idle_s`` between two reads, until
+    """Write ``head`` and the rest of ``chunks``: at most ``idle_s`` waiting on each read, until
     ``until`` (``time.monotonic``) at the latest. Never retries: bytes reached the client. A client
     that goes away raises through."""
     await write(head)
-    while True:
-        wait = idle_s
-        if until is not None:
-            left = max(until - time.monotonic(), 0.0)
-            wait = left if wait is None else min(wait, left)
-        try:
-            async with asyncio.timeout(wait):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        except ProviderError as exc:
-            return StreamEnd(_REASONS.get(exc.kind, "dropped"), exc.message, _malformed(check))
-        except TimeoutError:
-            if until is not None and time.monotonic() >= until:
-                return StreamEnd("too_long", "the answer ran past its bound", _malformed(check))
-            return StreamEnd("stalled", f"no bytes for {idle_s:g}s", _malformed(check))
-        if check is not None:
-            check.feed(chunk)
-        await write(chunk)
+    bound = _ReadBound(idle_s, until)
+    clock = bound.clock
+    feed = None if check is None else check.feed
+    try:
+        while True:
+            bound.since = clock()
+            chunk = await anext(chunks)
+            bound.since = None
+            if feed is not None:
+                feed(chunk)
+            await write(chunk)
+    except StopAsyncIteration:
+        pass
+    except ProviderError as exc:
+        return StreamEnd(_REASONS.get(exc.kind, "dropped"), exc.message, _malformed(check))
+    except asyncio.CancelledError:
+        if not bound.stopped():
+            raise
+        if bound.reason == "too_long":
+            return StreamEnd("too_long", "the answer ran past its bound", _malformed(check))
+        return StreamEnd("stalled", f"no bytes for {idle_s:g}s", _malformed(check))
+    finally:
+        bound.close()
     if check is not None and not check.ended_complete():
         return StreamEnd("truncated", "the upstream ended the stream before its end", check.malformed)
     return StreamEnd(None, malformed=_malformed(check))

@@ -10,17 +10,21 @@ changed or re-encoded. Events may split across TCP chunks; an event ends at a bl
 Complete means the stream ended as its wire format ends:
 
 * ``chat`` (chat completions, legacy completions): ``data: [DONE]``; for providers that send
-  none, every choice seen has a ``finish_reason``. An upstream ``{"error": ...}`` event also ends it.
+  none, every choice named in the stream's last events (its final ``BATCH_BYTES`` or more) has a
+  ``finish_reason``. An upstream ``{"error": ...}`` event also ends it.
 * ``responses`` (Responses API): a ``response.completed``, ``response.failed``,
   ``response.incomplete`` or ``error`` event.
 
-A ``data`` payload that is not JSON (nor ``[DONE]``) is a malformed chunk: counted, forwarded as is.
+What follows the end is forwarded but not judged. A ``data`` payload that is not JSON (nor
+``[DONE]``) is a malformed chunk: counted, forwarded as is. The bytes are judged in batches, not
+per read (see :class:`StreamCheck`): what a forwarded chunk costs is a list append.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import msgspec
 import orjson
 
 WireFormat = Literal["chat", "responses"]
@@ -34,7 +38,11 @@ RESPONSES_TERMINAL = frozenset({"response.completed", "response.failed", "respon
 # An event larger than this is not one a provider sends (tool-call arguments stream in deltas):
 # past it the event is judged malformed and no longer buffered, so memory stays bounded.
 MAX_EVENT_BYTES = 1 << 20
+BATCH_BYTES = 16 * 1024
+"""Forwarded bytes collected before they are judged (and at most kept for it)."""
 _DONE = b"[DONE]"
+_LAST_DONE = b"\n\ndata: [DONE]"
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def parse_sse(buffer: bytes) -> tuple[list[tuple[str, str]], bytes]:
@@ -77,44 +85,107 @@ def wire_format(path: str) -> WireFormat | None:
 
 
 class StreamCheck:
-    """Feed it the stream's bytes as forwarded; ``events``, ``malformed`` and ``complete`` follow."""
+    """Feed it the stream's bytes as forwarded; ``events``, ``malformed`` and ``complete`` follow.
+
+    Reads are only collected as they come (a forwarded chunk costs a list append) and judged
+    together every ``BATCH_BYTES``, when a count is read and at the end: a batch of plain chat
+    events (one ``data:`` line each, no comment, no error) is checked in one pass in C — its
+    payloads joined into one JSON array that ``msgspec`` validates without building objects, a
+    ``[DONE]`` at its end — and any other batch event by event."""
 
     def __init__(self, wire: WireFormat) -> None:
         self.wire = wire
-        self.events = 0
-        """Data-carrying events seen (the first one is the stream's first real chunk)."""
-        self.malformed = 0
-        self.first_malformed = False
-        """The first data-carrying event was not JSON."""
         self.complete = False
+        self._events = 0
+        self._malformed = 0
+        self._first_malformed = False
+        self._reads: list[bytes] = []
+        self._size = 0
         self._pending = b""
-        self._open_choices: set[int] = set()
-        self._finished_choices: set[int] = set()
-        self.finished = False
-        """Every choice seen has a ``finish_reason`` (complete for providers that send no [DONE])."""
+        """Bytes after the last judged event boundary (an event split across reads)."""
+        self._tail = (b"", b"")
+        """The last two judged batches of whole events: where the end looks for finish reasons."""
 
     def feed(self, chunk: bytes) -> None:
-        if self.complete:
+        self._reads.append(chunk)
+        self._size += len(chunk)
+        if self._size >= BATCH_BYTES:
+            self._judge()
+
+    @property
+    def events(self) -> int:
+        """Data-carrying events seen (the first one is the stream's first real chunk)."""
+        self._judge()
+        return self._events
+
+    @property
+    def malformed(self) -> int:
+        self._judge()
+        return self._malformed
+
+    @property
+    def first_malformed(self) -> bool:
+        """The first data-carrying event was not JSON."""
+        self._judge()
+        return self._first_malformed
+
+    def _judge(self, *, last: bool = False) -> None:
+        """Judge the whole events collected (``last``: everything, a final event without its
+        blank line included)."""
+        if not self._reads and not last:
             return
-        data = self._pending + chunk if self._pending else chunk
+        data = self._pending + b"".join(self._reads) if self._pending else b"".join(self._reads)
+        self._reads.clear()
+        self._size = 0
+        if self.complete:
+            self._pending = b""
+            return
         held = b""
         if b"\r" in data:
-            if data.endswith(b"\r"):  # may be the first half of a \r\n split across chunks
+            if data.endswith(b"\r") and not last:  # may be the first half of a \r\n split across reads
                 data, held = data[:-1], b"\r"
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        end = data.rfind(b"\n\n")
-        if end == -1:
-            self._pending = data
+        if last:
+            whole, self._pending = (data.rstrip(b"\n") + b"\n\n" if data.strip() else b""), b""
         else:
-            self._pending = data[end + 2 :]
-            for event in data[:end].split(b"\n\n"):
-                self._event(event)
-        self._pending += held
-        if len(self._pending) > MAX_EVENT_BYTES:
-            self.malformed += 1
-            self._pending = b""
+            end = data.rfind(b"\n\n") + 2
+            whole, self._pending = data[:end], data[end:] + held
+            if len(self._pending) > MAX_EVENT_BYTES:
+                self._malformed += 1
+                self._pending = b""
+        if not whole:
+            return
+        self._tail = (self._tail[1], whole)
+        if not (self.wire == "chat" and self._plain_chat(whole)):
+            for event in whole.split(b"\n\n"):
+                if self._event(event):
+                    break  # what follows the end is not judged
 
-    def _event(self, raw: bytes) -> None:
+    def _plain_chat(self, whole: bytes) -> bool:
+        """Judge ``whole`` in one pass when each of its events is one ``data: `` line; False: not
+        that shape (or not all JSON), to be judged event by event."""
+        events = whole.count(b"\n\n")
+        if (
+            not whole.startswith(b"data: ")
+            or whole.count(b"\n") != 2 * events
+            or whole.count(b"\n\ndata: ") != events - 1
+        ):
+            return False
+        payloads = whole[6:-2]
+        done = payloads == _DONE or payloads.endswith(_LAST_DONE)
+        if done:
+            payloads = payloads[: -len(_LAST_DONE)] if events > 1 else b""
+        if b'"error"' in payloads:  # an error event ends the stream: judged event by event
+            return False
+        values = events - done
+        if values and not _json_values(b"[" + payloads.replace(b"\n\ndata: ", b",") + b"]", values):
+            return False
+        self._events += events
+        self.complete = done
+        return True
+
+    def _event(self, raw: bytes) -> bool:
+        """Judge one event; True: it ended the stream."""
         name = b""
         lines: list[bytes] = []
         for line in raw.split(b"\n"):
@@ -127,47 +198,58 @@ class StreamCheck:
             elif field == b"event":
                 name = rest
         if not lines:
-            return
-        self.events += 1
+            return False
+        self._events += 1
         payload = b"\n".join(lines)
         if self.wire == "chat" and payload == _DONE:
             self.complete = True
-            return
+            return True
         try:
             value: Any = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            self.malformed += 1
-            self.first_malformed = self.events == 1
-            return
+            self._malformed += 1
+            self._first_malformed = self._events == 1
+            return False
         if not isinstance(value, dict):
-            return
+            return False
         if self.wire == "responses":
             kind = name.decode("utf-8", "replace") or str(value.get("type", ""))
             self.complete = kind in RESPONSES_TERMINAL
         else:
-            self._chat_chunk(value)
-
-    def _chat_chunk(self, chunk: dict[str, Any]) -> None:
-        if "error" in chunk:
-            self.complete = True
-            return
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            index = choice.get("index", 0)
-            if not isinstance(index, int):
-                continue
-            self._open_choices.add(index)
-            if choice.get("finish_reason"):
-                self._finished_choices.add(index)
-        # No [DONE] is coming from some providers: every choice finished is a complete answer.
-        self.finished = bool(self._open_choices) and self._open_choices <= self._finished_choices
+            self.complete = "error" in value
+        return self.complete
 
     def ended_complete(self) -> bool:
-        """At the stream's clean end: did it end as its wire format ends?"""
-        if self._pending.strip():
-            self.feed(b"\n\n")  # a last event without its blank line: judged as sent
-        return self.complete or self.finished
+        """At the stream's clean end: did it end as its wire format ends? A chat stream without
+        [DONE] did when every choice named in its last events (the final one or two batches,
+        ``BATCH_BYTES`` or more) has a ``finish_reason``."""
+        self._judge(last=True)
+        return self.complete or (self.wire == "chat" and _choices_finished(b"".join(self._tail)))
+
+
+def _json_values(array: bytes, count: int) -> bool:
+    """``array`` is a JSON array of ``count`` values. Events that are not JSON each but join into
+    as many values (``1,2`` ``[3`` ``4]``) would pass: no provider writes such."""
+    try:
+        return len(_RAW_ARRAY.decode(array)) == count
+    except msgspec.DecodeError:
+        return False
+
+
+def _choices_finished(events: bytes) -> bool:
+    """Every choice named in these chat events has a ``finish_reason`` (and there is one)."""
+    opened: set[int] = set()
+    finished: set[int] = set()
+    for _, data in parse_sse(events)[0]:
+        try:
+            chunk: Any = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for choice in choices if isinstance(choices, list) else ():
+            index = choice.get("index", 0) if isinstance(choice, dict) else None
+            if isinstance(index, int):
+                opened.add(index)
+                if choice.get("finish_reason"):
+                    finished.add(index)
+    return bool(opened) and opened <= finished

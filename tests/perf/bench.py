@@ -47,7 +47,9 @@ microseconds, beside the per-answer metrics the proxy already recorded (the base
 ``--instructions`` runs only the instruction count (also in the full run, after the relay
 section; needs valgrind): user-space instructions per passthrough request of the floor relay and
 of the proxy under callgrind, counted only while wrk drives them at c=8 — the one figure here that
-machine load does not move.
+machine load does not move; then per streamed passthrough request of 20 chunks (the fake upstream
+writes ``max_tokens`` frames at 50 per second, so each is a read of its own) and, from the slope
+between 20 and 80 chunks, the instructions each chunk costs the floor and the proxy.
 
 ``--ablation`` runs only the ablation (needs valgrind; not in the full run): instructions per
 passthrough request of the proxy with one part of its per-request work switched off at a time
@@ -88,6 +90,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -155,6 +158,22 @@ def envelope_frames() -> list[bytes]:
     return [*out, b"data: [DONE]\n\n"]
 
 
+TOKEN_PACE_S = 0.02
+"""The fake upstream's pace for a stream that names ``max_tokens``: 50 tokens/s, slow enough that
+each frame is a read of its own even for a server under callgrind (~50x slower)."""
+
+
+def token_frames(tokens: int) -> list[bytes]:
+    """A streamed chat answer of ``tokens`` frames (the last one with ``finish_reason``) and [DONE]."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+    def frame(finish: str | None) -> bytes:
+        choice = {"index": 0, "delta": {"content": "hi "}, "finish_reason": finish}
+        return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+
+    return [*(frame(None) for _ in range(tokens - 1)), frame("stop"), b"data: [DONE]\n\n"]
+
+
 def upstream_main(port: int) -> None:
     """The no-delay fake upstream: precomputed bytes, nothing else."""
     from aiohttp import web
@@ -176,6 +195,13 @@ def upstream_main(port: int) -> None:
             return web.Response(body=body, content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        tokens = payload.get("max_tokens")
+        if isinstance(tokens, int):  # a model writing: one frame per token, paced
+            for frame in token_frames(tokens):
+                await resp.write(frame)
+                await asyncio.sleep(TOKEN_PACE_S)
+            await resp.write_eof()
+            return resp
         roles = [m.get("role") for m in payload.get("messages", [])]
         for frame in module_frames if "system" in roles else frames:
             await resp.write(frame)
@@ -1195,11 +1221,22 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
 
 INSTRUCTIONS_SECONDS = 15
 """How long wrk drives each server under callgrind (about 1,000 requests: it runs ~50x slower)."""
+STREAM_TOKENS = (20, 80)
+"""Streamed answers of this many frames (plus [DONE]): the first is the cell of the goal, the
+slope between them is what each further chunk costs."""
+COUNTED_FLAGS = ("--reload-interval", "0")
+"""The proxies whose instructions are counted per request do not poll their files: the poll costs
+per second, not per request (``_idle_rate`` prints it), and would be spread over however many
+requests the loaded machine let through."""
+IDLE_SECONDS = 10
+STREAM_REQUESTS = 32
+STREAM_CONCURRENCY = 4
 
 
-def _instructions(command: list[str], port: int, url: str, tmp: Path, name: str) -> float:
-    """User-space instructions per request of ``command`` serving ``url``: counted by callgrind
-    only while wrk runs (c=8), so start-up is left out. Repeatable whatever else the machine does."""
+@contextlib.contextmanager
+def _callgrind(command: list[str], port: int, tmp: Path, name: str) -> Iterator[Callable[[], float]]:
+    """``command`` under callgrind, counting off until the first ``count()``; each later one
+    returns the user-space instructions since the one before."""
     out = tmp / f"callgrind.{name}"
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *command],
@@ -1207,27 +1244,97 @@ def _instructions(command: list[str], port: int, url: str, tmp: Path, name: str)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    dumps = -1
+
+    def control(*flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, str(server.pid)], check=True, capture_output=True)
+
+    def count() -> float:
+        nonlocal dumps
+        if dumps < 0:
+            dumps = 0
+            control("-i", "on")
+            return 0.0
+        control("-i", "off")
+        control("-d")  # dumps the counts and zeroes them
+        dumps += 1
+        dump = tmp / f"callgrind.{name}.{dumps}"  # the exit dump has no number
+        if not dump.exists():
+            raise RuntimeError(f"callgrind wrote no {dump.name}: {sorted(p.name for p in tmp.iterdir())}")
+        totals = subprocess.run(["callgrind_annotate", str(dump)], check=True, capture_output=True, text=True)
+        found = re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals.stdout, re.M)
+        if found is None:
+            raise RuntimeError(f"no totals in {dump}")
+        control("-i", "on")
+        return int(found[1].replace(",", ""))
+
     try:
         wait_port(port, timeout=300)
-        wrk(url, CHAT_BODY, 8, 3, tmp)  # warm-up, not counted
-        subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True, capture_output=True)
-        res = wrk(url, CHAT_BODY, 8, INSTRUCTIONS_SECONDS, tmp)
-        subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True, capture_output=True)
-        subprocess.run(["callgrind_control", "-d", str(server.pid)], check=True, capture_output=True)
+        yield count
     finally:
         server.terminate()
         server.wait(timeout=120)
-    dump = next(tmp.glob(f"callgrind.{name}.*"))  # the dump made by -d (the exit dump has no name suffix)
-    totals = subprocess.run(["callgrind_annotate", str(dump)], check=True, capture_output=True, text=True)
-    found = re.search(r"^([\d,]+) .*PROGRAM TOTALS", totals.stdout, re.M)
-    if found is None:
-        raise RuntimeError(f"no totals in {dump}")
-    return int(found[1].replace(",", "")) / max(res.requests, 1)
+
+
+def _instructions(command: list[str], port: int, url: str, tmp: Path, name: str) -> float:
+    """User-space instructions per request of ``command`` serving ``url``: counted by callgrind
+    only while wrk runs (c=8), so start-up is left out. Repeatable whatever else the machine does."""
+    with _callgrind(command, port, tmp, name) as count:
+        wrk(url, CHAT_BODY, 8, 3, tmp)  # warm-up, not counted
+        count()  # zero: counting starts here
+        res = wrk(url, CHAT_BODY, 8, INSTRUCTIONS_SECONDS, tmp)
+        return count() / max(res.requests, 1)
+
+
+async def _streams(url: str, tokens: int, requests: int) -> None:
+    """``requests`` streamed chat answers of ``tokens`` frames, ``STREAM_CONCURRENCY`` at a time,
+    each read to its end and checked whole (every frame and [DONE], nothing else)."""
+    import aiohttp
+
+    body = {**STREAM_BODY, "max_tokens": tokens}
+    left = requests
+    async with aiohttp.ClientSession() as session:
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(url, json=body) as resp:
+                    data = await resp.read()
+                frames = data.count(b"\n\n")
+                if resp.status != 200 or frames != tokens + 1 or not data.endswith(b"data: [DONE]\n\n"):
+                    raise RuntimeError(f"{url}: {resp.status}, {frames} frames: {data[-200:]!r}")
+
+        await asyncio.gather(*(worker() for _ in range(STREAM_CONCURRENCY)))
+
+
+def _stream_instructions(command: list[str], port: int, url: str, tmp: Path, name: str) -> list[float]:
+    """Instructions per streamed request of each length of ``STREAM_TOKENS`` (callgrind, exactly
+    ``STREAM_REQUESTS`` requests counted per length: none cut by the start or end of counting)."""
+    per_request = []
+    with _callgrind(command, port, tmp, name) as count:
+        asyncio.run(_streams(url, STREAM_TOKENS[0], STREAM_CONCURRENCY * 2))  # warm-up, not counted
+        count()
+        for tokens in STREAM_TOKENS:
+            asyncio.run(_streams(url, tokens, STREAM_REQUESTS))
+            per_request.append(count() / STREAM_REQUESTS)
+    return per_request
+
+
+def _idle_rate(command: list[str], port: int, tmp: Path, name: str) -> float:
+    """Instructions per second of ``command`` serving nothing (callgrind)."""
+    with _callgrind(command, port, tmp, name) as count:
+        time.sleep(2)
+        count()
+        time.sleep(IDLE_SECONDS)
+        return count() / IDLE_SECONDS
 
 
 def instructions_section(up_port: int, tmp: Path) -> None:
-    """Instructions per passthrough request, floor relay and proxy, under callgrind: the one
-    measure here that machine load does not move (both run the same Python and aiohttp)."""
+    """Instructions per request, floor relay and proxy, under callgrind: the one measure here that
+    machine load does not move (both run the same Python and aiohttp). Passthrough chat, plain and
+    streamed (``STREAM_TOKENS`` frames at 50 per second), and the instructions each further
+    streamed chunk adds (the slope between the two lengths)."""
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("instructions: valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
         return
@@ -1236,18 +1343,31 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     floor_port, proxy_port = free_port(), free_port()
     floor = [sys.executable, str(Path(__file__).with_name("floor_relay.py")), "--port", str(floor_port)]
     floor += ["--upstream", f"http://127.0.0.1:{up_port}/v1"]
-    proxy = serve_command(policy, proxy_port)
-    per_request = {
-        "floor relay": _instructions(
-            floor, floor_port, f"http://127.0.0.1:{floor_port}/v1/chat/completions", tmp, "floor"
-        ),
-        "passthrough": _instructions(
-            proxy, proxy_port, f"http://127.0.0.1:{proxy_port}/v1/chat/completions", tmp, "proxy"
-        ),
+    proxy = serve_command(policy, proxy_port, *COUNTED_FLAGS)
+    floor_url = f"http://127.0.0.1:{floor_port}/v1/chat/completions"
+    proxy_url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+    plain = {
+        "floor relay": _instructions(floor, floor_port, floor_url, tmp, "floor"),
+        "passthrough": _instructions(proxy, proxy_port, proxy_url, tmp, "proxy"),
     }
+    floor_streams = _stream_instructions(floor, floor_port, floor_url, tmp, "floor-stream")
+    proxy_streams = _stream_instructions(proxy, proxy_port, proxy_url, tmp, "proxy-stream")
+    short, long = STREAM_TOKENS
+    rows = {**plain, f"floor relay, streamed {short} chunks": floor_streams[0]}
+    rows[f"passthrough, streamed {short} chunks"] = proxy_streams[0]
+    floors = dict.fromkeys(plain, plain["floor relay"])
+    floors.update({name: floor_streams[0] for name in rows if "streamed" in name})
     print(f"{'instructions per request (callgrind)':<40}{'Ir':>12}  ratio")
-    for name, count in per_request.items():
-        print(f"{name:<40}{count:>12,.0f}  {count / per_request['floor relay']:.2f}")
+    for name, count in rows.items():
+        print(f"{name:<40}{count:>12,.0f}  {count / floors[name]:.2f}")
+    floor_chunk = (floor_streams[1] - floor_streams[0]) / (long - short)
+    proxy_chunk = (proxy_streams[1] - proxy_streams[0]) / (long - short)
+    print(f"{f'per chunk ({short} -> {long} chunks)':<40}{'floor':>12}{'proxy':>10}{'added':>10}")
+    added = proxy_chunk - floor_chunk
+    print(f"{'instructions per streamed chunk':<40}{floor_chunk:>12,.0f}{proxy_chunk:>10,.0f}{added:>10,.0f}")
+    idle_port = free_port()
+    idle = _idle_rate(serve_command(policy, idle_port), idle_port, tmp, "idle")
+    print(f"{'proxy idle, default --reload-interval':<40}{idle:>12,.0f}  per second (left out above)")
 
 
 def ablation_section(up_port: int, tmp: Path) -> None:
@@ -1267,7 +1387,7 @@ def ablation_section(up_port: int, tmp: Path) -> None:
     counts: dict[str, float] = {}
     for parts in runs:
         port = free_port()
-        command = [sys.executable, launcher, parts, *serve_command(policy, port)[3:]]
+        command = [sys.executable, launcher, parts, *serve_command(policy, port, *COUNTED_FLAGS)[3:]]
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         counts[parts] = _instructions(command, port, url, tmp, f"ablation-{len(counts)}")
     whole = counts["none"]

@@ -4,7 +4,10 @@ client's pace of reading."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+
+import pytest
 
 from proxy.upstream.relay import copy
 from proxy.upstream.sse import StreamCheck
@@ -46,3 +49,35 @@ async def test_an_upstream_silent_past_the_idle_bound_ends_the_stream_as_stalled
     end = await copy(b"", frames(stall=True), client, StreamCheck("chat"), idle_s=IDLE_S, until=None)
     assert end.reason == "stalled"
     assert written == [b"", *FRAMES[:-1]]  # what came before the stall was forwarded
+
+
+async def test_the_total_bound_ends_a_stream_even_while_the_client_is_slow() -> None:
+    """``until`` bounds the answer from the request to its last byte: a write that outlasts it
+    ends the stream as too long (the idle bound alone would not: it runs only while reading)."""
+    loop = asyncio.get_running_loop()
+
+    async def slow_client(data: bytes) -> None:
+        done = asyncio.Event()
+        loop.call_later(IDLE_S * 5, done.set)
+        await done.wait()
+
+    until = time.monotonic() + IDLE_S * 2
+    end = await copy(b"", frames(), slow_client, StreamCheck("chat"), idle_s=IDLE_S, until=until)
+    assert end.reason == "too_long"
+
+
+async def test_a_cancel_from_outside_is_not_taken_for_a_stall() -> None:
+    """The client going away cancels the handler: that cancellation goes through, never a stall."""
+
+    async def client(data: bytes) -> None:
+        pass
+
+    task = asyncio.ensure_future(
+        copy(b"", frames(stall=True), client, StreamCheck("chat"), idle_s=60.0, until=None)
+    )
+    await asyncio.sleep(0)
+    for _ in range(10):  # let it reach the stalled read
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

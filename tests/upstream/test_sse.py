@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.upstream.sse import MAX_EVENT_BYTES, StreamCheck, parse_sse, wire_format
+from proxy.upstream.sse import BATCH_BYTES, MAX_EVENT_BYTES, StreamCheck, parse_sse, wire_format
 
 
 def chunk(finish: str | None = None, index: int = 0, content: str = "x") -> bytes:
@@ -122,3 +122,26 @@ def test_parse_sse_splits_complete_events_and_keeps_the_rest(
     buffer: bytes, events: list[tuple[str, str]], rest: bytes
 ) -> None:
     assert parse_sse(buffer) == (events, rest)
+
+
+def test_a_stream_longer_than_a_batch_is_judged_whole() -> None:
+    """Reads are judged in batches of ``BATCH_BYTES``: a malformed event and [DONE] far past the
+    first batch are still seen, and every event is counted once."""
+    body = chunk() * 300 + b"data: {oops\n\n" + chunk() * 300 + chunk("stop") + DONE
+    assert len(body) > 3 * BATCH_BYTES
+    check = fed(body, 97)
+    assert (check.events, check.malformed, check.ended_complete()) == (603, 1, True)
+
+
+def test_a_done_inside_a_batch_ends_the_stream_there() -> None:
+    check = fed(chunk() + DONE + b"data: {oops\n\n", 10_000)
+    assert check.ended_complete() and check.malformed == 0
+
+
+def test_without_done_the_last_events_decide_past_a_batch() -> None:
+    """For providers that send no [DONE], the choices named in the last batches must all finish."""
+    opened = chunk(index=0) + chunk(index=1)
+    tail = chunk(index=0) * 200 + chunk("stop", index=0)
+    assert len(tail) > BATCH_BYTES
+    assert not fed(opened + tail + chunk(index=1), 50).ended_complete()
+    assert fed(opened + tail + chunk("length", index=1), 50).ended_complete()

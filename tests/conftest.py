@@ -42,6 +42,7 @@ SLOW_FILES = frozenset(
         "api/test_modules.py",
         "api/test_passthrough.py",
         "api/test_redis_cluster.py",
+        "api/test_redis_cluster_acl.py",
         "api/test_redis_cluster_replicas.py",
         "api/test_redis_outbox.py",
         "api/test_reload.py",

@@ -10,8 +10,9 @@ A purpose is what a client is for; its timeout is how long one command (and conn
 * ``scan``: ``cogproxy calibration`` reading every feedback record, with no timeout.
 
 A URL of scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one node of a Redis
-Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then, which find the other nodes
-and follow the slots (see ``docs/configuration.md``, "Redis Cluster").
+Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then (``ProxyCluster``: its
+failures ``RedisError``s, one TLS context for all nodes), which find the other nodes and follow
+the slots (see ``docs/deployment.md``, "Redis Cluster").
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
+
+from proxy.state.redis_cluster_client import ProxyCluster
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
 
@@ -121,12 +123,13 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
         if value is not None
     }
     url, cluster = node_url(options.url)
-    if cluster:  # TLS here takes redis-py's own context per connection (SharedTlsConnection: not yet)
-        return RedisCluster.from_url(
+    if cluster:
+        return ProxyCluster.from_url(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=connect,
             decode_responses=purpose in _DECODED,
+            tls_connection=SharedTlsConnection,
             **secured,
         )
     client = aioredis.Redis.from_url(

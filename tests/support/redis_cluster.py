@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ from redis.crc import key_slot
 
 from tests.support.polling import wait_sync
 from tests.support.redis_server import INSTALL_HINT, answers, free_port
+from tests.support.redis_tls import tls_answers
+from tests.support.tls_certs import Certificates, make_certificates
 
 MASTERS = 3
 NODES = 2 * MASTERS
@@ -32,15 +35,31 @@ NODE_TIMEOUT_MS = 1000
 READY_TIMEOUT_S = 30.0
 
 
+def _cli_tls(certs: Certificates | None) -> tuple[str, ...]:
+    """redis-cli's TLS options for a cluster of ``certs`` (none without)."""
+    if certs is None:
+        return ()
+    return (
+        "--tls",
+        "--cacert",
+        str(certs.ca.cert),
+        "--cert",
+        str(certs.client.cert),
+        "--key",
+        str(certs.client.key),
+    )
+
+
 @dataclass(slots=True)
 class Node:
     port: int
     process: subprocess.Popen[bytes]
+    certs: Certificates | None = None
 
     def cli(self, *args: str) -> str:
         """``redis-cli -p <port> args...``'s output ('' when the node does not answer)."""
         done = subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *_cli_tls(self.certs), *args],
             capture_output=True,
             text=True,
             timeout=5,
@@ -66,6 +85,8 @@ class Node:
 class Cluster:
     nodes: list[Node]
     workdir: tempfile.TemporaryDirectory[str]
+    certs: Certificates | None = None
+    """With certificates, every node speaks TLS only (clients, replication and the cluster bus)."""
     killed: list[Node] = field(default_factory=list)
     paused: list[Node] = field(default_factory=list)
 
@@ -76,12 +97,21 @@ class Cluster:
     @property
     def url(self) -> str:
         """The proxy's ``--redis-url`` for this cluster (any node is a seed)."""
-        return f"redis+cluster://127.0.0.1:{self.seed.port}"
+        scheme = "rediss" if self.certs else "redis"
+        return f"{scheme}+cluster://127.0.0.1:{self.seed.port}"
 
     def admin(self) -> Any:
         """A cluster client of the ``default`` user (answers ``str``), to look at what the proxy
         wrote; made after a failover, it sees the promoted replicas."""
-        return RedisCluster(host="127.0.0.1", port=self.seed.port, decode_responses=True)
+        tls: dict[str, Any] = {}
+        if self.certs is not None:
+            tls = {
+                "ssl": True,
+                "ssl_ca_certs": str(self.certs.ca.cert),
+                "ssl_certfile": str(self.certs.client.cert),
+                "ssl_keyfile": str(self.certs.client.key),
+            }
+        return RedisCluster(host="127.0.0.1", port=self.seed.port, decode_responses=True, **tls)
 
     def healthy(self) -> bool:
         """Every live node says the cluster is ok and sees every slot served by a live master (right
@@ -179,12 +209,24 @@ def _free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def _node(binary: str, port: int, bus_port: int, workdir: str) -> Node:
+def _tls_args(port: int, certs: Certificates | None) -> list[str]:
+    """The client port (TLS only, with ``certs``: clients, replication and the bus)."""
+    if certs is None:
+        return ["--port", str(port)]
+    return [
+        "--port", "0", "--tls-port", str(port), "--tls-cluster", "yes", "--tls-replication", "yes",
+        "--tls-cert-file", str(certs.server.cert), "--tls-key-file", str(certs.server.key),
+        "--tls-client-cert-file", str(certs.client.cert), "--tls-client-key-file", str(certs.client.key),
+        "--tls-ca-cert-file", str(certs.ca.cert), "--tls-auth-clients", "yes",
+    ]  # fmt: skip
+
+
+def _node(binary: str, port: int, bus_port: int, workdir: str, certs: Certificates | None) -> Node:
     process = subprocess.Popen(
         [
             binary,
             "--bind", "127.0.0.1",
-            "--port", str(port),
+            *_tls_args(port, certs),
             "--cluster-enabled", "yes",
             "--cluster-port", str(bus_port),
             "--cluster-config-file", f"nodes-{port}.conf",
@@ -198,24 +240,28 @@ def _node(binary: str, port: int, bus_port: int, workdir: str) -> Node:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    return Node(port, process)
+    return Node(port, process, certs)
 
 
-def start_cluster() -> Cluster:
-    """Six nodes, three of them masters, ready; the caller stops it."""
+def start_cluster(tls_dir: Path | None = None) -> Cluster:
+    """Six nodes, three of them masters, ready; the caller stops it. With ``tls_dir``, TLS only,
+    with certificates made there (:mod:`tests.support.tls_certs`)."""
     binary = shutil.which("redis-server")
     if binary is None or shutil.which("redis-cli") is None:
         raise RuntimeError(INSTALL_HINT)
+    certs = make_certificates(tls_dir / "certs") if tls_dir is not None else None
     workdir = tempfile.TemporaryDirectory(prefix="cogproxy-test-cluster-")
     ports = _free_ports(2 * NODES)
     pairs = zip(ports[:NODES], ports[NODES:], strict=True)  # (client port, cluster bus port)
-    cluster = Cluster([_node(binary, port, bus, workdir.name) for port, bus in pairs], workdir)
+    nodes = [_node(binary, port, bus, workdir.name, certs) for port, bus in pairs]
+    cluster = Cluster(nodes, workdir, certs)
     try:
         for port in ports[:NODES]:
-            wait_sync(partial(answers, port), f"node {port} answering PING", timeout=10)
+            probe = partial(answers, port) if certs is None else partial(tls_answers, port, certs)
+            wait_sync(probe, f"node {port} answering PING", timeout=10)
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in cluster.nodes),
-             "--cluster-replicas", "1", "--cluster-yes"],
+            ["redis-cli", *_cli_tls(certs), "--cluster", "create",
+             *(f"127.0.0.1:{n.port}" for n in cluster.nodes), "--cluster-replicas", "1", "--cluster-yes"],
             capture_output=True,
             timeout=60,
             check=True,

@@ -265,6 +265,8 @@ class RedisOutbox:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.up = True
+        self.failures = 0
+        """Delivery attempts failed since Redis last took a batch."""
         if self._spool is not None:
             self._replay(self._spool)
 
@@ -327,11 +329,13 @@ class RedisOutbox:
             try:
                 await self._send_batch()
             except (RedisError, OSError) as exc:  # the batch is resent: the marks skip what Redis has
+                self.failures += 1
                 self._down(exc, islice(self._queue, BATCH))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             delay = RETRY_MIN_S
+            self.failures = 0
 
     async def _send_batch(self) -> None:
         batch = list(islice(self._queue, BATCH))

@@ -17,6 +17,7 @@ the slots (see ``docs/deployment.md``, "Redis Cluster").
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -27,8 +28,9 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection
+from redis.exceptions import RedisClusterException, RedisError
 
-from proxy.state.redis_cluster_client import ProxyCluster
+from proxy.state.redis_cluster_client import KnownNodes, ProxyCluster
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "scan"]
 
@@ -80,6 +82,9 @@ class RedisOptions:
     ssl_keyfile: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    cluster_nodes: KnownNodes = field(default_factory=KnownNodes, compare=False, repr=False)
+    """A cluster's nodes as its clients found them, shared by every client made from these
+    options (``proxy.state.redis_cluster_client``)."""
 
     def __post_init__(self) -> None:
         tls_files = (self.ssl_ca_certs, self.ssl_certfile, self.ssl_keyfile)
@@ -130,6 +135,7 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
             socket_connect_timeout=connect,
             decode_responses=purpose in _DECODED,
             tls_connection=SharedTlsConnection,
+            known_nodes=options.cluster_nodes,
             **secured,
         )
     client = aioredis.Redis.from_url(
@@ -142,6 +148,22 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
     if client.connection_pool.connection_class is SSLConnection:  # rediss:// (the URL picks the class)
         client.connection_pool.connection_class = SharedTlsConnection
     return client
+
+
+async def discover(options: RedisOptions) -> None:
+    """With a cluster URL, find the cluster's nodes now (within the outbox's timeout), so every
+    client made from ``options`` reaches the cluster later even if its seed node is gone by then
+    (a client of redis-py alone would know only the seed). A cluster that does not answer is left
+    to the stores, which fall back and retry."""
+    if not options.cluster:
+        return
+    client = redis_client(options, "outbox")
+    try:
+        await asyncio.wait_for(client.initialize(), options.timeout_s("outbox"))
+    except (RedisError, RedisClusterException, OSError, TimeoutError):
+        pass  # the stores report Redis down themselves
+    finally:
+        await client.aclose()
 
 
 class SharedTlsConnection(SSLConnection):

@@ -59,3 +59,39 @@ async def test_writes_answered_clusterdown_are_kept_and_delivered_once_the_clust
         if admin is not None:
             await admin.aclose()
     assert dropped == []
+
+
+async def test_the_outbox_outlives_a_cluster_no_node_answers_and_delivers_every_write_after(
+    redis_cluster: Cluster,
+) -> None:
+    """Every node hung (SIGSTOP): once its connections time out, redis-py's cluster pipeline finds
+    no node to ask for a slot map and raises its own ``RedisClusterException``, not a
+    ``RedisError``. The delivery task must take it for an outage like any other, never die."""
+    dropped: list[Write] = []
+    outbox = RedisOutbox(RedisOptions(redis_cluster.url), on_drop=dropped.append)
+    outbox.start()
+    keys = [f"cogproxy:unreachable-test:{{{i}}}" for i in range(6)]
+    admin = None
+    try:
+        assert outbox.put(KeyWrite("cogproxy:unreachable-test:before", "v", 600))
+        await until(lambda: len(outbox) == 0, "a first write delivered (the scripts loaded)")
+        redis_cluster.pause_all()
+        for key in keys:
+            assert outbox.put(KeyWrite(key, "v", 600))
+        await until(
+            lambda: outbox.failures >= 3,
+            "the outbox retrying past the nodes' timeouts",
+            timeout=FAILURE_DETECTION_S,
+        )
+        redis_cluster.resume()
+        await until(
+            redis_cluster.healthy, "the cluster answering again", timeout=FAILURE_DETECTION_S, step=0.1
+        )
+        await until(lambda: len(outbox) == 0, "every write delivered", timeout=FAILURE_DETECTION_S)
+        admin = redis_cluster.admin()
+        assert [await admin.get(key) for key in keys] == ["v"] * len(keys)
+    finally:
+        await outbox.aclose()
+        if admin is not None:
+            await admin.aclose()
+    assert dropped == []

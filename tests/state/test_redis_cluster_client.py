@@ -12,10 +12,12 @@ import pytest
 from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Limiter
-from proxy.state.redis_client import RedisOptions, SharedTlsConnection, redis_client
+from proxy.state.redis_client import RedisOptions, SharedTlsConnection, discover, redis_client
 from tests.proxy_server import free_port
 from tests.state.test_redis_cluster import CALLER, POLICY
+from tests.support.polling import eventually, until
 from tests.support.redis_cluster import Cluster, start_cluster
+from tests.support.redis_cluster import redis_cluster as redis_cluster
 
 
 async def test_a_cluster_no_node_answers_is_a_redis_error_and_the_limits_fall_back() -> None:
@@ -82,5 +84,41 @@ async def test_a_tls_cluster_refuses_a_client_without_its_certificate(tls_cluste
     try:
         with pytest.raises(RedisError):
             await client.get("k")
+    finally:
+        await client.aclose()
+
+
+async def test_a_client_first_used_after_its_seed_node_died_finds_the_cluster_the_process_knows(
+    redis_cluster: Cluster,
+) -> None:
+    """redis-py's cluster client knows only its seed until its first command: a client of the
+    proxy first used after that node died (a store idle until then) must start from the nodes
+    another client of the process found, not fail for good."""
+    options = RedisOptions(redis_cluster.url)
+    late: Any = redis_client(options, "outbox")
+    first: Any = redis_client(options, "context")
+    try:
+        await first.set("{a}:k", "v")  # this process found the cluster's nodes
+    finally:
+        await first.aclose()
+    redis_cluster.kill(redis_cluster.seed)
+    try:
+        await until(redis_cluster.healthy, "the cluster whole without its seed", timeout=30, step=0.1)
+        answer = await eventually(lambda: late.get("{a}:k"), "the late client's answer", ignore=(RedisError,))
+    finally:
+        await late.aclose()
+    assert answer == "v"
+
+
+async def test_the_nodes_found_at_start_outlive_the_seed(redis_cluster: Cluster) -> None:
+    """``discover`` (called once as the proxy starts) lets every client made later from the same
+    options reach the cluster although its seed died before their first command."""
+    options = RedisOptions(redis_cluster.url)
+    await discover(options)
+    redis_cluster.kill(redis_cluster.seed)
+    await until(redis_cluster.healthy, "the cluster whole without its seed", timeout=30, step=0.1)
+    client: Any = redis_client(options, "limits")
+    try:
+        await eventually(lambda: client.set("{b}:k", "v"), "a write of a new client", ignore=(RedisError,))
     finally:
         await client.aclose()

@@ -161,7 +161,10 @@ class Cluster:
 
     def kill_master_of(self, key: str) -> Node:
         """Kill (SIGKILL) the master serving ``key``; its replica is promoted after ``NODE_TIMEOUT_MS``."""
-        node = self.master_of(key)
+        return self.kill(self.master_of(key))
+
+    def kill(self, node: Node) -> Node:
+        """Kill (SIGKILL) ``node``; a master's replica is promoted after ``NODE_TIMEOUT_MS``."""
         node.stop()
         self.killed.append(node)
         return node
@@ -180,6 +183,13 @@ class Cluster:
             node.pause()
         self.paused += shard
         return shard
+
+    def pause_all(self) -> None:
+        """SIGSTOP every live node: no node answers (connections open, then time out)."""
+        shard = self.live()
+        for node in shard:
+            node.pause()
+        self.paused += shard
 
     def resume(self) -> None:
         for node in self.paused:

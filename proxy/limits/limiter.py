@@ -228,7 +228,8 @@ class Limiter:
             for _, kind, window in plan.windows
         ]
         reads = plan.spend_keys if not count else plan.budget_keys
-        states, spent = await self._run(hits, reads)
+        # no window and nothing to read (limits only for others): no round trip
+        states, spent = await self._run(hits, reads) if hits or reads else ([], [])
         spent_by_key = dict(zip(reads, spent, strict=True))
         return Admission(
             caller,

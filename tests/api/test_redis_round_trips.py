@@ -97,3 +97,17 @@ async def test_a_plain_chat_with_limits_waits_on_one_round_trip_and_settles_afte
         asked, answered = await _counted(px, fake_upstream, relay, redis_db)
     assert round_trips(asked, IN_SCRIPTS) == 1 and asked["evalsha"] == 1  # the limits check, one script
     assert round_trips(answered, IN_SCRIPTS) == 1 and answered["evalsha"] == 1  # the settle, after it
+
+
+async def test_a_plain_chat_of_a_client_without_limits_of_its_own_sends_nothing_to_redis(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """Limits configured for another client only (no team, no global, no default): this caller
+    has no window and no budget to check, so no limits script either."""
+    policy = upstream_policy(
+        fake_upstream, limits={"clients": {"someone-else": {"rpm": 10, "usd_per_day": 1}}}
+    )
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        asked, answered = await _counted(px, fake_upstream, relay, redis_db)
+    assert asked == Counter()
+    assert answered == Counter()

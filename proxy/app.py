@@ -51,7 +51,7 @@ from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
 from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
-from proxy.state.redis_client import RedisOptions
+from proxy.state.redis_client import RedisOptions, discover
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.review_queue import ReviewQueue
 from proxy.state.review_stream import ReviewStreams
@@ -116,6 +116,8 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     likewise limits, feedback, the Redis outbox and the context store."""
     settings = app[SETTINGS]
     metrics = app[METRICS]
+    if settings.redis:
+        await discover(settings.redis)  # a cluster's nodes, known before its seed may fail
     store: BreakerStore | None = RedisBreakerStore(settings.redis) if settings.redis else None
     breakers = Breakers(store)
     _route_and_watch(app, breakers)

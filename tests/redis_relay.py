@@ -11,6 +11,7 @@ every later one until ``restore()``: an answer that comes all the same waited on
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
@@ -195,3 +196,25 @@ async def relay() -> AsyncIterator[RedisRelay]:
     """A relay in front of the suite's private Redis, for this test only."""
     async with RedisRelay.start() as running:
         yield running
+
+
+async def _serve(redis_port: int, delay_s: float) -> None:
+    async with RedisRelay.start(port=redis_port) as running:
+        running.delay_s = delay_s
+        print(running.port, flush=True)  # the caller reads the relay's port from the first line
+        await asyncio.Event().wait()
+
+
+def main() -> None:
+    """``python -m tests.redis_relay --redis-port P --delay-ms D``: a relay in its own process (the
+    benchmark's: its event loop shares nothing with the client measuring), until killed."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--redis-port", type=int, required=True)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="held on every reply (per round trip)")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.redis_port, args.delay_ms / 1000))
+
+
+if __name__ == "__main__":
+    main()

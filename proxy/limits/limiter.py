@@ -240,7 +240,10 @@ class Limiter:
             for _, kind, window in plan.windows
         ]
         spent_keys = plan.spend_keys if not count else plan.budget_keys
-        states, spent, read = await self._run(hits, spent_keys, reads)
+        if hits or spent_keys or reads:
+            states, spent, read = await self._run(hits, spent_keys, reads)
+        else:  # no window, no budget and nothing to read (limits only for others): no round trip
+            states, spent, read = [], [], None
         spent_by_key = dict(zip(spent_keys, spent, strict=True))
         return Admission(
             caller,

@@ -45,7 +45,14 @@ from typing import Any
 
 import orjson
 import structlog
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 from proxy.state.cluster_slots import slot_tag
 from proxy.state.redis_client import RedisOptions, redis_client
@@ -223,6 +230,12 @@ def _run_and_seq(write_id: str) -> tuple[str, int]:
     return (run, int(seq)) if run and seq.isdigit() else (write_id, 0)
 
 
+OUTAGE_REPLIES = (ClusterDownError, TryAgainError, ReadOnlyError)
+"""Error replies that say Redis cannot take writes now, not that it refuses this one: a cluster
+without a master for some slot (``CLUSTERDOWN``, failing over), a slot being moved (``TRYAGAIN``),
+a demoted primary (``READONLY``). The batch is resent like after a lost connection."""
+
+
 class RedisOutbox:
     def __init__(
         self,
@@ -252,6 +265,8 @@ class RedisOutbox:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.up = True
+        self.failures = 0
+        """Delivery attempts failed since Redis last took a batch."""
         if self._spool is not None:
             self._replay(self._spool)
 
@@ -314,11 +329,13 @@ class RedisOutbox:
             try:
                 await self._send_batch()
             except (RedisError, OSError) as exc:  # the batch is resent: the marks skip what Redis has
+                self.failures += 1
                 self._down(exc, islice(self._queue, BATCH))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             delay = RETRY_MIN_S
+            self.failures = 0
 
     async def _send_batch(self) -> None:
         batch = list(islice(self._queue, BATCH))
@@ -337,19 +354,25 @@ class RedisOutbox:
             results = await pipe.execute(raise_on_error=False)
         done: Write | None = None
         count = 0
+        outage: Exception | None = None
         for write, result in zip(batch, results, strict=True):
             if isinstance(result, NoScriptError):  # Redis restarted without them: load and resend
                 self._shas = {}
                 break
+            if isinstance(result, Exception) and (
+                isinstance(result, OUTAGE_REPLIES) or not isinstance(result, ResponseError)
+            ):  # this write and the ones behind it are resent (in order) once Redis takes writes
+                outage = result
+                break
             if isinstance(result, ResponseError):  # Redis answered "no" (e.g. the key is not a stream)
                 self._refused(write, result)
-            elif isinstance(result, Exception):
-                raise result
             else:
                 self._delivered(write, int(result))
             done, count = write, count + 1
         if done is not None:
             self._progress(done, count)
+        if outage is not None:
+            raise outage
 
     def _delivered(self, write: Write, result: int) -> None:
         self._settle(self._queue.popleft(), True)

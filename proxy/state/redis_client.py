@@ -12,12 +12,14 @@ A purpose is what a client is for; its timeout is how long one command (and conn
   short: a bounded ``SCAN`` step, one hash), so a silent endpoint is an error, not a wait forever.
 
 A URL of scheme ``redis+cluster://`` (``rediss+cluster://`` with TLS) names one node of a Redis
-Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then, which find the other nodes
-and follow the slots (see ``docs/configuration.md``, "Redis Cluster").
+Cluster: the clients are ``redis.asyncio.cluster.RedisCluster`` then (``ProxyCluster``: its
+failures ``RedisError``s, one TLS context for all nodes), which find the other nodes and follow
+the slots (see ``docs/deployment.md``, "Redis Cluster").
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -27,10 +29,11 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
+from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.state.redis_access import CLUSTER_SCHEMES, TLS_SCHEMES, check_url
+from proxy.state.redis_cluster_client import KnownNodes, ProxyCluster
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "review", "scan"]
 
@@ -84,6 +87,9 @@ class RedisOptions:
     ssl_keyfile: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    cluster_nodes: KnownNodes = field(default_factory=KnownNodes, compare=False, repr=False)
+    """A cluster's nodes as its clients found them, shared by every client made from these
+    options (``proxy.state.redis_cluster_client``)."""
 
     def __post_init__(self) -> None:
         check_url(self.url)
@@ -128,12 +134,14 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
         if value is not None
     }
     url, cluster = node_url(options.url)
-    if cluster:  # TLS here takes redis-py's own context per connection (SharedTlsConnection: not yet)
-        return RedisCluster.from_url(
+    if cluster:
+        return ProxyCluster.from_url(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=connect,
             decode_responses=purpose in _DECODED,
+            tls_connection=SharedTlsConnection,
+            known_nodes=options.cluster_nodes,
             **secured,
         )
     client = aioredis.Redis.from_url(
@@ -146,6 +154,22 @@ def redis_client(options: RedisOptions, purpose: Purpose) -> Any:
     if client.connection_pool.connection_class is SSLConnection:  # rediss:// (the URL picks the class)
         client.connection_pool.connection_class = SharedTlsConnection
     return client
+
+
+async def discover(options: RedisOptions) -> None:
+    """With a cluster URL, find the cluster's nodes now (within the outbox's timeout), so every
+    client made from ``options`` reaches the cluster later even if its seed node is gone by then
+    (a client of redis-py alone would know only the seed). A cluster that does not answer is left
+    to the stores, which fall back and retry."""
+    if not options.cluster:
+        return
+    client = redis_client(options, "outbox")
+    try:
+        await asyncio.wait_for(client.initialize(), options.timeout_s("outbox"))
+    except (RedisError, RedisClusterException, OSError, TimeoutError):
+        pass  # the stores report Redis down themselves
+    finally:
+        await client.aclose()
 
 
 class SharedTlsConnection(SSLConnection):

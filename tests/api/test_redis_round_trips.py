@@ -285,3 +285,17 @@ async def test_a_replica_reads_its_own_session_writes_while_redis_does_not_answe
     assert (first[0], second[0]) == (200, 200)
     assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
     assert "session_state=session" in second[1]["X-Cognitive-Context"]
+
+
+async def test_a_plain_chat_of_a_client_without_limits_of_its_own_sends_nothing_to_redis(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """Limits configured for another client only (no team, no global, no default): this caller
+    has no window and no budget to check, so no limits script either."""
+    policy = upstream_policy(
+        fake_upstream, limits={"clients": {"someone-else": {"rpm": 10, "usd_per_day": 1}}}
+    )
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        asked, answered = await _counted(px, fake_upstream, relay, redis_db)
+    assert asked == Counter()
+    assert answered == Counter()

@@ -33,6 +33,12 @@ cache's hit latency p50 at concurrency 1 through a proxy on the benchmark's own
 of the same module in the same run; and, in process, what the context steps add to a module
 call that carries no context, against the input check and prompt rendering of the same call.
 
+``--redis-paths`` runs only the Redis-on-the-request-path section (also in the full run, after
+the context section; no wrk; ``redis_paths.py``): p50 at c=1 of plain chat, plain chat with limits,
+a module call with limits, cache and context, and a context session call, with Redis off and with
+the benchmark's own ``redis-server`` behind a relay adding +0 ms and +5 ms per round trip; each as
+a difference from Redis off in the same run, and issue #32's goals at +5 ms.
+
 ``--limits`` runs only the limit-check micro-benchmark (no wrk; the benchmark's own
 ``redis-server`` on a free loopback port): p50 of one request's limit check
 (client + team + global windows, requests and tokens, day and month budgets) in memory and in
@@ -845,6 +851,15 @@ async def _limits_bench() -> None:
         await memory.aclose()
 
 
+def redis_paths_bench() -> None:
+    """``--redis-paths``: Redis on the request path, per kind of request (``redis_paths.py``)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf import redis_paths
+
+    with tempfile.TemporaryDirectory() as tmp:
+        redis_paths.run(serve_command, free_port, wait_port, Path(tmp))
+
+
 def limits_bench() -> None:
     sys.path.insert(0, str(ROOT))
     asyncio.run(_limits_bench())
@@ -1485,6 +1500,11 @@ def main() -> int:
         "--shadow", action="store_true", help="only client latency with shadow judging off and on"
     )
     parser.add_argument(
+        "--redis-paths",
+        action="store_true",
+        help="only Redis on the request path: p50 per kind of request, Redis off / +0 ms / +5 ms (no wrk)",
+    )
+    parser.add_argument(
         "--retries", action="store_true", help="only the success rate at 30%% 503s (repeated runs)"
     )
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
@@ -1522,6 +1542,9 @@ def main() -> int:
         return 0
     if args.limits:
         limits_bench()
+        return 0
+    if args.redis_paths:
+        redis_paths_bench()
         return 0
     if args.feedback:
         feedback_bench()
@@ -1591,6 +1614,7 @@ def main() -> int:
             stream_section(up_port, proxy_port)
             context_bench(tmpdir, up_port)
             shadow_bench(tmpdir, up_port)
+            redis_paths_bench()
             composition_bench()
             parse_bench()
             limits_bench()

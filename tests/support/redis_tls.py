@@ -42,7 +42,8 @@ class TlsRedis:
         )
 
 
-def _answers(port: int, certs: Certificates) -> bool:
+def tls_answers(port: int, certs: Certificates) -> bool:
+    """Whether a TLS Redis on ``port`` answers PING (to a client showing ``certs.client``)."""
     context = ssl.create_default_context(cafile=str(certs.ca.cert))
     context.load_cert_chain(str(certs.client.cert), str(certs.client.key))
     try:
@@ -76,7 +77,7 @@ def tls_redis(directory: Path, *, client_certs: bool = True) -> Iterator[TlsRedi
     )  # fmt: skip
     try:
         wait_sync(
-            lambda: _answers(port, certs),
+            lambda: tls_answers(port, certs),
             "the TLS redis-server answering PING",
             timeout=START_TIMEOUT_S,
             step=0.05,

@@ -1,0 +1,235 @@
+"""``make bench`` section ``--redis-paths``: what Redis on the request path costs, per kind of request.
+
+One ``cogproxy serve`` per Redis setting — Redis off (in-process state), then the benchmark's own
+``redis-server`` behind a relay adding +0 ms and +5 ms to every reply (``tests/redis_relay.py`` in
+its own process: one delay per round trip) — each in front of the same no-delay upstream, and
+``REQUESTS`` sequential requests (c=1, after ``WARMUP``) of each path:
+
+* plain chat: ``/v1/chat/completions``, a client with no limits (no cache, no context);
+* plain chat with limits: the same for a client with request and token windows;
+* module call with limits, cache and context: ``interactive-reviewer`` with a session (its state
+  and previous result read, the emitted state written), a result-cache rule (every input new: a
+  miss, looked up and written) and the limited client;
+* context session call: the same module in a session, a client without limits, no cache rule.
+
+Printed: p50 per cell and its difference from Redis off in the same run, in ms and in round
+trips of the added delay. Issue #32's goals, at +5 ms: plain chat adds <= 0.2 ms p50; the module
+call with limits, cache and context <= one round trip (<= 6 ms)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS = 300
+WARMUP = 30
+DELAYS_MS = (0.0, 5.0)
+DB = 13
+MODULE = "interactive-reviewer"
+KEYS = "sk-plain name=plain\nsk-limited name=limited\n"
+PLAIN = {"Authorization": "Bearer sk-plain"}
+LIMITED = {"Authorization": "Bearer sk-limited"}
+CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hello"}]}
+ANSWER = {
+    "ok": True,
+    "meta": {"confidence": 0.93, "risk": "low", "explain": "One small issue."},
+    "data": {
+        "issues": [{"description": "Name is short.", "risk": "low"}],
+        "summary": "Fine overall.",
+        "rationale": "The function is correct; one naming nit.",
+    },
+    "_emitted_context": {
+        "session_state": {"files_reviewed": ["a.py"], "issues_found": 1, "last_action": "code_review"}
+    },
+}
+COMPLETION = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": json.dumps(ANSWER)}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+}
+GOAL_PLAIN_MS = 0.2
+GOAL_MODULE_MS = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPath:
+    name: str
+    route: str
+    headers: dict[str, str]
+    module: bool
+    limits_and_cache: bool
+    """Sent to the proxy whose policy has the limits and the cache rule."""
+
+
+PATHS = (
+    BenchPath("plain chat (no limits, cache or context)", "/v1/chat/completions", PLAIN, False, False),
+    BenchPath("plain chat with limits", "/v1/chat/completions", LIMITED, False, True),
+    BenchPath("module call: limits + cache + context", f"/v1/modules/{MODULE}/execute", LIMITED, True, True),
+    BenchPath("context session call", f"/v1/modules/{MODULE}/execute", PLAIN, True, False),
+)
+
+
+def policy(up_port: int, *, limits_and_cache: bool) -> str:
+    """The section's policy: with ``limits_and_cache``, windows for the ``limited`` client and a
+    result-cache rule for the module; without, neither (nothing configured that needs Redis)."""
+    text = (
+        "version: 1\n"
+        f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
+        "ladder:\n  - {name: fast, targets: [up/m]}\n"
+        "aliases: {bench: fast}\n"
+        "feedback: {max_entries: 1000}\n"
+    )
+    if limits_and_cache:
+        text += (
+            "limits:\n  clients:\n    limited: {rpm: 1000000000, tpm: 1000000000000}\n"
+            f"cache:\n  modules:\n    {MODULE}: {{ttl_s: 600}}\n"
+        )
+    return text
+
+
+def upstream_main(port: int) -> None:
+    """The no-delay upstream of this section: one answer that emits the session's state."""
+    from aiohttp import web
+
+    body = json.dumps(COMPLETION).encode()
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+@contextmanager
+def process(command: list[str]) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextmanager
+def relay(redis_port: int, delay_ms: float) -> Iterator[int]:
+    """The relay process in front of the benchmark's Redis; its port."""
+    command = [sys.executable, "-m", "tests.redis_relay", "--redis-port", str(redis_port)]
+    with process([*command, "--delay-ms", str(delay_ms)]) as proc:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline())
+
+
+async def _p50_ms(session: aiohttp.ClientSession, base: str, path: BenchPath, cell: str) -> float:
+    times = []
+    for i in range(-WARMUP, REQUESTS):
+        if path.module:  # a new input (a cache miss) in the session of this cell and path
+            body: dict[str, Any] = {"input": {"code": f"x = {i}", "file": "a.py"}}
+            headers = {**path.headers, "X-Cognitive-Session": f"{cell}-{PATHS.index(path)}"}
+        else:
+            body, headers = CHAT, path.headers
+        started = time.perf_counter()
+        async with session.post(base + path.route, json=body, headers=headers) as resp:
+            await resp.read()
+            assert resp.status == 200, (path.name, resp.status, await resp.text())
+        if i >= 0:
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def _cell(bases: dict[bool, str], cell: str) -> list[float]:
+    async with aiohttp.ClientSession() as session:
+        return [await _p50_ms(session, bases[path.limits_and_cache], path, cell) for path in PATHS]
+
+
+def run(serve_command: Any, free_port: Any, wait_port: Any, tmpdir: Path) -> None:
+    """The section; ``serve_command``, ``free_port``, ``wait_port``: bench.py's."""
+    import redis
+
+    from tests.support.redis_server import redis_port
+
+    up_port = free_port()
+    (tmpdir / "paths-keys").write_text(KEYS)
+    r_port = redis_port()
+    results: dict[str, list[float]] = {}
+    with process([sys.executable, __file__, "--upstream", str(up_port)]):
+        wait_port(up_port)
+        for label, delay in (("Redis off", None), *((f"+{d:g} ms", d) for d in DELAYS_MS)):
+            redis.Redis(port=r_port, db=DB).flushdb()
+            with redis_url_for(r_port, delay) as url, contextlib.ExitStack() as proxies:
+                bases: dict[bool, str] = {}
+                for configured in (False, True):
+                    path = tmpdir / f"paths-policy-{configured}.yaml"
+                    path.write_text(policy(up_port, limits_and_cache=configured))
+                    port = free_port()
+                    args = ["--log-level", "warning", "--api-keys-file", str(tmpdir / "paths-keys")]
+                    args += ["--redis-url", url] if url else []
+                    proxies.enter_context(process(serve_command(path, port, *args)))
+                    wait_port(port)
+                    bases[configured] = f"http://127.0.0.1:{port}"
+                results[label] = asyncio.run(_cell(bases, f"cell{len(results)}"))
+    redis.Redis(port=r_port, db=DB).flushdb()
+    _report(results)
+
+
+@contextmanager
+def redis_url_for(redis_port: int, delay_ms: float | None) -> Iterator[str | None]:
+    """The ``--redis-url`` of a relay adding ``delay_ms`` (None: no Redis)."""
+    if delay_ms is None:
+        yield None
+        return
+    with relay(redis_port, delay_ms) as port:
+        yield f"redis://127.0.0.1:{port}/{DB}"
+
+
+def _report(results: dict[str, list[float]]) -> None:
+    labels = list(results)
+    print(
+        f"\nRedis on the request path: p50 ms at c=1, {REQUESTS} requests per cell"
+        " (difference from Redis off, in ms and in round trips)"
+    )
+    print(f"{'path':<42}" + "".join(f"{label:>24}" for label in labels))
+    off = results["Redis off"]
+    for i, path in enumerate(PATHS):
+        cells = [f"{results[labels[0]][i]:>24.2f}"]
+        for label in labels[1:]:
+            value, delay = results[label][i], float(label.strip("+ ms"))
+            trips = f" ({(value - off[i]) / delay:.1f} RT)" if delay else ""
+            cells.append(f"{f'{value:.2f} ({value - off[i]:+.2f}{trips})':>24}")
+        print(f"{path.name:<42}" + "".join(cells))
+    five = results.get("+5 ms")
+    if five is not None:
+        plain, module = five[0] - off[0], five[2] - off[2]
+        print(
+            f"goals at +5 ms: plain chat adds {plain:.2f} ms p50 (goal <= {GOAL_PLAIN_MS}: "
+            f"{_met(plain, GOAL_PLAIN_MS)}); module call with limits, cache and "
+            f"context adds {module:.2f} ms (goal <= {GOAL_MODULE_MS}: {_met(module, GOAL_MODULE_MS)})"
+        )
+
+
+def _met(value: float, goal: float) -> str:
+    return "met" if value <= goal else "NOT met"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--upstream"]:
+        upstream_main(int(sys.argv[2]))

@@ -10,6 +10,7 @@ from proxy.api.errors import ApiError
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore
 from proxy.observability.metrics import Metrics
+from proxy.observability.tracing import Tracing
 from proxy.service.runtime import Runtime as Runtime
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore
@@ -36,6 +37,8 @@ OUTBOX = web.AppKey("outbox", RedisOutbox)
 CONTEXT_STORE = web.AppKey("context_store", ContextStore)
 """Module context and the result cache: Redis with ``--redis-url``, else in-process memory."""
 REDACT_NAMES = web.AppKey("redact_names", NameMatcher)
+TRACING = web.AppKey[Tracing | None]("tracing")
+"""The app's tracer when traces are exported (``proxy.observability.otlp``); None: tracing is off."""
 
 
 def runtime_of(request: web.Request) -> Runtime:

@@ -301,24 +301,34 @@ def exchange_attributes(body: Mapping[str, Any], reply: Mapping[str, Any]) -> di
     return out
 
 
+MAX_MESSAGES = 16
+"""Messages recorded per attribute at most (the last ones: a long conversation's newest turns)."""
+
+
 def content_attributes(body: Mapping[str, Any], reply: Mapping[str, Any], limit: int) -> dict[str, str]:
-    """``gen_ai.input.messages`` / ``gen_ai.output.messages`` as JSON, redacted, at most ``limit``
-    characters each."""
+    """``gen_ai.input.messages`` / ``gen_ai.output.messages`` as JSON, redacted; each message's
+    text cut at ``limit`` characters, at most ``MAX_MESSAGES`` messages."""
     out: dict[str, str] = {}
     messages = body.get("messages")
     if isinstance(messages, list):
-        out["gen_ai.input.messages"] = capped(messages, limit)
+        out["gen_ai.input.messages"] = capped(messages[-MAX_MESSAGES:], limit)
     choices = reply.get("choices")
     if isinstance(choices, list):
-        answers = [c.get("message") for c in choices if isinstance(c, dict)]
+        answers = [c.get("message") for c in choices[:MAX_MESSAGES] if isinstance(c, dict)]
         out["gen_ai.output.messages"] = capped(answers, limit)
     return out
 
 
-def capped(value: Any, limit: int) -> str:
-    """``value`` through the log redaction, as JSON, cut at ``limit`` characters."""
-    text = orjson.dumps(scrub(value), default=str).decode()
-    return text if len(text) <= limit else text[:limit] + "…"
+def capped(messages: list[Any], limit: int) -> str:
+    """``messages`` through the log redaction, as JSON, each text cut at ``limit`` characters."""
+    return orjson.dumps([_cut(scrub(m), limit) for m in messages], default=str).decode()
+
+
+def _cut(message: Any, limit: int) -> Any:
+    if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+        return message
+    text = message["content"]
+    return message if len(text) <= limit else {**message, "content": text[:limit] + "…"}
 
 
 def first_token(seconds: float) -> None:

@@ -27,6 +27,7 @@ from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
 from proxy.clients import Caller, caller_of
+from proxy.observability import tracing as otel
 from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 from proxy.observability.tracing import ServerSpan, Tracing, start_server_span
@@ -132,9 +133,10 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         check_target_form(request)
         route = route_of(request)
         row = route_of_request(request)
-        tracing = request.app.get(TRACING)
-        if tracing is not None and (row is None or not row.probe):  # probes: polled, never traced
-            return await _traced(request, handler, route, row, tracing)
+        if otel.ON and (row is None or not row.probe):  # probes: polled, never traced
+            tracing = request.app[TRACING]
+            if tracing is not None:
+                return await _traced(request, handler, route, row, tracing)
         bind_trace(request, route)
         return await _observed(request, handler, route, row)
     except BaseException as exc:

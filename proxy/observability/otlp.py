@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.util.types import Attributes
 
 from proxy.observability.trace_export import TraceExport
-from proxy.observability.tracing import SCHEMA_URL, TRACER_NAME, Tracing
+from proxy.observability.tracing import SCHEMA_URL, TRACER_NAME, Tracing, enable
 
 DEFAULT_SERVICE_NAME = "cognitive-proxy"
 
@@ -141,4 +141,5 @@ def start_export(
     provider = TracerProvider(resource=resource(environ), id_generator=SecretIds())
     provider.add_span_processor(processor)
     tracer = provider.get_tracer(TRACER_NAME, schema_url=SCHEMA_URL)
+    enable()
     return Exporting(Tracing(tracer, content=export.captures_content(environ)), provider)

@@ -1,8 +1,9 @@
 """OpenTelemetry spans of a request, by the semantic conventions pinned in ``SEMCONV_VERSION``.
 
 Off by default. When the app holds a ``Tracing`` (``proxy.observability.otlp`` builds it), the edge
-middleware ``activate``s it for the request; everything below reads it with ``active()``: one
-context-variable read, None when tracing is off, and then no span object is created at all.
+middleware ``activate``s it for the request; everything below reads it with ``active()``. Until an
+app of the process exports traces (``enable``), every hook here returns at one module-level check
+(``ON``): no span object, no context-variable read, no extra coroutine.
 
 Spans (docs/observability.md, *Traces*): the server span (edge), ``module_call {module}`` (service),
 one client span per upstream attempt (``proxy.upstream.router``), and internal spans for the
@@ -57,10 +58,21 @@ class Tracing:
 
 _ACTIVE: contextvars.ContextVar[Tracing | None] = contextvars.ContextVar("tracing", default=None)
 
+ON = False
+"""Whether an app of this process exports traces: set once at start-up (``enable``), never reset;
+each app's own ``Tracing`` still decides which requests are traced. The process-wide switch exists
+for speed alone: while it is False, tracing costs a request one global read per hook."""
+
+
+def enable() -> None:
+    """Turn the hooks on for the process (an app starts exporting: ``otlp.start_export``)."""
+    global ON
+    ON = True
+
 
 def active() -> Tracing | None:
     """The request's ``Tracing``; None when tracing is off (the one check everything makes)."""
-    return _ACTIVE.get()
+    return _ACTIVE.get() if ON else None
 
 
 def activate(tracing: Tracing) -> contextvars.Token[Tracing | None]:
@@ -123,17 +135,27 @@ def start_server_span(
 # --- internal spans -----------------------------------------------------------------------------
 
 
-async def traced(
+def traced(
     name: str,
     awaitable: Awaitable[T],
     describe: Callable[[T], Attributes] | None = None,
     attributes: Attributes | None = None,
-) -> T:
-    """``awaitable``'s result, inside an internal span ``name`` when tracing is on; ``describe``
-    turns the result into attributes. Off: the awaitable, awaited."""
-    tracing = _ACTIVE.get()
+) -> Awaitable[T]:
+    """``awaitable`` inside an internal span ``name`` when tracing is on; ``describe`` turns its
+    result into attributes. Off: ``awaitable`` itself (no coroutine of its own)."""
+    tracing = _ACTIVE.get() if ON else None
     if tracing is None:
-        return await awaitable
+        return awaitable
+    return _in_span(tracing, name, awaitable, describe, attributes)
+
+
+async def _in_span(
+    tracing: Tracing,
+    name: str,
+    awaitable: Awaitable[T],
+    describe: Callable[[T], Attributes] | None,
+    attributes: Attributes | None,
+) -> T:
     with tracing.tracer.start_as_current_span(name, attributes=attributes) as span:
         result = await awaitable
         if describe is not None and span.is_recording():
@@ -226,7 +248,7 @@ def provider_name(kind: str) -> str:
 
 def with_traceparent(headers: dict[str, str]) -> dict[str, str]:
     """``headers`` as they are (tracing off), or a copy carrying the current span's ``traceparent``."""
-    if _ACTIVE.get() is None:
+    if not ON or _ACTIVE.get() is None:
         return headers
     carried = dict(headers)
     inject_traceparent(carried)
@@ -236,7 +258,7 @@ def with_traceparent(headers: dict[str, str]) -> dict[str, str]:
 def inject_traceparent(headers: MutableMapping[str, str]) -> None:
     """Set ``traceparent`` (and ``tracestate``) of the current span on an outgoing request;
     nothing when tracing is off (a client's own ``traceparent`` then goes on as it came)."""
-    if _ACTIVE.get() is not None:
+    if ON and _ACTIVE.get() is not None:
         for name in ("traceparent", "tracestate"):
             headers.pop(name, None)
         PROPAGATOR.inject(headers)
@@ -246,7 +268,7 @@ def note_exchange(body: Mapping[str, Any], reply: Mapping[str, Any]) -> None:
     """The GenAI attributes of one chat completion on the current (client) span: request
     parameters, response model, id, finish reasons and token usage; with ``content``, the
     messages and the answer, redacted and capped."""
-    tracing = _ACTIVE.get()
+    tracing = _ACTIVE.get() if ON else None
     if tracing is None:
         return
     span = trace.get_current_span()
@@ -272,11 +294,22 @@ _USAGE = (
 
 def exchange_attributes(body: Mapping[str, Any], reply: Mapping[str, Any]) -> dict[str, Any]:
     """The attributes ``note_exchange`` records (no content)."""
+    return {**request_attributes(body), **response_attributes(reply)}
+
+
+def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat request's parameters: temperature, top_p, max tokens, seed."""
     out: dict[str, Any] = {}
     for key, name, kind in _REQUEST_PARAMETERS:
         value = body.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[name] = kind(value)
+    return out
+
+
+def response_attributes(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI ``chat.completion``'s model, id, finish reasons and token usage."""
+    out: dict[str, Any] = {}
     if isinstance(reply.get("model"), str):
         out["gen_ai.response.model"] = reply["model"]
     if isinstance(reply.get("id"), str):
@@ -333,19 +366,11 @@ def _cut(message: Any, limit: int) -> Any:
 
 def first_token(seconds: float) -> None:
     """The stream's first token on the current (client) span: a span event."""
-    if _ACTIVE.get() is None:
+    if not ON or _ACTIVE.get() is None:
         return
     span = trace.get_current_span()
     if span.is_recording():
         span.add_event("gen_ai.first_token", {"gen_ai.response.time_to_first_chunk": seconds})
-
-
-def current_span() -> trace.Span | None:
-    """The current span when tracing is on and it records; else None."""
-    if _ACTIVE.get() is None:
-        return None
-    span = trace.get_current_span()
-    return span if span.is_recording() else None
 
 
 # --- what the internal spans say (no content) -------------------------------------------------

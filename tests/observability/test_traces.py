@@ -143,11 +143,11 @@ async def test_content_is_recorded_only_when_asked_and_then_redacted(
     assert "approve" in client.attributes["gen_ai.output.messages"]
 
 
-async def test_a_streamed_answer_and_a_failover_through_the_openai_sdk(
+async def test_a_streamed_module_answer_has_a_first_token_event_on_its_client_span(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    """Chat passthrough through the SDK: a 500 then a fail-over is one client span per attempt
-    (the failed one with its error.type); a streamed module answer has its first-token event."""
+    """A module answer streamed to the openai SDK: its attempt's client span holds one
+    ``gen_ai.first_token`` event with the time to the first chunk."""
     fake_upstream.script("cheap", answer(0.95))
     async with otlp_receiver() as rx:
         policy = _policy_file(tmp_path, fake_upstream)
@@ -167,6 +167,49 @@ async def test_a_streamed_answer_and_a_failover_through_the_openai_sdk(
     streamed = _one(rx.spans, "chat cheap")
     assert [name for name, _ in streamed.events] == ["gen_ai.first_token"]
     assert streamed.events[0][1]["gen_ai.response.time_to_first_chunk"] >= 0
+
+
+async def test_a_chat_passthrough_failover_is_a_client_span_per_attempt_with_the_answers_attributes(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Chat passthrough through the openai SDK: the first target's 500 is a failed client span
+    (its error.type), the fail-over a second one carrying the request's parameters and what the
+    answer says of itself: model, id, finish reasons and the usage the client was billed."""
+    fake_upstream.script("cheap", Fault.http(500))
+    fake_upstream.script("backup", "hello there")
+    async with otlp_receiver() as rx:
+        policy = _policy_file(tmp_path, fake_upstream)
+        async with proxy_process("--policy", str(policy), "--otlp-endpoint", rx.url, env=_env()) as served:
+            client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="k", max_retries=0)
+            try:
+                reply = await client.chat.completions.create(
+                    model="fast",
+                    messages=[{"role": "user", "content": "hi"}],
+                    temperature=0.25,
+                    max_tokens=64,
+                )
+            finally:
+                await client.close()
+            await rx.wait_for("both attempts", lambda s: len(_by_name(s, "chat ")) == 2)
+    server = _one(rx.spans, "POST /v1/chat/completions")
+    failed, answered = _one(rx.spans, "chat cheap"), _one(rx.spans, "chat backup")
+    assert (failed.parent_id, answered.parent_id) == (server.span_id, server.span_id)
+    assert failed.attributes["error.type"] == "server_error" and failed.status_code == 2  # ERROR
+    assert "gen_ai.response.id" not in failed.attributes
+    assert reply.usage is not None and reply.choices[0].finish_reason == "stop"
+    assert answered.attributes == {
+        **answered.attributes,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "backup",
+        "gen_ai.request.temperature": 0.25,
+        "gen_ai.request.max_tokens": 64,
+        "gen_ai.response.model": reply.model,
+        "gen_ai.response.id": reply.id,
+        "gen_ai.response.finish_reasons": ["stop"],
+        "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
+    }
+    assert "error.type" not in answered.attributes
 
 
 async def test_passthrough_gets_a_server_span_and_a_client_span_per_attempt(

@@ -38,11 +38,13 @@ from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
 from proxy.module.tools import denied_tool_calls, network_violation, permitted_tools
 from proxy.observability.tracing import (
+    active,
     contract_attributes,
     found_attributes,
     media_attributes,
     note_exchange,
     traced,
+    traced_fetch,
 )
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
@@ -636,8 +638,9 @@ async def _checked_input(
         error = refused_by_policies(module, checked)  # before any media is fetched
     if error is not None or not module.takes_media:
         return error, ()
+    env = call.media if active() is None else replace(call.media, watch=traced_fetch)
     found = await traced(
-        "media", prepare_media(module, checked, call.policy.media, deadline, call.media), media_attributes
+        "media", prepare_media(module, checked, call.policy.media, deadline, env), media_attributes
     )
     return (found, ()) if isinstance(found, dict) else (None, found)
 

@@ -25,9 +25,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from yarl import URL
 
 from proxy.contract.engine import ContractResult
 from proxy.jsonshape import as_dict
+from proxy.media.cache import Fetched
 from proxy.media.model import Media
 from proxy.redact import scrub
 
@@ -156,11 +158,31 @@ async def _in_span(
     describe: Callable[[T], Attributes] | None,
     attributes: Attributes | None,
 ) -> T:
-    with tracing.tracer.start_as_current_span(name, attributes=attributes) as span:
-        result = await awaitable
+    with tracing.tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            result = await awaitable
+        except Exception as exc:
+            failed(span, exc)
+            raise
         if describe is not None and span.is_recording():
             span.set_attributes(describe(result))
         return result
+
+
+def failed(span: trace.Span, exc: BaseException) -> None:
+    """A failed step's span: ``error.type`` (the error's code, else its class), status ERROR; never
+    the exception's message, which may quote the input (a media URL, a context value)."""
+    code = getattr(exc, "code", None) or getattr(exc, "kind", None)
+    span.set_attribute("error.type", code if isinstance(code, str) else type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR))
+
+
+def traced_fetch(url: str, fetching: Awaitable[Fetched]) -> Awaitable[Fetched]:
+    """One media URL fetch in its span ``media.fetch`` (a child of ``media``): the host, never the
+    URL (a signed URL's query is a credential); the bytes and redirects of what came back."""
+    return traced("media.fetch", fetching, fetched_attributes, {"server.address": URL(url).host or ""})
 
 
 # --- client spans (one per upstream attempt) -------------------------------------------------
@@ -400,6 +422,17 @@ def media_attributes(found: dict[str, Any] | tuple[Media, ...]) -> dict[str, Any
         "cognitive.media.types": sorted({m.media_type for m in found}),
         "cognitive.media.fetched": sum(1 for m in found if m.form == "url"),
     }
+
+
+def fetched_attributes(fetched: Fetched) -> dict[str, Any]:
+    """A media fetch's outcome: its bytes, the redirects followed and the type served."""
+    out: dict[str, Any] = {
+        "cognitive.media.bytes": len(fetched.data),
+        "cognitive.media.redirects": max(len(fetched.chain) - 1, 0),
+    }
+    if fetched.content_type:
+        out["cognitive.media.served_type"] = fetched.content_type.split(";", 1)[0].strip()
+    return out
 
 
 def found_attributes(entry: object) -> dict[str, bool]:

@@ -12,6 +12,7 @@ import aiohttp
 import openai
 import pytest
 import yaml
+from aiohttp import web
 
 from proxy.observability.tracing import SCHEMA_URL
 from tests.api.test_routing import REVIEW_INPUT, answer, routing_policy
@@ -20,7 +21,16 @@ from tests.compose.harness import execute as execute_in_process
 from tests.compose.test_code_review_pipeline import CODE, STEPS, STYLE, _analysis
 from tests.conftest import MODULES
 from tests.fake_upstream import FakeUpstream, Fault
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, free_port, proxy_process
+from tests.media import samples
+from tests.media.test_module_media import ANSWER as MEDIA_ANSWER
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    free_port,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+)
 from tests.support.otlp_receiver import Span, otlp_receiver
 from tests.support.polling import eventually
 
@@ -30,7 +40,6 @@ INCOMING_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 INCOMING_PARENT = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{INCOMING_TRACE}-{INCOMING_PARENT}-01"
 SECRET_IN_PROMPT = "sk-prompt-secret-abcdefgh1234"
-EXECUTE = "/v1/modules/code-reviewer/execute"
 
 
 def _policy_file(tmp_path: Path, fake: FakeUpstream) -> Path:
@@ -54,10 +63,12 @@ def _one(spans: list[Span], prefix: str) -> Span:
     return found[0]
 
 
-async def _execute(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+async def _execute(
+    url: str, body: dict[str, Any], headers: dict[str, str], module: str = "code-reviewer"
+) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as session,
-        session.post(url + EXECUTE, json=body, headers=headers) as resp,
+        session.post(f"{url}/v1/modules/{module}/execute", json=body, headers=headers) as resp,
     ):
         return resp.status, await resp.json()
 
@@ -285,3 +296,52 @@ async def test_composition_steps_are_child_module_call_spans(
     assert server.kind == "server"
     children = {s.name for s in rx.spans if s.parent_id == top.span_id and s.name.startswith("module_call ")}
     assert {"module_call code-analyzer", "module_call style-checker"} <= children
+
+
+async def test_each_media_url_fetch_is_a_span_of_the_media_step_naming_the_host_never_the_url(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two image URLs: the ``media`` step's span holds one ``media.fetch`` span per fetch, with
+    the host and the bytes that came back; neither the path nor the query (a signed URL's
+    credential) is recorded."""
+    served: list[str] = []
+
+    async def image(request: web.Request) -> web.Response:
+        served.append(request.path_qs)
+        return web.Response(body=samples.PNG, content_type="image/png")
+
+    origin = web.Application()
+    origin.router.add_get("/{name}", image)
+    runner = web.AppRunner(origin, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    images = [
+        {"type": "url", "url": f"http://localhost:{port}/{name}.png?sig=SIGNED-SECRET"} for name in "ab"
+    ]
+    policy = upstream_policy(fake_upstream)
+    policy["media"] = {"allow_http": True, "trusted_hosts": [f"localhost:{port}"]}
+    fake_upstream.script("cheap", MEDIA_ANSWER)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    try:
+        async with otlp_receiver() as rx, running_proxy(tmp_path, policy, otlp_endpoint=rx.url) as proxy:
+            status, reply = await _execute(
+                proxy.url, {"input": {"prompt": "What is this?", "images": images}}, {}, "image-describer"
+            )
+            assert status == 200 and reply["ok"] is True, reply
+            await rx.wait_for("the fetches' spans", lambda s: len(_by_name(s, "media.fetch")) == 2)
+    finally:
+        await runner.cleanup()
+    assert served == ["/a.png?sig=SIGNED-SECRET", "/b.png?sig=SIGNED-SECRET"]
+    (step,) = [s for s in rx.spans if s.name == "media"]
+    assert step.attributes["cognitive.media.fetched"] == 2
+    for fetch in _by_name(rx.spans, "media.fetch"):
+        assert fetch.parent_id == step.span_id and fetch.trace_id == step.trace_id
+        assert fetch.attributes == {
+            "server.address": "localhost",
+            "cognitive.media.bytes": len(samples.PNG),
+            "cognitive.media.redirects": 0,
+            "cognitive.media.served_type": "image/png",
+        }
+    assert "SIGNED-SECRET" not in json.dumps([s.attributes for s in rx.spans])

@@ -111,6 +111,10 @@ async def _tracing_ctx(app: web.Application) -> AsyncIterator[None]:
     exporting = start_export(export, lambda reason, count: dropped.labels(reason).inc(count))
     app[TRACING] = exporting.tracing
     log.info("proxy.tracing", endpoint=export.traces_url() or "from OTEL_* variables")
+    if not exporting.counts_drops:
+        log.warning(
+            "proxy.tracing_drops_uncounted", reason="the SDK reports no spans dropped on a full queue"
+        )
     try:
         yield
     finally:

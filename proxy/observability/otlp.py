@@ -73,7 +73,13 @@ class CountingExporter(SpanExporter):
 
 
 _PROCESSED = "otel.sdk.processor.span.processed"
-"""The SDK's own count of what its batch processor did; the ones with ``error.type`` were dropped."""
+"""The SDK's own count of what its batch processor did; the ones with ``error.type`` were dropped.
+A full queue is visible nowhere else (no log, no callback): tests/observability/test_traces.py fills
+one end to end, so a renamed instrument fails a test, and ``Exporting.counts_drops`` says at start-up
+whether the processor asked for it."""
+INTERNAL_METRICS = "OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED"
+"""The SDK reports that count only with this set (its default: off); the proxy turns it on unless the
+operator set it, and the count then goes to the proxy's meter alone (``DropMeterProvider``)."""
 
 
 class _DropCounter(NoOpCounter):
@@ -88,13 +94,14 @@ class _DropCounter(NoOpCounter):
 
 
 class _DropMeter(NoOpMeter):
-    def __init__(self, dropped: Dropped) -> None:
+    def __init__(self, provider: DropMeterProvider) -> None:
         super().__init__("cognitive-proxy.spans")
-        self._dropped = dropped
+        self._provider = provider
 
     def create_counter(self, name: str, unit: str = "", description: str = "") -> Counter:
         if name == _PROCESSED:
-            return _DropCounter(name, self._dropped)
+            self._provider.hooked = True
+            return _DropCounter(name, self._provider.dropped)
         return super().create_counter(name, unit, description)
 
 
@@ -103,10 +110,12 @@ class DropMeterProvider(NoOpMeterProvider):
     counter, so the spans it drops (a full queue) reach the proxy's Prometheus counter."""
 
     def __init__(self, dropped: Dropped) -> None:
-        self._dropped = dropped
+        self.dropped = dropped
+        self.hooked = False
+        """Whether the processor created the processed-spans counter (its drops are counted)."""
 
     def get_meter(self, name: str, *args: Any, **kwargs: Any) -> Meter:
-        return _DropMeter(self._dropped)
+        return _DropMeter(self)
 
 
 def resource(environ: Mapping[str, str]) -> Resource:
@@ -120,6 +129,9 @@ def resource(environ: Mapping[str, str]) -> Resource:
 class Exporting:
     tracing: Tracing
     provider: TracerProvider
+    counts_drops: bool
+    """Whether spans dropped on a full queue are counted (False: the SDK no longer reports them
+    where ``DropMeterProvider`` listens, or ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED=false``)."""
 
     def shutdown(self) -> None:
         """Flush what is queued (bounded by the exporter's timeout) and stop the worker thread."""
@@ -135,11 +147,11 @@ def start_export(
     """The app's tracer provider with its batch processor (``exporter``: the OTLP one unless a
     test hands another in)."""
     inner = exporter if exporter is not None else OTLPSpanExporter(endpoint=export.traces_url())
-    processor = BatchSpanProcessor(
-        CountingExporter(inner, dropped), meter_provider=DropMeterProvider(dropped)
-    )
+    os.environ.setdefault(INTERNAL_METRICS, "true")  # read by the SDK itself, from os.environ
+    meters = DropMeterProvider(dropped)
+    processor = BatchSpanProcessor(CountingExporter(inner, dropped), meter_provider=meters)
     provider = TracerProvider(resource=resource(environ), id_generator=SecretIds())
     provider.add_span_processor(processor)
     tracer = provider.get_tracer(TRACER_NAME, schema_url=SCHEMA_URL)
     enable()
-    return Exporting(Tracing(tracer, content=export.captures_content(environ)), provider)
+    return Exporting(Tracing(tracer, content=export.captures_content(environ)), provider, meters.hooked)

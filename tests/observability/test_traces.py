@@ -252,13 +252,15 @@ async def test_passthrough_gets_a_server_span_and_a_client_span_per_attempt(
     assert sent == [f"00-{server.trace_id}-{a.span_id}-01" for a in attempts]
 
 
-async def _dropped(url: str) -> float:
+async def _dropped(url: str, reason: str = "") -> float:
+    """``cognitive_trace_spans_dropped_total`` for ``reason`` (empty: every reason)."""
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
         page = await resp.text()
+    series = f'cognitive_trace_spans_dropped_total{{reason="{reason}"}}' if reason else ""
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in page.splitlines()
-        if line.startswith("cognitive_trace_spans_dropped_total{")
+        if line.startswith(series or "cognitive_trace_spans_dropped_total{")
     )
 
 
@@ -276,6 +278,33 @@ async def test_an_unreachable_collector_fails_no_request_and_its_spans_are_count
             status, reply = await _execute(served.url, {"input": REVIEW_INPUT}, {})
             assert status == 200 and reply["ok"] is True
         await eventually(lambda: _dropped(served.url), "dropped spans counted", ready=lambda n: n > 0)
+
+
+async def test_spans_a_full_export_queue_turns_away_are_counted_queue_full(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A stalled collector and a queue of one span: the module call still answers, and the spans
+    the SDK's batch processor drops are counted with reason queue_full. End to end through the
+    SDK's own processor: it fails if the SDK stops reporting drops where the proxy listens
+    (``proxy.observability.otlp``, its processed-spans counter)."""
+    fake_upstream.set_default_reply("cheap", answer(0.95))
+    policy = _policy_file(tmp_path, fake_upstream)
+    env = _env(
+        OTEL_BSP_MAX_QUEUE_SIZE="1", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="1", OTEL_EXPORTER_OTLP_TIMEOUT="2"
+    )
+    async with otlp_receiver() as rx:
+        rx.hold()
+        async with proxy_process("--policy", str(policy), "--otlp-endpoint", rx.url, env=env) as served:
+            status, reply = await _execute(served.url, {"input": REVIEW_INPUT}, {})
+            assert status == 200 and reply["ok"] is True
+            full = await eventually(
+                lambda: _dropped(served.url, "queue_full"),
+                "spans dropped on a full queue",
+                ready=lambda n: n > 0,
+            )
+            rx.release()
+    assert full >= 1
+    assert rx.requests >= 1  # the one span the processor took was sent to the stalled collector
 
 
 async def test_composition_steps_are_child_module_call_spans(

@@ -4,6 +4,7 @@ records the tests read back, as a collector would store them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -50,10 +51,22 @@ class OtlpReceiver:
     spans: list[Span] = field(default_factory=list)
     requests: int = 0
     content_types: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    """Each export request's headers (``OTEL_EXPORTER_OTLP_HEADERS`` arrive here)."""
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    """Cleared by ``hold``: export requests then wait, as on a stalled collector."""
+
+    def hold(self) -> None:
+        self.open.clear()
+
+    def release(self) -> None:
+        self.open.set()
 
     async def _traces(self, request: web.Request) -> web.Response:
         self.requests += 1
         self.content_types.append(request.content_type)
+        self.headers.append(dict(request.headers))
+        await self.open.wait()
         message = ExportTraceServiceRequest.FromString(await request.read())
         for resource_spans in message.resource_spans:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
@@ -90,6 +103,7 @@ class OtlpReceiver:
 @asynccontextmanager
 async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
     receiver = OtlpReceiver()
+    receiver.release()
     app = web.Application()
     app.router.add_post("/v1/traces", receiver._traces)
     runner = web.AppRunner(app, access_log=None)
@@ -101,4 +115,5 @@ async def otlp_receiver() -> AsyncIterator[OtlpReceiver]:
     try:
         yield receiver
     finally:
+        receiver.release()
         await runner.cleanup()

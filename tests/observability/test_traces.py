@@ -280,6 +280,55 @@ async def test_an_unreachable_collector_fails_no_request_and_its_spans_are_count
         await eventually(lambda: _dropped(served.url), "dropped spans counted", ready=lambda n: n > 0)
 
 
+async def test_the_standard_otel_variables_name_the_service_tag_the_resource_and_authenticate_export(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """No flag: ``OTEL_EXPORTER_OTLP_ENDPOINT`` turns export on; ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` describe the resource; ``OTEL_EXPORTER_OTLP_HEADERS`` reach the
+    collector with every export request."""
+    fake_upstream.script("cheap", answer(0.95))
+    policy = _policy_file(tmp_path, fake_upstream)
+    async with otlp_receiver() as rx:
+        env = _env(
+            OTEL_EXPORTER_OTLP_ENDPOINT=rx.url,
+            OTEL_SERVICE_NAME="billing-proxy",
+            OTEL_RESOURCE_ATTRIBUTES="deployment.environment.name=staging,team=payments",
+            OTEL_EXPORTER_OTLP_HEADERS="x-collector-token=abc123",
+        )
+        async with proxy_process("--policy", str(policy), env=env) as served:
+            status, _ = await _execute(served.url, {"input": REVIEW_INPUT}, {})
+            assert status == 200
+            await rx.wait_for("the module call's span", lambda s: bool(_by_name(s, "module_call ")))
+    call = _one(rx.spans, "module_call ")
+    assert call.resource == {
+        **call.resource,
+        "service.name": "billing-proxy",
+        "deployment.environment.name": "staging",
+        "team": "payments",
+    }
+    assert rx.headers and all(h.get("x-collector-token") == "abc123" for h in rx.headers)
+
+
+async def test_a_trace_id_ratio_of_zero_exports_nothing_and_tells_the_upstream_it_is_not_sampled(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """``OTEL_TRACES_SAMPLER=traceidratio`` with ratio 0: not one span reaches the collector, not
+    even when the proxy stops (its queue flushed), and the provider call's traceparent says
+    "not sampled" (flags 00)."""
+    fake_upstream.script("cheap", answer(0.95))
+    policy = _policy_file(tmp_path, fake_upstream)
+    env = _env(OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    async with otlp_receiver() as rx:
+        async with proxy_process("--policy", str(policy), "--otlp-endpoint", rx.url, env=env) as served:
+            status, _ = await _execute(served.url, {"input": REVIEW_INPUT}, {})
+            assert status == 200
+            stopped = await served.stop()  # SIGTERM: the app's cleanup flushes the span queue
+        assert "proxy.tracing" in stopped[0] + stopped[1]  # export was on, the sampler said no
+        assert rx.requests == 0 and rx.spans == []
+    (sent,) = [r.headers["traceparent"] for r in fake_upstream.requests if r.path == "/v1/chat/completions"]
+    assert sent.endswith("-00")
+
+
 async def test_spans_a_full_export_queue_turns_away_are_counted_queue_full(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:

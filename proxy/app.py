@@ -26,6 +26,7 @@ from proxy.api.app_keys import (
     SESSION,
     SETTINGS,
     SHADOW,
+    TRACING,
     Runtime,
     RuntimeHolder,
 )
@@ -40,6 +41,7 @@ from proxy.context.sanitise import NameMatcher
 from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore
 from proxy.module.registry import ModuleRegistry
 from proxy.observability.metrics import Metrics
+from proxy.observability.trace_export import TraceExport
 from proxy.policy.loader import load_policy
 from proxy.policy.model import Policy
 from proxy.reload import RELOADER, Reloader
@@ -109,6 +111,31 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     ) as session:
         app[SESSION] = session
         yield
+
+
+async def _tracing_ctx(app: web.Application) -> AsyncIterator[None]:
+    """OpenTelemetry traces when an OTLP endpoint is set (``--otlp-endpoint`` or the standard
+    variables): the SDK is imported only then. On cleanup the queued spans are flushed off the
+    event loop (bounded by the exporter's timeout)."""
+    settings = app[SETTINGS]
+    export = TraceExport(settings.otlp_endpoint, settings.otel_content)
+    if not export.enabled(os.environ):
+        yield
+        return
+    from proxy.observability.otlp import start_export  # the SDK, only when traces are exported
+
+    dropped = app[METRICS].trace_spans_dropped
+    exporting = start_export(export, lambda reason, count: dropped.labels(reason).inc(count))
+    app[TRACING] = exporting.tracing
+    log.info("proxy.tracing", endpoint=export.traces_url() or "from OTEL_* variables")
+    if not exporting.counts_drops:
+        log.warning(
+            "proxy.tracing_drops_uncounted", reason="the SDK reports no spans dropped on a full queue"
+        )
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(exporting.shutdown)
 
 
 async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -276,10 +303,13 @@ def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web
     app[METRICS].info.labels(__version__).set(1)
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)
     app[MEDIA_CACHES] = MediaCaches()
+    app[TRACING] = None
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     if settings.serves_console:
         app[REVIEW_QUEUE] = ReviewQueue(on_evict=app[METRICS].review_queue_evicted.inc)
-    app.cleanup_ctx.extend([_session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx])
+        app.cleanup_ctx.extend(
+        [_tracing_ctx, _session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx]
+    )
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
     routes.register(app, table)

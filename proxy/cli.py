@@ -452,6 +452,22 @@ SERVE_OPTIONS = (
         "seconds a streamed module answer can be resumed after a dropped connection",
     ),
     ServeOption(
+        "--otlp-endpoint",
+        "OTLP_ENDPOINT",
+        str,
+        None,
+        "send OpenTelemetry traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 "
+        "(unset: OTEL_EXPORTER_OTLP_ENDPOINT decides; no endpoint: no tracing)",
+    ),
+    ServeOption(
+        "--otel-content",
+        "OTEL_CONTENT",
+        _boolean,
+        False,
+        "record prompts and answers in trace spans, redacted and capped (default: no content)",
+        switch=True,
+    ),
+    ServeOption(
         "--no-stream-recovery",
         "NO_STREAM_RECOVERY",
         _boolean,
@@ -593,6 +609,8 @@ def serve_settings(args: argparse.Namespace) -> Settings:
         stream_recovery=not args.no_stream_recovery,
         stream_heartbeat_s=args.stream_heartbeat,
         stream_session_max_bytes=args.stream_session_max_bytes,
+        otlp_endpoint=args.otlp_endpoint or None,
+        otel_content=bool(args.otel_content),
         workers=args.workers,
         worker=args.worker_slot,
         **_redact_names(args.context_redact_names),

@@ -38,6 +38,15 @@ from proxy.media.step import MediaEnv, capable, prepare_media, unsupported
 from proxy.module.model import Module
 from proxy.module.prompt import render_prompt
 from proxy.module.tools import denied_tool_calls, network_violation, permitted_tools
+from proxy.observability.tracing import (
+    active,
+    contract_attributes,
+    found_attributes,
+    media_attributes,
+    note_exchange,
+    traced,
+    traced_fetch,
+)
 from proxy.policy.decide import Decision, Meta, decide
 from proxy.policy.model import Policy, Target, Thresholds
 from proxy.upstream.base import (
@@ -467,6 +476,7 @@ async def _complete(
     provider: Provider, target: Target, timeout: float, body: dict[str, Any], ctx: CallInfo
 ) -> tuple[dict[str, Any], str]:
     reply = await provider.complete(body, target.model, ctx, timeout)
+    note_exchange(body, reply)
     return reply, content_of(reply)  # no message: a malformed answer, failed over like one
 
 
@@ -480,6 +490,7 @@ async def _streamed(
 ) -> tuple[dict[str, Any], str]:
     listener.attempt()
     reply = await stream_completion(provider, body, target.model, ctx, timeout, listener.text)
+    note_exchange(body, reply)
     return reply, content_of(reply)
 
 
@@ -491,7 +502,8 @@ async def _contract(reply: dict[str, Any], text: str, module: Module) -> Contrac
             error_envelope(Code.PERMISSION_DENIED, message[:NO_ANSWER_MESSAGE_MAX]),
             error_code=Code.PERMISSION_DENIED,
         )
-    return await run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
+    checked = run_contract_off_loop(text, module, finish_reason=finish_reason_of(reply))
+    return await traced("contract_check", checked, contract_attributes)
 
 
 class _Attempts:
@@ -573,7 +585,7 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     module, policy = call.module, call.policy
     deadline = time.monotonic() + policy.timeouts.total_s
     await read_ahead(module, call.input, call.context, policy)  # the context and cache keys, at once
-    prepared = await prepare(module, call.input, call.context)
+    prepared = await traced("context.load", prepare(module, call.input, call.context))
     error, media = await _checked_input(call, prepared, deadline)
     if error is not None:
         answer = ModuleAnswer(module, error, "reject", Origin.CALLER)
@@ -591,7 +603,11 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
         version = cache.policy_version(thresholds)
         state = cache.BYPASS if call.context.bypass_cache else cache.MISS
         if state == cache.MISS:
-            entry = await cache.lookup(call.context.store, key, version, prepared.context_digest)
+            entry = await traced(
+                "cache.lookup",
+                cache.lookup(call.context.store, key, version, prepared.context_digest),
+                found_attributes,
+            )
             if entry is not None:
                 hit = ModuleAnswer(
                     module,
@@ -619,7 +635,7 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
             answer.emitted,
             prepared.context_digest,
         )
-        await cache.save(call.context.store, key, entry, rule.ttl_s)
+        await traced("cache.store", cache.save(call.context.store, key, entry, rule.ttl_s))
     return finished_answer
 
 
@@ -635,14 +651,18 @@ async def _checked_input(
         error = refused_by_policies(module, checked)  # before any media is fetched
     if error is not None or not module.takes_media:
         return error, ()
-    found = await prepare_media(module, checked, call.policy.media, deadline, call.media)
+    env = call.media if active() is None else replace(call.media, watch=traced_fetch)
+    found = await traced(
+        "media", prepare_media(module, checked, call.policy.media, deadline, env), media_attributes
+    )
     return (found, ()) if isinstance(found, dict) else (None, found)
 
 
 async def _emit(call: ModuleRun, prepared: Prepared, answer: ModuleAnswer, started: float) -> ModuleAnswer:
     """The emit step: store what an accepted answer emitted; give it (and warnings) to the client."""
-    emitted, warnings = await emit(
-        answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted
+    emitted, warnings = await traced(
+        "context.store",
+        emit(answer.module, call.context, prepared, answer.decision, answer.envelope, answer.emitted),
     )
     answer = replace(answer, redacted=tuple(prepared.redacted))
     return _finish(answer, prepared, started, call.trace_id, emitted=emitted, warnings=warnings)

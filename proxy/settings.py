@@ -102,6 +102,11 @@ class Settings:
     leaves a stream cancels its upstream call."""
     stream_heartbeat_s: float = DEFAULT_STREAM_HEARTBEAT_S
     stream_session_max_bytes: int = DEFAULT_STREAM_SESSION_MAX_BYTES
+    otlp_endpoint: str | None = None
+    """Send traces to this OTLP/HTTP collector (base URL); None: the standard
+    ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` decides (unset: no tracing)."""
+    otel_content: bool = False
+    """Record message content in spans (redacted, capped); off: none."""
     workers: int = 1
     """Processes serving the port (``proxy.supervisor``); 1: this process serves alone."""
     worker: int | None = None

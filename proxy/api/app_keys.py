@@ -10,6 +10,7 @@ from proxy.api.errors import ApiError
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import ContextStore
 from proxy.observability.metrics import Metrics
+from proxy.observability.tracing import Tracing
 from proxy.service.runtime import Runtime as Runtime
 from proxy.service.shadow import ShadowJudge
 from proxy.settings import Settings
@@ -46,6 +47,8 @@ REVIEW_QUEUE = web.AppKey("review_queue", ReviewQueue)
 (``--admin-port`` and ``--admin-keys``)."""
 REVIEW_STREAMS = web.AppKey("review_streams", ReviewStreams)
 """With the console and ``--redis-url``: it reads the policy's review stream when that is the sink."""
+TRACING = web.AppKey[Tracing | None]("tracing")
+"""The app's tracer when traces are exported (``proxy.observability.otlp``); None: tracing is off."""
 
 
 def runtime_of(request: web.Request) -> Runtime:

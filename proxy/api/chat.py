@@ -29,6 +29,14 @@ from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
 from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, encodable
 from proxy.observability.metrics import NO_MODULE
+from proxy.observability.tracing import (
+    CHAT,
+    AttemptSpan,
+    Attributes,
+    active,
+    request_attributes,
+    response_attributes,
+)
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
 from proxy.service.instrument import record_cost, record_usage, target_labels, total_tokens
@@ -220,8 +228,11 @@ class _Route:
                 retry=attempt.retry,
             )
 
-    def __call__(self, operation: Operation[T], *, bounded: bool = False) -> Awaitable[Routed[T]]:
-        """``bounded``: the operation bounds each attempt itself (``Provider.relay``)."""
+    def __call__(
+        self, operation: Operation[T], *, bounded: bool = False, span: AttemptSpan = CHAT
+    ) -> Awaitable[Routed[T]]:
+        """``bounded``: the operation bounds each attempt itself (``Provider.relay``); ``span``:
+        how a traced attempt is described."""
         policy = self.runtime.policy
         return self.request.app[ROUTER].call(
             self.targets,
@@ -232,6 +243,7 @@ class _Route:
             self.log_try,
             stop_on_client_error=True,
             bound_attempts=not bounded,
+            span=span,
         )
 
     async def account(self, target: Target, usage: Mapping[str, Any], output_s: float) -> None:
@@ -271,8 +283,9 @@ async def _passthrough(
 async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> web.StreamResponse:
     """A plain completion: the upstream body as it came, its usage accounted."""
     asked = time.perf_counter()
+    span = CHAT if active() is None else _relayed_span(body)
     try:
-        routed = await route(partial(_relay, body=body, ctx=ctx), bounded=True)
+        routed = await route(partial(_relay, body=body, ctx=ctx), bounded=True, span=span)
     except RungFailed as exc:
         return failed_call(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
@@ -292,7 +305,10 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     timeouts, record = policy.timeouts, request[RECORD_KEY]
     asked = time.perf_counter()
     try:
-        opened = await route(partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s))
+        opened = await route(
+            partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s),
+            span=CHAT if active() is None else AttemptSpan(attributes=request_attributes(body)),
+        )
     except RungFailed as exc:
         return failed_call(exc)
     stream = opened.value
@@ -327,6 +343,16 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
         record.upstream_s += time.perf_counter() - streaming_since
         await route.account(opened.target, usage.usage, time.perf_counter() - streaming_since)
     return response
+
+
+def _relayed_span(body: dict[str, Any]) -> AttemptSpan:
+    """A traced plain passthrough attempt: the request's parameters, and what the answer says of
+    itself (model, id, finish reasons, usage), read from the reply the usage is accounted from."""
+    return AttemptSpan(attributes=request_attributes(body), describe=_relayed_attributes)
+
+
+def _relayed_attributes(relayed: Relayed) -> Attributes:
+    return response_attributes(relayed.reply)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,17 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope, route_of_request
-from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS
+from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
 from proxy.clients import Caller, caller_of
+from proxy.observability import tracing as otel
 from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
+from proxy.observability.tracing import ServerSpan, Tracing, start_server_span
 from proxy.settings import Settings
 
 TRACE_KEY = web.RequestKey("trace_id", str)
@@ -65,8 +67,9 @@ TRACE_ID_PATTERN = _REQUEST_ID
 """Every trace id the proxy hands out matches it (a traceparent's 32 hex digits included)."""
 
 
-def trace_id_of(request: web.Request) -> str:
-    """W3C ``traceparent``'s trace id, else a sane ``X-Request-Id``, else a new id."""
+def trace_id_of(request: web.Request, span: ServerSpan | None = None) -> str:
+    """W3C ``traceparent``'s trace id, else a sane ``X-Request-Id``, else the server span's trace id
+    (tracing on), else a new id."""
     headers = request.headers
     traceparent = headers.get("traceparent")
     if traceparent is not None:
@@ -76,14 +79,17 @@ def trace_id_of(request: web.Request) -> str:
     request_id = headers.get("X-Request-Id", "").strip()
     if request_id and _REQUEST_ID.match(request_id):
         return request_id
+    if span is not None:
+        return span.trace_id
     # From the OS's CSPRNG: Mersenne Twister (random) is rebuilt from 156 observed 128-bit ids, and
     # then predicts every later one. Measured (timeit): 1.03 µs an id, 0.28 µs more than getrandbits.
     return secrets.token_hex(TRACE_ID_BYTES)
 
 
-def bind_trace(request: web.Request, route: str) -> None:
-    """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it)."""
-    trace_id = trace_id_of(request)
+def bind_trace(request: web.Request, route: str, span: ServerSpan | None = None) -> None:
+    """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it).
+    With tracing on, a request that brought no id of its own takes its server span's trace id."""
+    trace_id = trace_id_of(request, span)
     request[TRACE_KEY] = trace_id
     bind_request(trace_id, route)
 
@@ -126,8 +132,13 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     try:
         check_target_form(request)
         route = route_of(request)
+        row = route_of_request(request)
+        if otel.ON and (row is None or not row.probe):  # probes: polled, never traced
+            tracing = request.app[TRACING]
+            if tracing is not None:
+                return await _traced(request, handler, route, row, tracing)
         bind_trace(request, route)
-        return await _observed(request, handler, route, route_of_request(request))
+        return await _observed(request, handler, route, row)
     except BaseException as exc:
         if route_of(request) in MODULE_ROUTES:
             return _module_refusal(request, api_error_of(request, exc))
@@ -140,6 +151,29 @@ def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
     module = current.registry.get(request.match_info.get("name", "")) if current is not None else None
     takes_media = module is not None and module.takes_media
     return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
+
+
+async def _traced(
+    request: web.Request, handler: Handler, route: str, row: Route | None, tracing: Tracing
+) -> web.StreamResponse:
+    """``_observed`` inside the request's server span (its status: what the client got, a refusal
+    the outer handler answers included)."""
+    span = start_server_span(tracing, request.method, route, request.path, request.scheme, request.headers)
+    status = 500
+    try:
+        bind_trace(request, route, span)
+        response = await _observed(request, handler, route, row)
+        status = response.status
+        return response
+    except (ApiError, web.HTTPException) as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499
+        raise
+    finally:
+        record = request.get(RECORD_KEY)
+        span.end(status, (record.route if record is not None else None) or route)
 
 
 async def _observed(

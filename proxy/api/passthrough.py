@@ -35,6 +35,7 @@ from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.offline_passthrough import answer_offline
 from proxy.api.relay_answer import serve
 from proxy.api.target import ClientTarget, parse_target, upstream_url
+from proxy.observability.tracing import CHAT, AttemptSpan, active, inject_traceparent
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.policy.provider_kinds import PROVIDER_KINDS
 from proxy.upstream.base import CallInfo, Provider, ProviderError
@@ -134,6 +135,7 @@ def outgoing_headers(request: web.Request, config: ProviderConfig, ctx: CallInfo
     for name, value in config.headers.items():
         headers[name] = value
     headers["X-Request-Id"] = ctx.trace_id
+    inject_traceparent(headers)  # tracing on: the attempt's client span, not the client's
     return headers
 
 
@@ -291,7 +293,14 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
     failover = runtime.policy.failover if replay else _no_retries(runtime)
     try:
         routed = await request.app[ROUTER].call(
-            targets, runtime.providers, operation, failover, deadline, _log_try, bound_attempts=replay
+            targets,
+            runtime.providers,
+            operation,
+            failover,
+            deadline,
+            _log_try,
+            bound_attempts=replay,
+            span=CHAT if active() is None else _attempt_span(request.method, template),
         )
     except RungFailed as exc:
         record.upstream_s += time.perf_counter() - started
@@ -304,6 +313,24 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
     else:  # a plain answer: its attempt's bound and the call's deadline cover the body too
         idle_s, until = None, min(answer.started + answer.timeout, deadline)
     return await _relay_answer(request, routed, idle_s, until, started)
+
+
+_GEN_AI_OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat",
+}
+"""``gen_ai.operation.name`` of the passthrough paths that are GenAI operations."""
+
+
+def _attempt_span(method: str, template: str) -> AttemptSpan:
+    """A passthrough attempt's client span (tracing on): ``{method} {template}``, its status code."""
+    return AttemptSpan(_GEN_AI_OPERATIONS.get(template), method, template, _answer_attributes)
+
+
+def _answer_attributes(answer: _Answer) -> dict[str, int]:
+    return {"http.response.status_code": answer.resp.status}
 
 
 def _provider_names(request: web.Request, policy: Policy, target: ClientTarget) -> tuple[str, ...]:

@@ -13,13 +13,13 @@ import asyncio
 import io
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from proxy.media import checksum
-from proxy.media.cache import ClientCache
+from proxy.media.cache import ClientCache, Fetched
 from proxy.media.decode import decode_strict, decoded_size
 from proxy.media.facts import Buffer, Facts, open_image, read_facts
 from proxy.media.fetch import fetch
@@ -46,6 +46,12 @@ class NoBudget:
 
     async def grow(self, size: int) -> None:
         return None
+
+
+class FetchWatch(Protocol):
+    """Wraps each URL fetch of a call (tracing: one span per fetch); the media layer names no tracer."""
+
+    def __call__(self, url: str, fetching: Awaitable[Fetched]) -> Awaitable[Fetched]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,7 @@ class MediaRequest:
     deadline: float
     budget: MemoryBudget
     cache: ClientCache | None = None
+    watch: FetchWatch | None = None
 
 
 async def _read_file(item: dict[str, Any], where: str, req: MediaRequest) -> tuple[Buffer, str, str]:
@@ -225,7 +232,8 @@ async def _read(item: dict[str, Any], where: str, req: MediaRequest) -> tuple[Bu
                 return LIMITS[ALLOWED[candidate]].max_bytes
         return _max_cap(req.accepted)
 
-    fetched = await fetch(url, req.settings, req.deadline, cap_for, req.budget.grow, req.cache)
+    fetching = fetch(url, req.settings, req.deadline, cap_for, req.budget.grow, req.cache)
+    fetched = await (fetching if req.watch is None else req.watch(url, fetching))
     media_type = declared or (normalise(fetched.content_type) if fetched.content_type else "")
     if media_type not in ALLOWED:  # §4.3.1: MAY infer; neither declared nor served: the bytes say
         found = candidates(bytes(memoryview(fetched.data)[:HEAD_BYTES]))

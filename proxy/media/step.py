@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from proxy.contract.errors import error_envelope
 from proxy.media.cache import ClientCache
 from proxy.media.model import Media
-from proxy.media.resolve import MediaRequest, MemoryBudget, NoBudget, prepare
+from proxy.media.resolve import FetchWatch, MediaRequest, MemoryBudget, NoBudget, prepare
 from proxy.media.types import LIMITS, MB, MediaError
 from proxy.policy.model import MediaPolicy, Policy, Target
 
@@ -31,13 +31,17 @@ class MediaEnv:
 
     budget: MemoryBudget = field(default_factory=NoBudget)
     cache: ClientCache | None = None
+    watch: FetchWatch | None = None
+    """Wraps each URL fetch (tracing on: its span)."""
 
 
 async def prepare_media(
     module: MediaModule, value: Any, settings: MediaPolicy, deadline: float, env: MediaEnv
 ) -> tuple[Media, ...] | dict[str, Any]:
     """The call's validated media, or the error envelope that refuses the call."""
-    request = MediaRequest(module.path, module.input_modalities, settings, deadline, env.budget, env.cache)
+    request = MediaRequest(
+        module.path, module.input_modalities, settings, deadline, env.budget, env.cache, env.watch
+    )
     try:
         return await prepare(value, request)
     except MediaError as exc:

@@ -261,6 +261,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("reason",),
     ),
     (
+        "trace_spans_dropped",
+        "cognitive_trace_spans_dropped_total",
+        "Trace spans lost on the way to the OTLP collector: the export queue was full (queue_full) "
+        "or the collector refused or could not be reached (export_failed).",
+        ("reason",),
+    ),
+    (
         "feedback",
         "cognitive_feedback_total",
         "First verdicts on module answers, by confidence bin (of the reported or calibrated scale).",
@@ -489,6 +496,7 @@ class Metrics:
     streams: Counter
     stream_resumptions: Counter
     stream_mirror_dropped: Counter
+    trace_spans_dropped: Counter
     feedback: Counter
     feedback_confidence: Counter
     feedback_score: Counter

@@ -38,6 +38,7 @@ from proxy.service.instrument import record_module_answer, record_module_cost
 from proxy.service.records import answer_record, review_facts
 from proxy.service.runtime import Runtime
 from proxy.service.shadow import ShadowJudge
+from proxy.service.spans import traced_module
 from proxy.state.feedback import FeedbackStore
 from proxy.upstream.router import Router
 
@@ -176,7 +177,7 @@ def _step_runner(
     who = call.requester.caller
 
     async def run(step: ModuleRun) -> ModuleAnswer:
-        answer = await run_module(step)
+        answer = await traced_module(step.module, run_module(step))  # a child span of the composite's
         if step.module.name != top.name:
             record_module_answer(metrics, policy, answer)
             spent.tokens += record_module_cost(metrics, policy, answer, who.label)
@@ -269,7 +270,7 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
         return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))
     top_rung = await _admit(call, context)
     spent = Spent()
-    answer = await _run(call, services, context, top_rung, spent)
+    answer = await traced_module(module, _run(call, services, context, top_rung, spent))
     fields: dict[str, Any] = {} if answer.cache is None else {"cache": answer.cache}
     fields.update(
         tier=module.tier,

@@ -63,7 +63,13 @@ class CallInfo:
 @dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class Relayed:
     body: bytes
-    usage: dict[str, Any]
+    reply: dict[str, Any]
+    """``body`` as parsed (checked to be an object): its usage is accounted, and a traced attempt
+    reads its model, id and finish reasons from it."""
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        return usage_of(self.reply)
 
 
 def usage_of(reply: dict[str, Any]) -> dict[str, Any]:
@@ -144,4 +150,4 @@ async def relay_from_complete(
         raise ProviderError(
             "timeout", f"{provider.config.name}/{model} gave no full answer within {timeout:g}s"
         ) from exc
-    return Relayed(orjson.dumps(reply), usage_of(reply))
+    return Relayed(orjson.dumps(reply), reply)

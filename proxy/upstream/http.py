@@ -15,6 +15,7 @@ from yarl import URL
 from proxy import __version__
 from proxy.media.model import Media
 from proxy.media.parts import body as request_body
+from proxy.observability.tracing import with_traceparent
 from proxy.policy.model import ProviderConfig
 from proxy.policy.provider_kinds import PROVIDER_KINDS
 from proxy.upstream.base import CallInfo, FailureKind, ProviderError, parse_retry_after
@@ -112,7 +113,7 @@ async def post(
         async with session.post(
             url,
             data=request_body(payload, media),
-            headers=headers,
+            headers=with_traceparent(headers),
             timeout=client_timeout,
             allow_redirects=False,
         ) as resp:
@@ -134,7 +135,7 @@ async def post_for_bytes(
         async with session.post(
             url,
             data=orjson.dumps(payload),
-            headers=headers,
+            headers=with_traceparent(headers),
             timeout=client_timeout(timeout, None, timeout),
             allow_redirects=False,
         ) as resp:

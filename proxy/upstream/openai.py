@@ -9,7 +9,7 @@ import aiohttp
 from yarl import URL
 
 from proxy.policy.model import ProviderConfig
-from proxy.upstream.base import CallInfo, ProviderError, Relayed, usage_of
+from proxy.upstream.base import CallInfo, ProviderError, Relayed
 from proxy.upstream.http import auth_headers, check_json_object, post, post_for_bytes, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
@@ -109,7 +109,7 @@ class OpenAIProvider:
         """The upstream's answer bytes, untouched (checked to be a JSON object, never re-encoded)."""
         payload = {**body, "model": model, "stream": False}
         raw = await post_for_bytes(self._session, self._url, payload, self._headers(ctx), timeout)
-        return Relayed(raw, usage_of(check_json_object(raw)))
+        return Relayed(raw, check_json_object(raw))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from proxy.observability.tracing import CHAT, AttemptSpan, Tracing, active, traced_attempt
 from proxy.policy.model import Failover, RetryBudget, Target
 from proxy.upstream.base import Provider, ProviderError
 from proxy.upstream.breaker import Breakers, Ticket, counts_against_breaker
@@ -142,6 +143,8 @@ class _RungCall(Generic[T]):
     on_try: Callable[[Try], None]
     stop_on_client_error: bool
     bound_attempts: bool
+    tracing: Tracing | None
+    span: AttemptSpan
     failures: list[ProviderError] = field(default_factory=list)
 
 
@@ -160,6 +163,26 @@ async def _bounded(operation: Operation[T], provider: Provider, target: Target, 
             return await operation(provider, target, timeout)
     except TimeoutError as exc:
         raise ProviderError("timeout", f"{target} gave no full answer within {timeout:g}s") from exc
+
+
+def _traced(
+    tracing: Tracing,
+    run: _RungCall[T],
+    provider: Provider,
+    target: Target,
+    timeout: float,
+    retry: int,
+    admission: str,
+) -> Awaitable[T]:
+    """One attempt inside its client span (tracing on)."""
+    attempt = (
+        _bounded(run.operation, provider, target, timeout)
+        if run.bound_attempts
+        else run.operation(provider, target, timeout)
+    )
+    model = None if run.span.url_template is not None else target.model
+    kind = provider.config.kind
+    return traced_attempt(tracing, run.span, kind, target.provider, model, retry, admission, attempt)
 
 
 class Router:
@@ -190,15 +213,26 @@ class Router:
         *,
         stop_on_client_error: bool = False,
         bound_attempts: bool = True,
+        span: AttemptSpan = CHAT,
     ) -> Routed[T]:
         """Run ``operation`` on the first target that answers; raise ``RungFailed``.
 
         Each attempt is bounded by ``per_try_s`` (and what is left of ``deadline``) as a whole, its
         answer's body included, not only between reads: a body dripping a byte at a time fails it.
         ``bound_attempts=False`` leaves the whole-attempt bound to the operation (a streamed
-        upload, whose sending time is the client's)."""
+        upload, whose sending time is the client's). With tracing on, each attempt runs in a
+        client span named and described by ``span``."""
         run = _RungCall(
-            targets, providers, operation, failover, deadline, on_try, stop_on_client_error, bound_attempts
+            targets,
+            providers,
+            operation,
+            failover,
+            deadline,
+            on_try,
+            stop_on_client_error,
+            bound_attempts,
+            active(),
+            span,
         )
         self.budget.requests += 1
         try:
@@ -250,7 +284,11 @@ class Router:
                 self.budget.retries += 1
             try:
                 timeout = min(run.failover.timeouts.per_try_s, remaining)
-                if run.bound_attempts:
+                if run.tracing is not None:
+                    value = await _traced(
+                        run.tracing, run, provider, target, timeout, retries, ticket.admission
+                    )
+                elif run.bound_attempts:
                     value = await _bounded(run.operation, provider, target, timeout)
                 else:  # the operation bounds itself (one coroutine less per attempt)
                     value = await run.operation(provider, target, timeout)

@@ -8,11 +8,13 @@ run on it exactly as for a call that did not stream.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from proxy.observability.tracing import first_token
 from proxy.upstream.base import CallInfo, Provider, ProviderError
 from proxy.upstream.sse import parse_sse
 from proxy.wire import completion
@@ -47,6 +49,7 @@ async def stream_completion(
     router may fail it over like any other, and the text seen so far is not an answer.
     """
     payload = {**body, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
     pieces: list[str] = []
     finish: str | None = None
     usage: dict[str, Any] | None = None
@@ -69,6 +72,8 @@ async def stream_completion(
                     delta = choice.get("delta")
                     text = delta.get("content") if isinstance(delta, dict) else None
                     if isinstance(text, str) and text:
+                        if not pieces:
+                            first_token(time.perf_counter() - started)
                         pieces.append(text)
                         on_text(text)
                     if isinstance(choice.get("finish_reason"), str):

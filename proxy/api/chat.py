@@ -306,7 +306,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     asked = time.perf_counter()
     try:
         opened = await route(
-            partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s),
+            partial(_open_stream, body=body, ctx=ctx),
             span=CHAT if active() is None else AttemptSpan(attributes=request_attributes(body)),
         )
     except RungFailed as exc:
@@ -377,12 +377,14 @@ async def _open_stream(
     *,
     body: dict[str, Any],
     ctx: CallInfo,
-    idle_s: float,
 ) -> _Opened:
     """Start a stream and read it up to its first real chunk: failures up to here (a drop, a stall,
     a truncation, a malformed first chunk) may be retried and fail over; nothing reached the client."""
-    # The socket's read bound is a backstop; the attempt (router) and idle_s (copy) are the bounds.
-    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, max(timeout, idle_s)))
+    # No socket read bound: the attempt (router) bounds the reads up to the first chunk, and the
+    # copy's one deadline per stream (idle_s) those after it.
+    chunks = cast(
+        AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, timeout, bound_reads=False)
+    )
     check = StreamCheck("chat")
     try:
         head = await first_chunk(chunks, check)

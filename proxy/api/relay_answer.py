@@ -35,13 +35,7 @@ async def serve(
     ends incomplete gets the SSE error event; any other answer cut after its first byte has its
     connection closed (a short body, never one that looks whole)."""
     await response.prepare(request)
-
-    async def write(data: bytes) -> None:
-        if sniff is not None:
-            sniff(data)
-        await response.write(data)
-
-    end = await copy(head, chunks, write, check, idle_s=idle_s, until=until)
+    end = await copy(head, chunks, response.write, check, idle_s=idle_s, until=until, sniff=sniff)
     metrics = request.app[METRICS]
     provider, model = target_labels(runtime_of(request).policy, target)
     if end.malformed and end.reason != "malformed_chunk":

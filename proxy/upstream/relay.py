@@ -163,14 +163,10 @@ async def copy(
     *,
     idle_s: float | None,
     until: float | None,
-    sniff: Callable[[bytes], None] | None = None,
 ) -> StreamEnd:
     """Write ``head`` and the rest of ``chunks``: at most ``idle_s`` waiting on each read, until
     ``until`` (``time.monotonic``) at the latest. Never retries: bytes reached the client. A client
-    that goes away raises through. ``sniff`` sees every byte written (called here, not from a
-    wrapper of ``write``: one coroutine less per chunk)."""
-    if sniff is not None:
-        sniff(head)
+    that goes away raises through."""
     await write(head)
     bound = _ReadBound(idle_s, until)
     clock = bound.clock
@@ -182,8 +178,6 @@ async def copy(
             bound.since = None
             if feed is not None:
                 feed(chunk)
-            if sniff is not None:
-                sniff(chunk)
             await write(chunk)
     except StopAsyncIteration:
         pass

@@ -81,18 +81,3 @@ async def test_a_cancel_from_outside_is_not_taken_for_a_stall() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-
-
-async def test_sniff_sees_every_byte_written_head_included() -> None:
-    written: list[bytes] = []
-    sniffed: list[bytes] = []
-
-    async def client(data: bytes) -> None:
-        written.append(data)
-
-    head = b": keep-alive\n\n"
-    end = await copy(
-        head, frames(), client, StreamCheck("chat"), idle_s=None, until=None, sniff=sniffed.append
-    )
-    assert end.reason is None
-    assert sniffed == written == [head, *FRAMES]

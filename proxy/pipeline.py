@@ -289,6 +289,9 @@ class ModuleRun:
     """Step answers by name, for ``{{name.meta.risk}}`` in the prompt (composites)."""
     tools: tuple[Mapping[str, Any], ...] = ()
     """The client's tools; only those the module's ``tools`` policy permits are sent."""
+    input_checked: bool = False
+    """True when the caller ran ``input_error`` on this input already (a stream does, before it
+    opens, so that a bad input keeps its 400): the pipeline does not run it again."""
 
 
 def _reject(
@@ -639,14 +642,21 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
     return finished_answer
 
 
+def input_error(module: Module, value: Any, *, schema: bool = True) -> dict[str, Any] | None:
+    """The input check of a module call (``_context`` left out of ``value``): the E1xxx envelope
+    for a bad input, or None; a media input is sized with its media stubbed."""
+    return check_input(module, value, schema=schema, sized=stubbed(value) if module.takes_media else value)
+
+
 async def _checked_input(
     call: ModuleRun, prepared: Prepared, deadline: float
 ) -> tuple[dict[str, Any] | None, tuple[Media, ...]]:
     """The input check, the module's ``policies``, then the media step: the error envelope that
     refuses the call, or the call's validated media (the input is sized with its media stubbed)."""
     module, checked = call.module, prepared.checked_input
-    sized = stubbed(checked) if module.takes_media else checked
-    error = prepared.error or check_input(module, checked, schema=call.check_input, sized=sized)
+    error = prepared.error
+    if error is None and not call.input_checked:
+        error = input_error(module, checked, schema=call.check_input)
     if error is None:
         error = refused_by_policies(module, checked)  # before any media is fetched
     if error is not None or not module.takes_media:

@@ -306,7 +306,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     asked = time.perf_counter()
     try:
         opened = await route(
-            partial(_open_stream, body=body, ctx=ctx, idle_s=timeouts.idle_s),
+            partial(_open_stream, body=body, ctx=ctx),
             span=CHAT if active() is None else AttemptSpan(attributes=request_attributes(body)),
         )
     except RungFailed as exc:
@@ -316,7 +316,6 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     ttft = time.perf_counter() - asked
     metrics = request.app[METRICS]
     metrics.child(metrics.ttft, *target_labels(policy, opened.target)).observe(ttft)
-    usage = UsageSniffer()
     response = web.StreamResponse(
         headers={
             "X-Cognitive-Model": opened.target.name,
@@ -335,13 +334,13 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
             stream.check,
             idle_s=timeouts.idle_s,
             until=None if timeouts.stream_total_s is None else route.started + timeouts.stream_total_s,
-            sniff=usage.feed,
         )
     finally:
         await stream.chunks.aclose()
+        stream.check.flush()  # the usage sniffer gets its bytes from the check's batches
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
-        await route.account(opened.target, usage.usage, time.perf_counter() - streaming_since)
+        await route.account(opened.target, stream.usage.usage, time.perf_counter() - streaming_since)
     return response
 
 
@@ -360,6 +359,8 @@ class _Opened:
     head: bytes
     chunks: AsyncGenerator[bytes, None]
     check: StreamCheck
+    usage: UsageSniffer
+    """Fed by ``check``, a batch at a time."""
 
 
 def _relay(
@@ -377,19 +378,22 @@ async def _open_stream(
     *,
     body: dict[str, Any],
     ctx: CallInfo,
-    idle_s: float,
 ) -> _Opened:
     """Start a stream and read it up to its first real chunk: failures up to here (a drop, a stall,
     a truncation, a malformed first chunk) may be retried and fail over; nothing reached the client."""
-    # The socket's read bound is a backstop; the attempt (router) and idle_s (copy) are the bounds.
-    chunks = cast(AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, max(timeout, idle_s)))
-    check = StreamCheck("chat")
+    # No socket read bound: the attempt (router) bounds the reads up to the first chunk, and the
+    # copy's one deadline per stream (idle_s) those after it.
+    chunks = cast(
+        AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, timeout, bound_reads=False)
+    )
+    usage = UsageSniffer()
+    check = StreamCheck("chat", sniff=usage.feed)
     try:
         head = await first_chunk(chunks, check)
     except BaseException:
         await chunks.aclose()
         raise
-    return _Opened(head, chunks, check)
+    return _Opened(head, chunks, check, usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

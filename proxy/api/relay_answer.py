@@ -4,7 +4,7 @@ an answer that then fails ends with the SSE error event and is counted."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import structlog
 from aiohttp import web
@@ -29,19 +29,12 @@ async def serve(
     *,
     idle_s: float | None,
     until: float | None,
-    sniff: Callable[[bytes], None] | None = None,
 ) -> StreamEnd:
     """Prepare ``response``, copy ``head`` and ``chunks`` into it and end it. A judged stream that
     ends incomplete gets the SSE error event; any other answer cut after its first byte has its
     connection closed (a short body, never one that looks whole)."""
     await response.prepare(request)
-
-    async def write(data: bytes) -> None:
-        if sniff is not None:
-            sniff(data)
-        await response.write(data)
-
-    end = await copy(head, chunks, write, check, idle_s=idle_s, until=until)
+    end = await copy(head, chunks, response.write, check, idle_s=idle_s, until=until)
     metrics = request.app[METRICS]
     provider, model = target_labels(runtime_of(request).policy, target)
     if end.malformed and end.reason != "malformed_chunk":

@@ -29,10 +29,10 @@ from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
 from proxy.api.output_mode import OutputMode
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
-from proxy.contract.inputs import check_input
 from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
+from proxy.pipeline import input_error
 from proxy.service.module_call import Answered, ModuleCall, Services, admit_call, answer_module
 from proxy.service.stream_emitter import ChunkEmitter
 from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
@@ -112,7 +112,8 @@ def start_stream(
     history: Sequence[Mapping[str, Any]] = (),
     tools: tuple[Mapping[str, Any], ...] = (),
 ) -> Started:
-    """Create the session and start its producer (which outlives this request)."""
+    """Create the session and start its producer (which outlives this request). The input was
+    checked before (``input_refused``): the producer's pipeline does not check it again."""
     hub = request.app[STREAMS]
     metrics: Metrics = request.app[METRICS]
     session = hub.create(request[CALLER].id, module.name)
@@ -128,6 +129,7 @@ def start_stream(
         value,
         limits,
         check_input=check,
+        input_checked=True,
         listener=emitter,
         history=history,
         tools=tools,
@@ -346,7 +348,7 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
     """The E1xxx answer for a bad input, checked before a stream opens so that the caller's
     mistake keeps its 400; None when the input may be sent. ``_context`` is checked by the
     pipeline's context step, not against the input schema."""
-    refused = check_input(module, without_context(value), schema=check)
+    refused = input_error(module, without_context(value), schema=check)
     if refused is None:
         return None
     request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT

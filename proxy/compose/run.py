@@ -137,7 +137,8 @@ class Composer:
             return await self.runner(call)
         started = time.perf_counter()
         bare = without_context(call.input) if isinstance(call.input, dict) else call.input
-        error = check_input(module, bare, schema=call.check_input) or refused_by_policies(module, bare)
+        error = None if call.input_checked else check_input(module, bare, schema=call.check_input)
+        error = error or refused_by_policies(module, bare)
         if error is not None:
             return ModuleAnswer(module, error, "reject", Origin.CALLER)
         composition = module.composition
@@ -216,7 +217,13 @@ class Composer:
             value = {**value, CONTEXT_FIELD: accepted}
         # a step never streams to the client: only the composite's own call may
         child = replace(
-            state.call, module=module, input=value, check_input=True, injected=None, listener=None
+            state.call,
+            module=module,
+            input=value,
+            check_input=True,
+            input_checked=False,
+            injected=None,
+            listener=None,
         )
         try:
             async with state.gate:

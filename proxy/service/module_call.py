@@ -113,6 +113,8 @@ class ModuleCall:
     media: MediaEnv = field(default_factory=MediaEnv)
     check_input: bool = True
     """False for plain-text input: the input schema is skipped."""
+    input_checked: bool = False
+    """True when the edge ran the input check already (``ModuleRun.input_checked``)."""
     listener: Listener | None = None
     """Set when the call streams (``proxy.api.streaming``)."""
     history: Sequence[Mapping[str, Any]] = ()
@@ -221,6 +223,7 @@ async def _run(
             top_rung=top_rung,
             media=call.media,
             tools=call.tools,
+            input_checked=call.input_checked,
         )
         if module.is_composite:
             runner = _step_runner(call, services, spent)

@@ -71,14 +71,16 @@ class AnthropicProvider:
         return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
     ) -> AsyncIterator[bytes]:
         """Anthropic SSE events in, OpenAI ``chat.completion.chunk`` frames out, as they arrive."""
         include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
         translator = StreamTranslator(model, include_usage=include_usage)
         payload = self._request(body, model, stream=True)
         buffer = b""
-        async with post(self._session, self._url, payload, self._headers(ctx), timeout, ctx.media) as resp:
+        async with post(
+            self._session, self._url, payload, self._headers(ctx), timeout, ctx.media, bound_reads=bound_reads
+        ) as resp:
             async for piece in resp.content.iter_any():
                 events, buffer = parse_sse(buffer + piece)
                 for name, data in events:

@@ -94,8 +94,14 @@ class Provider(Protocol):
         passthrough's attempts to it (one timer per call instead of two)."""
         ...
 
-    def stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> AsyncIterator[bytes]:
-        """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``)."""
+    def stream(
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
+    ) -> AsyncIterator[bytes]:
+        """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``).
+
+        ``timeout`` bounds connecting and each read; ``bound_reads=False`` bounds connecting only,
+        for a caller that bounds the silence between reads itself (the passthrough's ``relay.copy``,
+        one timer per stream instead of aiohttp's ``sock_read`` re-armed per read)."""
         ...
 
 

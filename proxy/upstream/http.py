@@ -87,6 +87,10 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return client_timeout(seconds, seconds)
 
 
+def _connect_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return client_timeout(seconds, None)
+
+
 @asynccontextmanager
 async def post(
     session: aiohttp.ClientSession,
@@ -95,6 +99,8 @@ async def post(
     headers: dict[str, str],
     timeout: float,
     media: Sequence[Media] = (),
+    *,
+    bound_reads: bool = True,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``payload`` and yield a 2xx response; every failure becomes a ``ProviderError``.
 
@@ -103,12 +109,14 @@ async def post(
     policy header.
 
     ``timeout`` bounds connecting and each read (for a stream: ``stream_idle_s``, so a stream that
-    stalls fails too); the router bounds the whole attempt.
+    stalls fails too); the router bounds the whole attempt. ``bound_reads=False`` leaves the reads
+    to a caller that bounds the silence between them itself (the passthrough's ``relay.copy``):
+    aiohttp's ``sock_read`` re-arms a timer on every read.
 
     ``media`` bytes are base64-encoded into the body slice by slice as it is sent
     (``media.parts.body``).
     """
-    client_timeout = _timeout(timeout)
+    client_timeout = _timeout(timeout) if bound_reads else _connect_timeout(timeout)
     try:
         async with session.post(
             url,

@@ -150,7 +150,7 @@ class OfflineProvider:
         return await relay_from_complete(self, body, model, ctx, timeout)
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
     ) -> AsyncIterator[bytes]:
         include_usage = bool(as_dict(body.get("stream_options")).get("include_usage"))
         full = await self.complete(body, model, ctx, timeout)

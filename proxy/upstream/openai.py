@@ -112,7 +112,7 @@ class OpenAIProvider:
         return Relayed(raw, check_json_object(raw))
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
     ) -> AsyncIterator[bytes]:
         """Forward the upstream SSE bytes as they arrive; nothing is buffered or re-encoded. Module
         calls ask for structured output as ``complete`` does; a refusal comes before any byte."""
@@ -123,7 +123,13 @@ class OpenAIProvider:
             attempt = _with_format(payload, level, ctx)
             try:
                 async with post(
-                    self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media
+                    self._session,
+                    self._url,
+                    attempt,
+                    self._headers(ctx),
+                    timeout,
+                    ctx.media,
+                    bound_reads=bound_reads,
                 ) as resp:
                     async for chunk in resp.content.iter_any():
                         sent = True

@@ -22,6 +22,7 @@ per read (see :class:`StreamCheck`): what a forwarded chunk costs is a list appe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -91,10 +92,14 @@ class StreamCheck:
     together every ``BATCH_BYTES``, when a count is read and at the end: a batch of plain chat
     events (one ``data:`` line each, no comment, no error) is checked in one pass in C — its
     payloads joined into one JSON array that ``msgspec`` validates without building objects, a
-    ``[DONE]`` at its end — and any other batch event by event."""
+    ``[DONE]`` at its end — and any other batch event by event.
 
-    def __init__(self, wire: WireFormat) -> None:
+    ``sniff`` gets the same bytes, a batch at a time (the usage sniffer: no call of its own per
+    read); ``flush`` hands it what is not judged yet."""
+
+    def __init__(self, wire: WireFormat, *, sniff: Callable[[bytes], None] | None = None) -> None:
         self.wire = wire
+        self._sniff = sniff
         self.complete = False
         self._events = 0
         self._malformed = 0
@@ -129,12 +134,19 @@ class StreamCheck:
         self._judge()
         return self._first_malformed
 
+    def flush(self) -> None:
+        """Judge (and hand ``sniff``) the reads collected so far: a stream that ended early."""
+        self._judge()
+
     def _judge(self, *, last: bool = False) -> None:
         """Judge the whole events collected (``last``: everything, a final event without its
         blank line included)."""
         if not self._reads and not last:
             return
-        data = self._pending + b"".join(self._reads) if self._pending else b"".join(self._reads)
+        joined = b"".join(self._reads)
+        if self._sniff is not None and joined:
+            self._sniff(joined)
+        data = self._pending + joined if self._pending else joined
         self._reads.clear()
         self._size = 0
         if self.complete:

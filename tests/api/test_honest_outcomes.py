@@ -361,7 +361,9 @@ class _BrokenProvider:
     async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         raise KeyError("a bug")
 
-    def stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> AsyncIterator[bytes]:
+    def stream(
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
+    ) -> AsyncIterator[bytes]:
         raise KeyError("a bug")
 
 

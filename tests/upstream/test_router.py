@@ -36,7 +36,7 @@ class ScriptedProvider:
         return b"{}"
 
     async def stream(
-        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float
+        self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
     ) -> AsyncIterator[bytes]:
         yield b""
 

@@ -145,3 +145,21 @@ def test_without_done_the_last_events_decide_past_a_batch() -> None:
     assert len(tail) > BATCH_BYTES
     assert not fed(opened + tail + chunk(index=1), 50).ended_complete()
     assert fed(opened + tail + chunk("length", index=1), 50).ended_complete()
+
+
+@pytest.mark.parametrize("ending", ["complete", "cut"])
+def test_sniff_gets_every_byte_fed_once_in_order(ending: str) -> None:
+    """The usage sniffer is fed from the check's batches: a whole stream by its end, a cut one by
+    ``flush``; nothing twice, nothing left behind."""
+    data = (WHOLE if ending == "complete" else WHOLE[:-20]) + b": trailing comment\n\n"
+    sniffed: list[bytes] = []
+    check = StreamCheck("chat", sniff=sniffed.append)
+    for i in range(0, len(data), 7):
+        check.feed(data[i : i + 7])
+        if i == 14:
+            assert check.events == 0  # a count read mid-stream judges (and hands on) what came
+    if ending == "complete":
+        check.ended_complete()
+    else:
+        check.flush()
+    assert b"".join(sniffed) == data

@@ -307,7 +307,7 @@ def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web
     app[METRICS].inflight_body_bytes.set_function(lambda: budget.in_use)
     if settings.serves_console:
         app[REVIEW_QUEUE] = ReviewQueue(on_evict=app[METRICS].review_queue_evicted.inc)
-        app.cleanup_ctx.extend(
+    app.cleanup_ctx.extend(
         [_tracing_ctx, _session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx]
     )
     if settings.shares_port:

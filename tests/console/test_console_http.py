@@ -315,3 +315,46 @@ async def test_a_console_form_body_is_read_up_to_16_kib(fake_upstream: FakeUpstr
             )
             assert (status_seen, is_page(resp)) == (status, True), (size, status_seen, text[:200])
         assert "That is not an admin key." not in text
+
+
+async def test_a_judgement_whose_verdict_cannot_be_recorded_leaves_the_item_pending(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The first answer's feedback record is evicted by the second's (a store of one): its verdict
+    has nothing to be recorded on, so the claim is taken back and the item is pending again."""
+    async with console_proxy(tmp_path, fake_upstream, feedback={"max_entries": 1}) as console:
+        unjudgeable = await send_to_review(console.px, fake_upstream)
+        await send_to_review(console.px, fake_upstream)
+        await console.login()
+        path = await the_item_path(console, unjudgeable)
+        token = await console.csrf(path)
+        status, text, _ = await console.post(path + "/verdict", {"csrf": token, "verdict": "correct"})
+        assert status == 404 and "override instead" in text
+        assert (await console.page(path))[0] == 200
+        assert await the_item_path(console, unjudgeable) == path
+        _, closed = await console.page("/review/?decision=closed")
+        assert unjudgeable not in closed.split("<h2>Closed</h2>")[-1]
+        status, _, _ = await console.post(path + "/override", {"csrf": token, "decision": "reject"})
+        assert status == 303  # pending, so it can still be closed
+
+
+async def test_a_verdict_through_the_feedback_endpoint_closes_the_console_item(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        judged = await send_to_review(console.px, fake_upstream)
+        other = await send_to_review(console.px, fake_upstream)
+        await console.login()
+        path = await the_item_path(console, judged)
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(
+                console.px.base + "/feedback",
+                json={"trace_id": judged, "verdict": "partially_correct"},
+                headers={"Authorization": f"Bearer {CLIENT}"},
+            )
+            assert resp.status == 200, await resp.text()
+        assert (await console.page(path))[0] == 404
+        _, queue = await console.page("/review/")
+        assert judged not in queue and other in queue
+        _, closed = await console.page("/review/?decision=partially_correct")
+        assert judged in closed and "POST /v1/feedback" in closed

@@ -31,6 +31,14 @@ from proxy.api.console.session import (
 from proxy.api.feedback import NOTE_MAX, Verdict, admin_record, apply_verdict
 from proxy.api.review_items import review_items as shared_review_items
 from proxy.calibration.reliability import from_records, render
+from proxy.calibration.suggest import (
+    DEFAULT_DELTA,
+    DEFAULT_TARGET_ACCURACY,
+    DELTA_BOUNDS,
+    TARGET_BOUNDS,
+    suggest,
+    within,
+)
 from proxy.state.feedback import VERDICT_SCORES, MemoryFeedbackStore, RedisFeedbackStore, scan_records
 from proxy.state.review_queue import (
     GONE,
@@ -381,6 +389,10 @@ async def reliability_page(request: web.Request) -> web.Response:
         records = store.records()
     else:
         records = []
+    tuning = _tuning(request)
+    if isinstance(tuning, str):
+        return page(request, "refused.html", 400, reason=tuning)
+    target, delta = tuning
     rel = from_records(records)
     return page(
         request,
@@ -390,7 +402,30 @@ async def reliability_page(request: web.Request) -> web.Response:
         size=diagram.SIZE,
         margin=diagram.MARGIN,
         ticks=diagram.TICKS,
+        suggestions=suggest(runtime_of(request).policy, records, target, delta),
+        target=target,
+        delta=delta,
+        target_bounds=TARGET_BOUNDS,
+        delta_bounds=DELTA_BOUNDS,
     )
+
+
+def _tuning(request: web.Request) -> tuple[float, float] | str:
+    """The page's target accuracy and delta (``?target=&delta=``, within bounds), or why not."""
+    chosen = []
+    for name, default, bounds in (
+        ("target", DEFAULT_TARGET_ACCURACY, TARGET_BOUNDS),
+        ("delta", DEFAULT_DELTA, DELTA_BOUNDS),
+    ):
+        text = request.query.get(name, "")
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = float("nan")
+        if not within(value, bounds):  # NaN is within no bounds
+            return f"{name} must be a number from {bounds[0]:g} to {bounds[1]:g}"
+        chosen.append(value)
+    return chosen[0], chosen[1]
 
 
 async def static(request: web.Request) -> web.Response:

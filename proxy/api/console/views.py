@@ -3,6 +3,7 @@ decision), the reliability view, log out. Their scope is the route's (``proxy.ap
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -402,7 +403,8 @@ async def reliability_page(request: web.Request) -> web.Response:
         size=diagram.SIZE,
         margin=diagram.MARGIN,
         ticks=diagram.TICKS,
-        suggestions=suggest(runtime_of(request).policy, records, target, delta),
+        # off the event loop: more_needed's searches take seconds on some groups of verdicts
+        suggestions=await asyncio.to_thread(suggest, runtime_of(request).policy, records, target, delta),
         target=target,
         delta=delta,
         target_bounds=TARGET_BOUNDS,

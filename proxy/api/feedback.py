@@ -10,9 +10,11 @@ answers carry the trace id. A second verdict replaces the first.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from proxy.api.access import ADMIN_CALLER
@@ -20,9 +22,13 @@ from proxy.api.app_keys import FEEDBACK, METRICS, runtime_of
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
 from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
+from proxy.api.review_items import review_items
 from proxy.service.instrument import record_verdict
 from proxy.service.runtime import Runtime
 from proxy.state.feedback import SHADOW_SOURCE, VERDICT_SCORES, AnswerRecord, FeedbackStore, with_verdict
+from proxy.state.review_queue import QueueUnavailable
+
+log = structlog.get_logger("proxy.feedback")
 
 SOURCE_MAX = 64
 CLIENT_MAX = 64
@@ -130,6 +136,24 @@ async def apply_verdict(
     return judged
 
 
+FEEDBACK_REVIEWER = "POST /v1/feedback"
+"""Who closed a console item judged through the API (the console lists it)."""
+
+
+async def _close_review(request: web.Request, record: AnswerRecord, verdict: str) -> None:
+    """A verdict on an answer sent to review closes its console item: nobody is asked to judge
+    it again. The verdict is recorded either way; a queue that cannot be reached is logged."""
+    if record.decision != "review":
+        return
+    items = review_items(request)
+    if items is None:
+        return
+    try:
+        await items.close_answer(record.client, record.trace_id, verdict, FEEDBACK_REVIEWER, time.time())
+    except QueueUnavailable as exc:
+        log.warning("proxy.review_close_failed", trace_id=record.trace_id, error=str(exc))
+
+
 async def post_feedback(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
     asked = _parse(await read_object(request))
@@ -145,6 +169,7 @@ async def post_feedback(request: web.Request) -> web.Response:
         )
     request[RECORD_KEY].module = record.module
     await apply_verdict(request.app, runtime, record, asked)
+    await _close_review(request, record, verdict)
     return json_response(
         {
             "object": "feedback",

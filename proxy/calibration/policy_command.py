@@ -11,23 +11,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import orjson
 import yaml
 
-from proxy.calibration.replay import TOKENS_IN, TOKENS_OUT, Usage, escalation_usd, place
+from proxy.calibration.replay import TOKENS_IN, TOKENS_OUT, Usage, escalation_usd
 from proxy.calibration.simulate import render, simulate
 from proxy.calibration.sources import SourceError, judged_records, prometheus_records
-from proxy.calibration.tune import Tuned, Verdict, tune
+from proxy.calibration.suggest import DEFAULT_DELTA, Group, suggest
+from proxy.calibration.tune import Tuned
 from proxy.policy.loader import PolicyError, load_policy
 from proxy.policy.model import Policy, Thresholds
 from proxy.state.feedback import AnswerRecord
 from proxy.state.redis_flags import access_options, add_access_flags, refuse_unused
 
-DEFAULT_DELTA = 0.05
 DEFAULT_WINDOW = "7d"
 PER = 1000
 """Cost changes are stated per this many answers."""
@@ -124,35 +123,6 @@ def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
     return (replace(policy, calibration={}) if prometheus else policy), records
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
-    """Verdicts a threshold is tuned on: one module's, or a tier's modules' pooled."""
-
-    kind: str
-    """``module`` or ``tier``."""
-    name: str
-    tier: str
-    answers: list[tuple[AnswerRecord, int]]
-
-
-def _groups(placed: Sequence[tuple[AnswerRecord, int]], pooled: bool) -> list[Group]:
-    modules: dict[tuple[str, str], list[tuple[AnswerRecord, int]]] = {}
-    tiers: dict[str, list[tuple[AnswerRecord, int]]] = {}
-    for record, rung in placed:
-        modules.setdefault((record.module, record.tier), []).append((record, rung))
-        tiers.setdefault(record.tier, []).append((record, rung))
-    out = [Group("module", m, t, rows) for (m, t), rows in sorted(modules.items())]
-    if pooled:
-        out += [Group("tier", t, t, rows) for t, rows in sorted(tiers.items())]
-    return out
-
-
-def _current(policy: Policy, group: Group) -> Thresholds:
-    if group.kind == "tier":
-        return policy.tiers[group.tier]
-    return policy.thresholds_for(group.name, group.tier)
-
-
 def _cost_change(policy: Policy, group: Group, now: float, new: float, usage: Usage) -> float:
     """USD per PER answers: escalations a stricter threshold adds, minus those a looser one saves."""
     total = 0.0
@@ -197,18 +167,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     policy, records = loaded
-    placed = place(policy, records)
     usage = Usage(args.tokens_in, args.tokens_out)
-    if placed.unplaced:
-        print(f"# {len(placed.unplaced)} verdicts left out: their targets are on no rung of the policy")
+    suggestions = suggest(policy, records, args.target_accuracy, args.delta, pooled=args.module is None)
+    if suggestions.unplaced:
+        print(f"# {suggestions.unplaced} verdicts left out: their targets are on no rung of the policy")
     block: dict[str, dict[str, object]] = {}
-    for group in _groups(placed.records, pooled=args.module is None):
-        verdicts = [
-            Verdict(policy.calibrate(f"{r.provider}/{r.model}", r.confidence), r.verdict == "correct")
-            for r, _ in group.answers
-        ]
-        tuned = tune(verdicts, args.target_accuracy, args.delta)
-        current = _current(policy, group)
+    for row in suggestions.rows:
+        group, tuned, current = row.group, row.tuned, row.current
         cost = 0.0
         if tuned.threshold is not None:
             cost = _cost_change(policy, group, current.min_confidence, tuned.threshold, usage)

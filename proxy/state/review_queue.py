@@ -36,6 +36,8 @@ BOUND_BYTES = QUEUE_MAX_BYTES + CLOSED_KEPT * ITEM_OVERHEAD_BYTES
 
 ItemKey = tuple[str, str]
 """(client identity, trace id)."""
+Serialized = bytes
+"""An envelope's JSON (the name ``bytes`` is ``ReviewQueue``'s property in its body)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +148,15 @@ class ReviewQueue:
             raw = orjson.dumps(record.get("envelope"))
         except orjson.JSONEncodeError:  # nested past orjson's depth: shown as too large to keep
             raw = b"x" * (self._max_bytes + 1)
-        item = replace(pending_from_record(record, len(raw)), envelope={})
+        self._put(replace(pending_from_record(record, len(raw)), envelope={}), raw)
+
+    def reopen(self, item: PendingReview) -> None:
+        """Put a closed ``item`` (with its envelope) back as pending: its verdict failed to record."""
+        self._closed = deque((c for c in self._closed if c.item.key != item.key), maxlen=CLOSED_KEPT)
+        raw = orjson.dumps(item.envelope)
+        self._put(replace(item, envelope={}, size=len(raw)), raw)
+
+    def _put(self, item: PendingReview, raw: Serialized) -> None:
         if len(raw) + ITEM_OVERHEAD_BYTES > self._max_bytes:
             raw = orjson.dumps({TOO_LARGE: len(raw)})
             item = replace(item, size=len(raw))
@@ -240,6 +250,15 @@ class ReviewItems(Protocol):
         claim closed it, else how it was closed first (one verdict wins)."""
         ...
 
+    async def release(self, item: PendingReview) -> None:
+        """Undo this process's claim of ``item``: pending again (its verdict failed to record)."""
+        ...
+
+    async def close_answer(self, client: str, trace_id: str, outcome: str, by: str, at: float) -> bool:
+        """Close the pending item of ``client``'s answer ``trace_id`` (a verdict given elsewhere,
+        ``POST /v1/feedback``); False when none is pending."""
+        ...
+
     async def closed(self) -> Sequence[ClosedReview]:
         """Closed items, newest first (at most ``CLOSED_KEPT``)."""
         ...
@@ -275,6 +294,12 @@ class MemoryItems:
             return None
         prior = next((c for c in self.queue.closed() if c.item.key == item.key), None)
         return prior or ClosedReview(item, GONE, "", at)
+
+    async def release(self, item: PendingReview) -> None:
+        self.queue.reopen(item)
+
+    async def close_answer(self, client: str, trace_id: str, outcome: str, by: str, at: float) -> bool:
+        return self.queue.close(client, trace_id, outcome, by, at) is not None
 
     async def closed(self) -> Sequence[ClosedReview]:
         return self.queue.closed()

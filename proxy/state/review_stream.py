@@ -258,6 +258,27 @@ class StreamItems:
             return closed_from(item.entry, answer[1])
         return None
 
+    async def release(self, item: PendingReview) -> None:
+        """The closure this claim set (``HSETNX`` made it this process's) is taken back."""
+        await self._call("HDEL", self._closures, item.entry)
+        await self._call("ZREM", self._order, item.entry)
+
+    async def close_answer(self, client: str, trace_id: str, outcome: str, by: str, at: float) -> bool:
+        """The answer's pending entry among the newest ``SCAN_MAX`` (no index by trace id: a
+        verdict on an older entry leaves it listed), closed as a claim closes it."""
+        start = "+"
+        for _ in range(SCAN_MAX // BATCH):
+            entries = await self._call("XREVRANGE", self._stream, start, "-", "COUNT", BATCH)
+            for entry, fields in entries or ():
+                found = dict(fields)
+                if (found.get("client"), found.get("trace_id")) == (client, trace_id):
+                    item = pending_from_entry(entry, found, envelope=False)
+                    return await self.claim(item, outcome, by, at) is None
+            if not entries or len(entries) < BATCH:
+                return False
+            start = f"({entries[-1][0]}"
+        return False
+
     async def closed(self) -> Sequence[ClosedReview]:
         ids = await self._call("ZREVRANGE", self._order, 0, CLOSED_KEPT - 1)
         if not ids:

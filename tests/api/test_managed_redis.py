@@ -15,14 +15,24 @@ import aiohttp
 import pytest
 import yaml
 
+from proxy.state.feedback import KEY_PREFIX
 from tests.api.test_limits import KEYS, keyed_proxy, post_chat
 from tests.api.test_routing import answer
 from tests.api.test_stream_recovery import SSE
+from tests.console.harness import ADMIN, CLIENT, Reviewer, send_to_review_at
+from tests.console.test_console_shared import listed
 from tests.context.helpers import execute
 from tests.context.test_cache import REVIEW, cached_policy, review_answer
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
-from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, proxy_process
+from tests.proxy_server import (
+    UPSTREAM_KEY,
+    UPSTREAM_KEY_ENV,
+    free_port,
+    proxy_process,
+    running_proxy,
+    upstream_policy,
+)
 from tests.stream.client import read_sse
 from tests.support.polling import eventually
 from tests.support.redis_tls import TlsRedis, tls_redis
@@ -212,3 +222,51 @@ async def test_a_password_in_the_url_is_in_no_log_line(
     logged = captured.out + captured.err
     assert "invalid username-password pair" in logged  # the failure is said...
     assert wrong not in logged and PASSWORD not in logged  # ...the password never
+
+
+async def test_the_review_console_works_as_the_documented_acl_user(
+    fake_upstream: FakeUpstream, tls: TlsRedis, admin: Any, tmp_path: Path
+) -> None:
+    """The console on the Redis review stream: the queue, an item, a verdict (the claim script), a
+    verdict that finds no record (its claim taken back), one through ``POST /v1/feedback`` (the
+    item found in the stream and closed) and the reliability view (the records scanned)."""
+    await admin.execute_command("ACL", "SETUSER", "cogproxy", *documented_rule())
+    settings = {**tls_settings(tls), "redis_username": "cogproxy", "redis_password": PASSWORD}
+    review = {"sink": "redis-stream", "stream": "cognitive:review:acl", "maxlen": 100}
+    admin_port = free_port()
+    async with (
+        running_proxy(
+            tmp_path,
+            upstream_policy(fake_upstream, review=review, feedback={"max_entries": 1}),
+            api_keys=frozenset({CLIENT}),
+            admin_keys=frozenset({ADMIN}),
+            admin_port=admin_port,
+            **settings,
+        ) as px,
+        aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http,
+    ):
+        reviewer = Reviewer(f"http://127.0.0.1:{admin_port}", http)
+        assert await reviewer.login() == 303
+        # a store of one here: the first answer's record is in Redis only, and deleted there
+        unrecorded, judged, by_api = [await send_to_review_at(px.base, fake_upstream) for _ in range(3)]
+        paths = [await listed(reviewer, trace_id) for trace_id in (judged, unrecorded, by_api)]
+        assert (await reviewer.page(paths[0]))[0] == 200
+        await eventually(lambda: admin.exists(KEY_PREFIX + unrecorded), "the shared record")
+        await admin.delete(KEY_PREFIX + unrecorded)
+        for path, expected in ((paths[0], 303), (paths[1], 404)):
+            token = await reviewer.csrf(path)
+            status, _, _ = await reviewer.post(
+                path.replace("?", "/verdict?"), {"csrf": token, "verdict": "correct"}
+            )
+            assert status == expected
+        assert (await reviewer.page(paths[1]))[0] == 200
+        async with http.post(
+            px.base + "/feedback",
+            json={"trace_id": by_api, "verdict": "incorrect"},
+            headers={"Authorization": f"Bearer {CLIENT}"},
+        ) as resp:
+            assert resp.status == 200
+        assert (await reviewer.page(paths[2]))[0] == 404
+        assert (await reviewer.page("/review/reliability"))[0] == 200
+    denied = await admin.acl_log()
+    assert denied == [], f"the documented rule lacks what the console ran: {denied}"

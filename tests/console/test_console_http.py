@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ from structlog.testing import capture_logs
 from yarl import URL
 
 from proxy.api.access import Scope
+from proxy.api.app_keys import FEEDBACK
 from proxy.api.routes import CONSOLE_ROUTES
+from proxy.calibration.tune import Verdict, tune
+from proxy.state.feedback import AnswerRecord, MemoryFeedbackStore
 from tests.api.test_route_table import SAMPLES
 from tests.console.harness import ADMIN, CLIENT, Console, console_proxy, envelope, send_to_review
 from tests.fake_upstream import FakeUpstream
@@ -315,3 +319,98 @@ async def test_a_console_form_body_is_read_up_to_16_kib(fake_upstream: FakeUpstr
             )
             assert (status_seen, is_page(resp)) == (status, True), (size, status_seen, text[:200])
         assert "That is not an admin key." not in text
+
+
+async def test_a_judgement_whose_verdict_cannot_be_recorded_leaves_the_item_pending(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The first answer's feedback record is evicted by the second's (a store of one): its verdict
+    has nothing to be recorded on, so the claim is taken back and the item is pending again."""
+    async with console_proxy(tmp_path, fake_upstream, feedback={"max_entries": 1}) as console:
+        unjudgeable = await send_to_review(console.px, fake_upstream)
+        await send_to_review(console.px, fake_upstream)
+        await console.login()
+        path = await the_item_path(console, unjudgeable)
+        token = await console.csrf(path)
+        status, text, _ = await console.post(path + "/verdict", {"csrf": token, "verdict": "correct"})
+        assert status == 404 and "override instead" in text
+        assert (await console.page(path))[0] == 200
+        assert await the_item_path(console, unjudgeable) == path
+        _, closed = await console.page("/review/?decision=closed")
+        assert unjudgeable not in closed.split("<h2>Closed</h2>")[-1]
+        status, _, _ = await console.post(path + "/override", {"csrf": token, "decision": "reject"})
+        assert status == 303  # pending, so it can still be closed
+
+
+async def test_a_verdict_through_the_feedback_endpoint_closes_the_console_item(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        judged = await send_to_review(console.px, fake_upstream)
+        other = await send_to_review(console.px, fake_upstream)
+        await console.login()
+        path = await the_item_path(console, judged)
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(
+                console.px.base + "/feedback",
+                json={"trace_id": judged, "verdict": "partially_correct"},
+                headers={"Authorization": f"Bearer {CLIENT}"},
+            )
+            assert resp.status == 200, await resp.text()
+        assert (await console.page(path))[0] == 404
+        _, queue = await console.page("/review/")
+        assert judged not in queue and other in queue
+        _, closed = await console.page("/review/?decision=partially_correct")
+        assert judged in closed and "POST /v1/feedback" in closed
+
+
+def judged_answers(module: str, tier: str, correct: int, wrong: int) -> list[AnswerRecord]:
+    """Judged answers of ``up/strong``: ``correct`` right at 0.95, ``wrong`` wrong at 0.3."""
+    now = time.time()
+    return [
+        AnswerRecord(
+            trace_id=f"{module}-{i}", module=module, tier=tier, rung="strong", provider="up",
+            model="strong", confidence=c, calibrated=c, risk="low", decision="accept",
+            min_confidence=0.8, at=now, expires=now + 3600, client="c",
+            verdict="correct" if ok else "incorrect", score=1.0 if ok else 0.0, source="review",
+        )
+        for i, (c, ok) in enumerate([(0.95, True)] * correct + [(0.3, False)] * wrong)
+    ]  # fmt: skip
+
+
+def suggestion_row(page: str, kind: str, name: str) -> str:
+    found = re.search(rf'<tr class="suggestion {kind}" data-name="{name}">(.*?)</tr>', page, re.S)
+    assert found, page[page.find("Suggested") :][:1500]
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", found.group(1))))
+
+
+async def test_the_reliability_view_shows_policy_tunes_suggestion_with_its_evidence(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    async with console_proxy(tmp_path, fake_upstream) as console:
+        store = console.px.app[FEEDBACK]
+        assert isinstance(store, MemoryFeedbackStore)
+        for record in judged_answers("code-reviewer", "decision", 100, 10) + judged_answers(
+            "idea-explorer", "exploration", 30, 0
+        ):
+            store.remember(record, 1000)
+        await console.login()
+        status, page = await console.page("/review/reliability")
+        assert status == 200
+        assert "--target-accuracy 0.9 --delta 0.05" in page
+        row = suggestion_row(page, "module", "code-reviewer")
+        assert " 110 " in row and " 0.95 " in row  # its verdicts, the threshold suggested
+        assert "accepted accuracy ≥ 0.970 (0 wrong of 100 accepted); accepted 90.9%" in row
+        assert " 0.95 " in suggestion_row(page, "tier", "decision")
+        few = tune([Verdict(0.95, True)] * 30, 0.9, 0.05)
+        assert few.threshold is None and few.more_needed
+        assert f"needs about {few.more_needed} more verdicts" in suggestion_row(
+            page, "module", "idea-explorer"
+        )
+        status, page = await console.page("/review/reliability?target=0.8&delta=0.1")
+        assert status == 200 and "--target-accuracy 0.8 --delta 0.1" in page
+        loose = tune([Verdict(0.95, True)] * 30, 0.8, 0.1)
+        assert loose.threshold == 0.95 and " 0.95 " in suggestion_row(page, "module", "idea-explorer")
+        for bad in ("target=1.5", "target=0.2", "delta=0.9", "delta=x", "target=nan"):
+            status, page = await console.page(f"/review/reliability?{bad}")
+            assert status == 400 and "must be a number from" in page, bad

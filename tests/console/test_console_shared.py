@@ -163,6 +163,51 @@ async def test_two_reviewers_judging_one_item_one_verdict_wins_the_other_is_told
         assert verdict == winner
 
 
+async def test_a_verdict_through_the_feedback_endpoint_closes_the_stream_item(
+    fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any
+) -> None:
+    async with reviewers_of_two_proxies(tmp_path, fake_upstream) as (api, _, second):
+        trace_id = await send_to_review_at(api, fake_upstream)
+        path = await listed(second, trace_id)
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(
+                api + "/feedback",
+                json={"trace_id": trace_id, "verdict": "incorrect"},
+                headers={"Authorization": f"Bearer {CLIENT}"},
+            )
+            assert resp.status == 200, await resp.text()
+        assert (await second.page(path))[0] == 404
+        _, queue = await second.page("/review/")
+        assert trace_id not in pending_part(queue)
+        _, closed = await second.page("/review/?decision=incorrect")
+        assert trace_id in closed and "POST /v1/feedback" in closed
+
+
+async def test_a_stream_item_whose_verdict_cannot_be_recorded_is_pending_again(
+    fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any
+) -> None:
+    """The answer's shared record is gone (expired, or deleted here): the second process, which
+    never held it, claims the item, finds nothing to record the verdict on, and takes the claim back."""
+    async with reviewers_of_two_proxies(tmp_path, fake_upstream) as (api, _, second):
+        trace_id = await send_to_review_at(api, fake_upstream)
+        path = await listed(second, trace_id)
+        await eventually(lambda: redis_db.exists(KEY_PREFIX + trace_id), "the shared record")
+        await redis_db.delete(KEY_PREFIX + trace_id)
+        token = await second.csrf(path)
+        status, text, _ = await second.post(
+            path.replace("?", "/verdict?"), {"csrf": token, "verdict": "correct"}
+        )
+        assert status == 404 and "override instead" in text
+        assert (await second.page(path))[0] == 200
+        _, queue = await second.page("/review/")
+        assert item_path(pending_part(queue), trace_id) == path
+        stream = await redis_db.xrange(STREAM)
+        entry = path.rsplit("entry=", 1)[1]
+        assert entry in [e.decode() if isinstance(e, bytes) else e for e, _ in stream]
+        closures, order = closed_keys(STREAM, cluster=False)
+        assert not await redis_db.hexists(closures, entry) and await redis_db.zscore(order, entry) is None
+
+
 async def test_with_redis_down_the_console_says_so_on_a_page(
     fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any, relay: RedisRelay
 ) -> None:

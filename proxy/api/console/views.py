@@ -3,6 +3,7 @@ decision), the reliability view, log out. Their scope is the route's (``proxy.ap
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -10,9 +11,10 @@ from urllib.parse import urlencode
 
 import aiohttp
 import orjson
+import structlog
 from aiohttp import web
 
-from proxy.api.app_keys import FEEDBACK, REVIEW_QUEUE, REVIEW_STREAMS, SETTINGS, runtime_of
+from proxy.api.app_keys import FEEDBACK, SETTINGS, runtime_of
 from proxy.api.app_keys import SESSION as HTTP_SESSION
 from proxy.api.console import diagram, tree
 from proxy.api.console.pages import BASE, COOKIE_PATH, LOGIN, SESSION, audit, page, see_other
@@ -28,17 +30,27 @@ from proxy.api.console.session import (
     open_session,
 )
 from proxy.api.feedback import NOTE_MAX, Verdict, admin_record, apply_verdict
+from proxy.api.review_items import review_items as shared_review_items
 from proxy.calibration.reliability import from_records, render
+from proxy.calibration.suggest import (
+    DEFAULT_DELTA,
+    DEFAULT_TARGET_ACCURACY,
+    DELTA_BOUNDS,
+    TARGET_BOUNDS,
+    suggest,
+    within,
+)
 from proxy.state.feedback import VERDICT_SCORES, MemoryFeedbackStore, RedisFeedbackStore, scan_records
 from proxy.state.review_queue import (
     GONE,
     ClosedReview,
-    MemoryItems,
     PendingReview,
     QueueUnavailable,
     ReviewItems,
 )
 from proxy.state.review_stream import ENTRY_ID
+
+log = structlog.get_logger("proxy.review_console")
 
 OVERRIDES = ("accept", "reject")
 AGES = {"": None, "1h": 3600.0, "24h": 86_400.0, "7d": 7 * 86_400.0}
@@ -124,12 +136,10 @@ class Filters:
 
 
 def review_items(request: web.Request) -> ReviewItems:
-    """Where the queue is: the policy's Redis review stream when that is its sink and the proxy
-    has ``--redis-url`` (every replica's items), else this process's queue."""
-    review = runtime_of(request).policy.review
-    if review.sink == "redis-stream" and REVIEW_STREAMS in request.app:
-        return request.app[REVIEW_STREAMS].items(review.stream)
-    return MemoryItems(request.app[REVIEW_QUEUE])
+    """The console's queue (``proxy.api.review_items``: the console is served here)."""
+    items = shared_review_items(request)
+    assert items is not None  # console routes are registered with the queue (proxy.app)
+    return items
 
 
 def unavailable(request: web.Request) -> web.Response:
@@ -245,23 +255,6 @@ async def judge(request: web.Request) -> web.StreamResponse:
             return page(
                 request, "refused.html", 400, reason=f"verdict must be one of {', '.join(VERDICT_SCORES)}"
             )
-        record = await admin_record(request.app[FEEDBACK], item.trace_id, item.client)
-        if record is None:
-            audit(
-                request,
-                "judge",
-                "failed",
-                trace_id=item.trace_id,
-                client=item.client,
-                reason="no feedback record",
-            )
-            return page(
-                request,
-                "refused.html",
-                404,
-                reason="No answer record to judge (outside the feedback window, or no model answered): "
-                "override instead.",
-            )
         admin = request[SESSION].admin
         prior = await items.claim(item, verdict, admin, time.time())
     except QueueUnavailable:
@@ -272,7 +265,30 @@ async def judge(request: web.Request) -> web.StreamResponse:
         )
         return _taken(request, prior)
     asked = Verdict(item.trace_id, verdict, VERDICT_SCORES[verdict], "review", _note(form), item.client)
-    await apply_verdict(request.app, runtime_of(request), record, asked)
+    try:  # claimed: a verdict that is not recorded puts the item back, never leaves it closed
+        record = await admin_record(request.app[FEEDBACK], item.trace_id, item.client)
+        if record is not None:
+            await apply_verdict(request.app, runtime_of(request), record, asked)
+    except BaseException:
+        await _release(items, item)
+        raise
+    if record is None:
+        await _release(items, item)
+        audit(
+            request,
+            "judge",
+            "failed",
+            trace_id=item.trace_id,
+            client=item.client,
+            reason="no feedback record",
+        )
+        return page(
+            request,
+            "refused.html",
+            404,
+            reason="No answer record to judge (outside the feedback window, or no model answered): "
+            "override instead.",
+        )
     audit(
         request,
         "judge",
@@ -283,6 +299,15 @@ async def judge(request: web.Request) -> web.StreamResponse:
         verdict=verdict,
     )
     return see_other(BASE)
+
+
+async def _release(items: ReviewItems, item: PendingReview) -> None:
+    """Take back a claim whose verdict was not recorded (Redis not answering: the closure stays,
+    said in the log)."""
+    try:
+        await items.release(item)
+    except QueueUnavailable as exc:
+        log.warning("proxy.review_release_failed", trace_id=item.trace_id, error=str(exc))
 
 
 async def override(request: web.Request) -> web.StreamResponse:
@@ -365,6 +390,10 @@ async def reliability_page(request: web.Request) -> web.Response:
         records = store.records()
     else:
         records = []
+    tuning = _tuning(request)
+    if isinstance(tuning, str):
+        return page(request, "refused.html", 400, reason=tuning)
+    target, delta = tuning
     rel = from_records(records)
     return page(
         request,
@@ -374,7 +403,31 @@ async def reliability_page(request: web.Request) -> web.Response:
         size=diagram.SIZE,
         margin=diagram.MARGIN,
         ticks=diagram.TICKS,
+        # off the event loop: more_needed's searches take seconds on some groups of verdicts
+        suggestions=await asyncio.to_thread(suggest, runtime_of(request).policy, records, target, delta),
+        target=target,
+        delta=delta,
+        target_bounds=TARGET_BOUNDS,
+        delta_bounds=DELTA_BOUNDS,
     )
+
+
+def _tuning(request: web.Request) -> tuple[float, float] | str:
+    """The page's target accuracy and delta (``?target=&delta=``, within bounds), or why not."""
+    chosen = []
+    for name, default, bounds in (
+        ("target", DEFAULT_TARGET_ACCURACY, TARGET_BOUNDS),
+        ("delta", DEFAULT_DELTA, DELTA_BOUNDS),
+    ):
+        text = request.query.get(name, "")
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = float("nan")
+        if not within(value, bounds):  # NaN is within no bounds
+            return f"{name} must be a number from {bounds[0]:g} to {bounds[1]:g}"
+        chosen.append(value)
+    return chosen[0], chosen[1]
 
 
 async def static(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 # the review console's listener (/review/, /healthz, /readyz, /metrics): the next port by default
 ADMIN_PORT ?= $(or $(COGPROXY_ADMIN_PORT),$(shell expr $(PORT) + 1))
 
-.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients conformance bench mutation dashboard-pictures console-pictures clean
+.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients phoenix conformance bench mutation dashboard-pictures console-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,12 +48,22 @@ browser:
 		echo "chromium is missing (apt-get install -y chromium chromium-driver): the review console's browser test will be skipped"
 
 ## test: set everything up and run the whole suite
-test: install redis-server doc-tools browser node-clients
+test: install redis-server doc-tools browser node-clients phoenix
 	$(BIN)/python -m pytest
 
 ## test-fast: the edit-run loop: everything but the `slow` files (tests/conftest.py SLOW_FILES), on every core, hypothesis profile `fast` (25 examples)
 test-fast: install redis-server doc-tools browser node-clients
 	$(BIN)/python -m pytest -m "not slow" -n auto -q --hypothesis-profile=fast
+
+## phoenix: Arize Phoenix in a venv of its own (heavy dependencies, none of the proxy's), the real OTLP receiver
+## tests/observability/test_phoenix.py sends traces to; the test is skipped where it cannot be installed
+PHOENIX_VENV  := .venv-phoenix
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed-stamp
+phoenix: $(PHOENIX_STAMP)
+
+$(PHOENIX_STAMP):
+	@{ $(PYTHON) -m venv $(PHOENIX_VENV) && $(PHOENIX_VENV)/bin/python -m pip install --quiet 'arize-phoenix>=20.26' && \
+		touch $(PHOENIX_STAMP); } || echo "arize-phoenix could not be installed: the Phoenix trace test will be skipped"
 
 ## node-clients: openai-node for the client matrix (tests/node, from its package-lock.json); skipped without npm
 node-clients: tests/node/node_modules/.package-lock.json

@@ -64,6 +64,7 @@ SLOW_FILES = frozenset(
         "observability/test_logbuffer.py",
         "observability/test_logs.py",
         "observability/test_metrics.py",
+        "observability/test_phoenix.py",
         "security/test_admin_port.py",
         "security/test_attack_26.py",
         "security/test_attack_30.py",

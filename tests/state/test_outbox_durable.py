@@ -1,0 +1,109 @@
+"""``--redis-durable-replicas``: the outbox pops a write only once its master's replicas have it
+(``WAIT`` on the writes' connection), against a real master and replica (tests/support/redis_pair.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from structlog.testing import capture_logs
+
+from proxy.state.outbox import KeyWrite, RedisOutbox, StreamWrite
+from proxy.state.redis_client import RedisOptions
+from tests.support.polling import until
+from tests.support.redis_pair import RedisPair, redis_pair
+from tests.support.redis_server import redis_url
+
+DELIVERY_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[RedisPair]:
+    with redis_pair() as started:
+        yield started
+
+
+def durable_outbox(url: str, shortfalls: list[int]) -> RedisOutbox:
+    return RedisOutbox(RedisOptions(url), durable_replicas=1, on_short=shortfalls.append)
+
+
+async def test_writes_stay_queued_while_the_replica_lags_and_land_once_when_it_acks(pair: RedisPair) -> None:
+    stream = f"test:durable:{uuid.uuid4().hex}"
+    shortfalls: list[int] = []
+    outbox = durable_outbox(pair.url, shortfalls)
+    master: Any = aioredis.Redis(port=pair.master.port, decode_responses=True)
+    replica: Any = aioredis.Redis(port=pair.replica.port, decode_responses=True)
+    outbox.start()
+    pair.replica.pause()
+    try:
+        for n in range(3):
+            assert outbox.put(StreamWrite(stream, {"n": str(n)}, 1000))
+        await until(lambda: len(shortfalls) >= 2, "a batch and its resend fell short", timeout=DELIVERY_S)
+        assert len(outbox) == 3 and outbox.up  # the master has them, its replica not: kept
+        assert await master.xlen(stream) == 3 and set(shortfalls) == {0}
+        pair.replica.resume()
+        await until(lambda: len(outbox) == 0, "the outbox popped the writes", timeout=DELIVERY_S)
+        entries = await replica.xrange(stream)  # popped only once the replica acknowledged them
+        assert [fields["n"] for _, fields in entries] == ["0", "1", "2"]  # once each, despite resends
+    finally:
+        pair.replica.resume()
+        await outbox.aclose()
+        await master.aclose()
+        await replica.aclose()
+
+
+async def test_a_context_write_waits_for_its_master_only(pair: RedisPair) -> None:
+    """Read-your-writes needs the master: a request does not wait for a lagging replica."""
+    key = f"test:durable:{uuid.uuid4().hex}"
+    shortfalls: list[int] = []
+    outbox = durable_outbox(pair.url, shortfalls)
+    outbox.start()
+    pair.replica.pause()
+    try:
+        future = outbox.put_key(KeyWrite(key, "v", 60))
+        assert future is not None
+        assert await future is True
+        assert len(outbox) == 1  # still kept for the replica
+        pair.replica.resume()
+        await until(lambda: len(outbox) == 0, "the outbox popped the write", timeout=DELIVERY_S)
+    finally:
+        pair.replica.resume()
+        await outbox.aclose()
+
+
+async def test_without_a_replica_writes_reach_the_master_and_stay_queued_said_once() -> None:
+    """N=1 against a Redis with no replica: the writes are applied, kept (not lost if a replica
+    appears and the master dies later), one warning for the episode, a shortfall per batch."""
+    stream = f"test:durable:{uuid.uuid4().hex}"
+    url = redis_url(15)
+    shortfalls: list[int] = []
+    outbox = durable_outbox(url, shortfalls)
+    reader: Any = aioredis.Redis.from_url(url, decode_responses=True)
+    with capture_logs() as logs:
+        outbox.start()
+        try:
+            assert outbox.put(StreamWrite(stream, {"n": "0"}, 1000))
+            await until(lambda: len(shortfalls) >= 2, "two batches fell short", timeout=DELIVERY_S)
+            assert await reader.xlen(stream) == 1 and len(outbox) == 1 and outbox.up
+        finally:
+            await outbox.aclose(timeout=0)
+            await reader.aclose()
+    behind = [entry for entry in logs if entry["event"] == "proxy.outbox_replicas_behind"]
+    assert len(behind) == 1 and behind[0]["wanted"] == 1 and behind[0]["acked"] == 0
+
+
+async def test_zero_replicas_pops_on_the_masters_answer(pair: RedisPair) -> None:
+    """The default: no WAIT, a lagging replica does not hold anything."""
+    stream = f"test:durable:{uuid.uuid4().hex}"
+    outbox = RedisOutbox(RedisOptions(pair.url))
+    outbox.start()
+    pair.replica.pause()
+    try:
+        assert outbox.put(StreamWrite(stream, {"n": "0"}, 1000))
+        await until(lambda: len(outbox) == 0, "the outbox popped the write", timeout=DELIVERY_S)
+    finally:
+        pair.replica.resume()
+        await outbox.aclose()

@@ -227,10 +227,17 @@ def _outbox(app: web.Application, redis: RedisOptions) -> RedisOutbox:
         metrics.context_evictions.labels(CLIENT_QUOTA).inc(count)
 
     outbox = app[OUTBOX] = RedisOutbox(
-        redis, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
+        redis,
+        spool_dir=settings.spool_dir,
+        on_drop=dropped,
+        on_first_failure=failed,
+        on_evict=evicted,
+        durable_replicas=settings.redis_durable_replicas,
+        on_short=lambda acked: metrics.outbox_replica_shortfalls.inc(),
     )
     outbox.start()
     metrics.watch_redis(lambda: outbox.up)
+    metrics.watch_outbox(lambda: len(outbox))
     return outbox
 
 
@@ -308,8 +315,8 @@ def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web
     if settings.serves_console:
         app[REVIEW_QUEUE] = ReviewQueue(on_evict=app[METRICS].review_queue_evicted.inc)
         app.cleanup_ctx.extend(
-        [_tracing_ctx, _session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx]
-    )
+            [_tracing_ctx, _session_ctx, _state_ctx, _runtime_ctx, streaming.streams_ctx, _probe_ctx]
+        )
     if settings.shares_port:
         app.cleanup_ctx.append(_share_metrics_ctx)
     routes.register(app, table)

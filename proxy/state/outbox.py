@@ -80,6 +80,9 @@ DEFAULT_OUTBOX_BOUND = 10_000
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 PING_INTERVAL_S = 1.0
+DURABLE_REPLICAS = 0
+"""``--redis-durable-replicas``'s default: pop a write on its master's answer (no WAIT), as before:
+N > 0 holds every record while a replica is down, a choice for a deployment that runs them."""
 REPLICA_WAIT_MS = 500
 """How long a batch's WAIT waits for its replicas: under the outbox's command timeout (1 s)."""
 BATCH = 200
@@ -267,7 +270,7 @@ class RedisOutbox:
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
         on_evict: Callable[[int], None] = lambda count: None,
-        durable_replicas: int = 0,
+        durable_replicas: int = DURABLE_REPLICAS,
         on_short: Callable[[int], None] = lambda acked: None,
     ) -> None:
         self._redis: Any = redis_client(redis, "outbox")

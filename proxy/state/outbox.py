@@ -29,13 +29,13 @@ another slot never moves that mark. The price is up to 16,384 marks per run inst
 Durable (``--redis-durable-replicas N``, ``durable_replicas``): Redis replicates asynchronously,
 so a write its master acknowledged is lost if the master dies before a replica got it. With N > 0
 each batch ends with ``WAIT N REPLICA_WAIT_MS`` on the connection that carried its writes (in a
-cluster one per master the batch wrote to, on that node's pipeline connection; a master whose slot
-map lists no replica is not waited on), and the batch is popped only when every WAIT counted N
-replicas. Otherwise it stays queued (``on_short``) and is resent after the backoff: the scripts
-skip what the master has, but a skip still refreshes its mark's TTL, a write that replicates, so the
-resend's WAIT covers the original write too (a replica applies the stream in order). Writes behind
-an unconfirmed batch wait, as during an outage. A context write's future completes once the master
-has it (read-your-writes needs no more): no request waits for a replica.
+cluster one per master the batch wrote to, on that node's pipeline connection), and the batch is
+popped only when every WAIT counted N replicas. Otherwise it stays queued (``on_short``) and is
+resent after the backoff: the scripts skip what the master has, but a skip still refreshes its
+mark's TTL, a write that replicates, so the resend's WAIT covers the original write too (a replica
+applies the stream in order). Writes behind an unconfirmed batch wait, as during an outage. A
+context write's future completes once the master has it (read-your-writes needs no more): no
+request waits for a replica.
 
 Breaker state, limits and stream sessions are not here: they are state, not records (see
 docs/configuration.md, ``--spool-dir``).
@@ -435,7 +435,9 @@ class RedisOutbox:
             pipe.execute_command(*wait, target_nodes=node)
 
     async def _masters_of(self, batch: list[Write]) -> list[Any]:
-        """The masters the batch writes to that the slot map shows with a replica."""
+        """The masters the batch writes to. Each is waited on, whether or not the slot map lists
+        a replica: Redis 7.0 leaves out of ``CLUSTER SLOTS`` a replica it has no offset for yet,
+        and a master truly without one holds its writes, like a single Redis without one."""
         if self._redis._initialize:  # the slot map is read on first use
             try:
                 await self._redis.initialize()
@@ -444,8 +446,8 @@ class RedisOutbox:
         manager = self._redis.nodes_manager
         masters: dict[str, Any] = {}
         for write in batch:
-            shard = manager.slots_cache.get(key_slot(_call_of(write)[1][0].encode()), [])
-            if len(shard) > 1:
+            shard = manager.slots_cache.get(key_slot(_call_of(write)[1][0].encode()))
+            if shard:  # none: the pipeline finds no node either, and fails the batch (resent)
                 masters.setdefault(shard[0].name, shard[0])
         return list(masters.values())
 

@@ -11,6 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from proxy.cli import build_parser, resolve_serve_options, serve_settings
+from proxy.settings import Settings
 from proxy.state.outbox import KeyWrite, RedisOutbox, StreamWrite
 from proxy.state.redis_client import RedisOptions
 from tests.support.polling import until
@@ -107,3 +109,20 @@ async def test_zero_replicas_pops_on_the_masters_answer(pair: RedisPair) -> None
     finally:
         pair.replica.resume()
         await outbox.aclose()
+
+
+def settings_of(*flags: str) -> Settings:
+    args = build_parser().parse_args(["serve", "--policy", "p.yaml", *flags])
+    args.modules = []
+    resolve_serve_options(args)
+    return serve_settings(args)
+
+
+def test_the_replica_count_is_a_flag_or_a_variable_default_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_of().redis_durable_replicas == 0
+    assert settings_of("--redis-durable-replicas", "2").redis_durable_replicas == 2
+    monkeypatch.setenv("COGPROXY_REDIS_DURABLE_REPLICAS", "1")
+    assert settings_of().redis_durable_replicas == 1
+    assert settings_of("--redis-durable-replicas", "0").redis_durable_replicas == 0  # the flag wins
+    with pytest.raises(ValueError, match="redis_durable_replicas must be >= 0"):
+        settings_of("--redis-durable-replicas", "-1")

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from proxy.cli import build_parser, resolve_serve_options, serve_settings
 from proxy.settings import Settings
-from proxy.state.outbox import KeyWrite, RedisOutbox, StreamWrite
+from proxy.state.outbox import MARK_PREFIX, MARK_TTL_S, SCRIPTS, SKIPPED, KeyWrite, RedisOutbox, StreamWrite
 from proxy.state.redis_client import RedisOptions
 from tests.support.polling import until
 from tests.support.redis_pair import RedisPair, redis_pair
@@ -126,3 +126,18 @@ def test_the_replica_count_is_a_flag_or_a_variable_default_zero(monkeypatch: pyt
     assert settings_of("--redis-durable-replicas", "0").redis_durable_replicas == 0  # the flag wins
     with pytest.raises(ValueError, match="redis_durable_replicas must be >= 0"):
         settings_of("--redis-durable-replicas", "-1")
+
+
+async def test_a_skipped_resend_still_replicates_so_its_wait_covers_the_original(pair: RedisPair) -> None:
+    """The resend of a write the master has is skipped by the mark, yet moves the replication
+    offset: a WAIT on the resending connection (perhaps another one) then covers the original."""
+    master: Any = aioredis.Redis(port=pair.master.port, decode_responses=True)
+    key, mark = f"test:durable:{uuid.uuid4().hex}", f"{MARK_PREFIX}{uuid.uuid4().hex}"
+    call = (2, mark, key, 0, MARK_TTL_S, "v", 60)  # the "set" script: its mark and key, seq 0
+    try:
+        assert await master.eval(SCRIPTS["set"], *call) == 0
+        before = (await master.info("replication"))["master_repl_offset"]
+        assert await master.eval(SCRIPTS["set"], *call) == SKIPPED
+        assert (await master.info("replication"))["master_repl_offset"] > before
+    finally:
+        await master.aclose()

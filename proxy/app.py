@@ -227,10 +227,17 @@ def _outbox(app: web.Application, redis: RedisOptions) -> RedisOutbox:
         metrics.context_evictions.labels(CLIENT_QUOTA).inc(count)
 
     outbox = app[OUTBOX] = RedisOutbox(
-        redis, spool_dir=settings.spool_dir, on_drop=dropped, on_first_failure=failed, on_evict=evicted
+        redis,
+        spool_dir=settings.spool_dir,
+        on_drop=dropped,
+        on_first_failure=failed,
+        on_evict=evicted,
+        durable_replicas=settings.redis_durable_replicas,
+        on_short=lambda acked: metrics.outbox_replica_shortfalls.inc(),
     )
     outbox.start()
     metrics.watch_redis(lambda: outbox.up)
+    metrics.watch_outbox(lambda: len(outbox))
     return outbox
 
 

@@ -68,6 +68,7 @@ from proxy.settings import (
     read_key_file,
 )
 from proxy.state.memory import MemoryBreakerStore
+from proxy.state.outbox import DURABLE_REPLICAS
 from proxy.state.redis_client import LIMITS_TIMEOUT_S
 from proxy.state.redis_flags import ACCESS_FLAGS, add_refused_password_flag, check_access
 from proxy.state.spool import adopt_spools, spool_dir_of
@@ -407,6 +408,14 @@ SERVE_OPTIONS = (
         LIMITS_TIMEOUT_S,
         "seconds a limit check waits for Redis before this replica falls back to its local windows",
     ),
+    ServeOption(
+        "--redis-durable-replicas",
+        "REDIS_DURABLE_REPLICAS",
+        int,
+        DURABLE_REPLICAS,
+        "keep each review, feedback and context record until N replicas of its Redis master have it "
+        "(WAIT, in the background); 0: until the master has it",
+    ),
     *(ServeOption(access.flag, access.env, str, None, access.help) for access in ACCESS_FLAGS),
     ServeOption(
         "--spool-dir",
@@ -598,6 +607,7 @@ def serve_settings(args: argparse.Namespace) -> Settings:
         replicas_hint=args.replicas_hint,
         redis_url=args.redis_url or None,
         redis_limits_timeout_s=args.redis_limits_timeout,
+        redis_durable_replicas=args.redis_durable_replicas,
         **check_access(args.redis_url, args),
         admin_host=args.admin_host or None,
         admin_port=_admin_port(args),

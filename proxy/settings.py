@@ -8,6 +8,7 @@ from pathlib import Path
 
 from proxy.clients import ClientIdentity, read_identities
 from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
+from proxy.state.outbox import DURABLE_REPLICAS
 from proxy.state.redis_client import LIMITS_TIMEOUT_S, RedisOptions
 from proxy.state.redis_flags import RedisAccess, options_of
 
@@ -78,6 +79,8 @@ class Settings:
     """The Redis ACL user; None: ``default`` (or the URL's)."""
     redis_password: str | None = field(default=None, repr=False)
     """The ACL user's password, read from a file or the environment by the CLI (never a flag)."""
+    redis_durable_replicas: int = DURABLE_REPLICAS
+    """Replicas that must have a record before the outbox lets it go (``WAIT``); 0: the master's answer."""
     admin_host: str | None = None
     """Bind address of the admin listener (None: the API's ``host``)."""
     admin_port: int | None = None
@@ -139,6 +142,8 @@ class Settings:
             raise ValueError(f"replicas_hint must be >= 1, not {self.replicas_hint}")
         if self.max_connections < 0:
             raise ValueError(f"max_connections must be >= 0, not {self.max_connections}")
+        if self.redis_durable_replicas < 0:
+            raise ValueError(f"redis_durable_replicas must be >= 0, not {self.redis_durable_replicas}")
         if self.reload_interval_s < 0:
             raise ValueError(f"reload_interval_s must be >= 0, not {self.reload_interval_s}")
         if self.stream_session_ttl_s <= 0 or self.stream_heartbeat_s <= 0:

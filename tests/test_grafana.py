@@ -293,6 +293,7 @@ def exported_metrics() -> set[str]:
     metrics = Metrics()
     metrics.watch_breakers(list)
     metrics.watch_redis(lambda: True)
+    metrics.watch_outbox(lambda: 0)
     families = list(metrics.registry.collect())
     return {f.name + "_total" if f.type == "counter" else f.name for f in families}
 

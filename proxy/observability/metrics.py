@@ -173,6 +173,13 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         ("sink",),
     ),
     (
+        "outbox_replica_shortfalls",
+        "cognitive_outbox_replica_shortfalls_total",
+        "Outbox batches whose Redis replicas did not confirm them in time (--redis-durable-replicas): "
+        "kept and resent.",
+        (),
+    ),
+    (
         "review_dropped",
         "cognitive_review_dropped_total",
         "Review records dropped: the Redis outbox was full, or Redis refused the write.",
@@ -446,6 +453,7 @@ GAUGES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ),
 )
 REDIS_UP = "cognitive_redis_up"
+OUTBOX_PENDING = "cognitive_outbox_pending"
 GaugeMode = Literal["livesum", "livemax", "livemin"]
 GAUGE_MODES: dict[str, GaugeMode] = {
     "cognitive_inflight_body_bytes": "livesum",
@@ -454,6 +462,7 @@ GAUGE_MODES: dict[str, GaugeMode] = {
     "cognitive_proxy_info": "livemax",
     "cognitive_limits_degraded": "livemax",
     REDIS_UP: "livemin",
+    OUTBOX_PENDING: "livesum",
     BreakerCollector.NAME: "livemax",
     ThresholdCollector.NAME: "livemax",
 }
@@ -483,6 +492,7 @@ class Metrics:
     policy_reloads: Counter
     review_sink_failures: Counter
     review_dropped: Counter
+    outbox_replica_shortfalls: Counter
     review_console: Counter
     review_queue_evicted: Counter
     cache: Counter
@@ -591,6 +601,19 @@ class Metrics:
             multiprocess_mode=GAUGE_MODES[REDIS_UP],
         )
         gauge.set_function(lambda: 1.0 if up() else 0.0)
+        if self._all_workers is not None:
+            self._live.append((gauge, gauge))
+
+    def watch_outbox(self, pending: Callable[[], int]) -> None:
+        """``cognitive_outbox_pending``: records the Redis outbox holds (only with ``--redis-url``)."""
+        gauge = Gauge(
+            OUTBOX_PENDING,
+            "Records the Redis outbox holds: not yet written, or (--redis-durable-replicas) not yet "
+            "confirmed by the replicas.",
+            registry=self.registry,
+            multiprocess_mode=GAUGE_MODES[OUTBOX_PENDING],
+        )
+        gauge.set_function(lambda: float(pending()))
         if self._all_workers is not None:
             self._live.append((gauge, gauge))
 

@@ -26,6 +26,17 @@ that slot. Exactly once still holds: the writes to one slot go to one master in 
 sequence numbers rise), a write is skipped only when its own slot's mark reached it, and a write to
 another slot never moves that mark. The price is up to 16,384 marks per run instead of one.
 
+Durable (``--redis-durable-replicas N``, ``durable_replicas``): Redis replicates asynchronously,
+so a write its master acknowledged is lost if the master dies before a replica got it. With N > 0
+each batch ends with ``WAIT N REPLICA_WAIT_MS`` on the connection that carried its writes (in a
+cluster one per master the batch wrote to, on that node's pipeline connection), and the batch is
+popped only when every WAIT counted N replicas. Otherwise it stays queued (``on_short``) and is
+resent after the backoff: the scripts skip what the master has, but a skip still refreshes its
+mark's TTL, a write that replicates, so the resend's WAIT covers the original write too (a replica
+applies the stream in order). Writes behind an unconfirmed batch wait, as during an outage. A
+context write's future completes once the master has it (read-your-writes needs no more): no
+request waits for a replica.
+
 Breaker state, limits and stream sessions are not here: they are state, not records (see
 docs/configuration.md, ``--spool-dir``).
 """
@@ -45,10 +56,13 @@ from typing import Any
 
 import orjson
 import structlog
+from redis.cluster import PRIMARY
+from redis.crc import key_slot
 from redis.exceptions import (
     ClusterDownError,
     NoScriptError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     TryAgainError,
@@ -56,6 +70,7 @@ from redis.exceptions import (
 
 from proxy.state.cluster_slots import slot_tag
 from proxy.state.redis_client import RedisOptions, redis_client
+from proxy.state.redis_cluster_client import ClusterUnavailable
 from proxy.state.spool import Spool
 
 log = structlog.get_logger("proxy.outbox")
@@ -65,6 +80,11 @@ DEFAULT_OUTBOX_BOUND = 10_000
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 PING_INTERVAL_S = 1.0
+DURABLE_REPLICAS = 0
+"""``--redis-durable-replicas``'s default: pop a write on its master's answer (no WAIT), as before:
+N > 0 holds every record while a replica is down, a choice for a deployment that runs them."""
+REPLICA_WAIT_MS = 500
+"""How long a batch's WAIT waits for its replicas: under the outbox's command timeout (1 s)."""
 BATCH = 200
 """Writes per pipeline: one round trip each, and one fsync of the spool's offset."""
 MARK_PREFIX = "cogproxy:outbox:"
@@ -80,14 +100,18 @@ that expired stays counted until it is the owner's oldest: the quota then bounds
 
 _ONCE = """
 local mark, seq = KEYS[1], tonumber(ARGV[1])
-if tonumber(redis.call('GET', mark) or '-1') >= seq then return -1 end
+if tonumber(redis.call('GET', mark) or '-1') >= seq then
+  redis.call('EXPIRE', mark, ARGV[2])
+  return -1
+end
 local result = 0
 {body}
 redis.call('SET', mark, seq, 'EX', ARGV[2])
 return result
 """
 """KEYS[1] the run's mark, ARGV[1] the write's sequence number, ARGV[2] the mark's TTL; the
-body's own keys and arguments follow (KEYS[2], ARGV[3])."""
+body's own keys and arguments follow (KEYS[2], ARGV[3]). A skipped write refreshes the mark: a write
+that replicates, for the resend's WAIT (the module docstring, Durable)."""
 _XADD = "redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))"
 _SET = """
 if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
@@ -246,6 +270,8 @@ class RedisOutbox:
         on_drop: Callable[[Write], None] = lambda write: None,
         on_first_failure: Callable[[Write], None] = lambda write: None,
         on_evict: Callable[[int], None] = lambda count: None,
+        durable_replicas: int = DURABLE_REPLICAS,
+        on_short: Callable[[int], None] = lambda acked: None,
     ) -> None:
         self._redis: Any = redis_client(redis, "outbox")
         self._cluster = redis.cluster
@@ -260,6 +286,10 @@ class RedisOutbox:
         self._on_drop = on_drop
         self._on_first_failure = on_first_failure
         self._on_evict = on_evict
+        self._durable_replicas = durable_replicas
+        self._on_short = on_short
+        self._short = False
+        """Whether the last batch's replicas fell short (logged once per episode)."""
         self._reported: set[str] = set()
         """Ids of queued writes whose first failure was reported (bounded by the queue)."""
         self._wake = asyncio.Event()
@@ -334,13 +364,18 @@ class RedisOutbox:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
-            delay = RETRY_MIN_S
             self.failures = 0
+            if self._short:  # the master has the batch, its replicas not yet: resend after the backoff
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = RETRY_MIN_S
 
     async def _send_batch(self) -> None:
         batch = list(islice(self._queue, BATCH))
         if not self._shas:
             self._shas = {name: await self._redis.script_load(lua) for name, lua in SCRIPTS.items()}
+        nodes = await self._masters_of(batch) if self._durable_replicas and self._cluster else []
         async with self._redis.pipeline(transaction=False) as pipe:
             for write in batch:
                 script, keys, args = _call_of(write)
@@ -351,7 +386,17 @@ class RedisOutbox:
                 pipe.execute_command(
                     "EVALSHA", self._shas[script], len(keys) + 1, mark, *keys, seq, MARK_TTL_S, *args
                 )
+            self._queue_waits(pipe, nodes)
             results = await pipe.execute(raise_on_error=False)
+        waits = len(results) - len(batch)
+        acked = self._acked(results[len(batch) :], nodes)
+        results = results[: len(batch)]
+        confirmed = acked >= self._durable_replicas
+        if waits and not confirmed:
+            self._fell_short(acked)
+        elif waits and self._short:
+            log.info("proxy.outbox_replicas_caught_up", replicas=acked, pending=len(self._queue))
+        self._short = bool(waits) and not confirmed
         done: Write | None = None
         count = 0
         outage: Exception | None = None
@@ -364,6 +409,10 @@ class RedisOutbox:
             ):  # this write and the ones behind it are resent (in order) once Redis takes writes
                 outage = result
                 break
+            if not confirmed:  # the master answered: a waiter may read it; the queue keeps it
+                self._settle(write, not isinstance(result, ResponseError))
+                self._answered()
+                continue
             if isinstance(result, ResponseError):  # Redis answered "no" (e.g. the key is not a stream)
                 self._refused(write, result)
             else:
@@ -374,10 +423,66 @@ class RedisOutbox:
         if outage is not None:
             raise outage
 
+    def _queue_waits(self, pipe: Any, nodes: list[Any]) -> None:
+        """The batch's WAITs: one on a single Redis's connection, or one per master in ``nodes``
+        (a cluster pipeline sends each node's commands on one connection, WAIT last)."""
+        if not self._durable_replicas:
+            return
+        wait = ("WAIT", self._durable_replicas, REPLICA_WAIT_MS)
+        if not self._cluster:
+            pipe.execute_command(*wait)
+        for node in nodes:
+            pipe.execute_command(*wait, target_nodes=node)
+
+    async def _masters_of(self, batch: list[Write]) -> list[Any]:
+        """The masters the batch writes to. Each is waited on, whether or not the slot map lists
+        a replica: Redis 7.0 leaves out of ``CLUSTER SLOTS`` a replica it has no offset for yet,
+        and a master truly without one holds its writes, like a single Redis without one."""
+        if self._redis._initialize:  # the slot map is read on first use
+            try:
+                await self._redis.initialize()
+            except RedisClusterException as exc:
+                raise ClusterUnavailable(str(exc)) from exc
+        manager = self._redis.nodes_manager
+        masters: dict[str, Any] = {}
+        for write in batch:
+            shard = manager.slots_cache.get(key_slot(_call_of(write)[1][0].encode()))
+            if shard:  # none: the pipeline finds no node either, and fails the batch (resent)
+                masters.setdefault(shard[0].name, shard[0])
+        return list(masters.values())
+
+    def _acked(self, replies: list[Any], nodes: list[Any]) -> int:
+        """The fewest replicas any WAIT counted (``durable_replicas`` without a WAIT); an error
+        reply counts none. A master whose slots moved meanwhile counts none either: a write
+        redirected to another node was not on the connection its WAIT covered."""
+        counts = [reply if isinstance(reply, int) else 0 for reply in replies]
+        if nodes and any(self._moved(node) for node in nodes):
+            counts.append(0)
+        return min(counts, default=self._durable_replicas)
+
+    def _moved(self, node: Any) -> bool:
+        """Whether the slot map no longer shows ``node`` as a master."""
+        current = self._redis.nodes_manager.nodes_cache.get(node.name)
+        return current is None or current.server_type != PRIMARY
+
+    def _fell_short(self, acked: int) -> None:
+        if not self._short:
+            log.warning(
+                "proxy.outbox_replicas_behind",
+                wanted=self._durable_replicas,
+                acked=acked,
+                pending=len(self._queue),
+                hint="writes kept and resent until the replicas confirm them",
+            )
+        self._on_short(acked)
+
     def _delivered(self, write: Write, result: int) -> None:
         self._settle(self._queue.popleft(), True)
         if result > 0:  # the quota script's evictions
             self._on_evict(result)
+        self._answered()
+
+    def _answered(self) -> None:
         if not self.up:
             log.info("proxy.redis_available", pending=len(self._queue))
         self.up = True

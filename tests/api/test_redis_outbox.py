@@ -89,6 +89,7 @@ async def test_review_records_written_while_redis_is_cut_or_frozen_reach_the_str
     assert down["status"] == "ready" and down["redis_pending_writes"] >= 1
     assert delivered == sent  # every record, once, in order
     assert "cognitive_redis_up 1.0" in scrape and "cognitive_review_dropped_total 0.0" in scrape
+    assert "cognitive_outbox_pending 0.0" in scrape
 
 
 async def test_the_spool_keeps_records_across_a_restart(

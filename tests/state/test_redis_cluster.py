@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from proxy.clients import Caller, ClientIdentity
@@ -24,7 +25,7 @@ from proxy.state.redis_client import RedisOptions, node_url, redis_client
 from proxy.state.redis_store import RedisBreakerStore, breaker_keys
 from proxy.state.store import BreakerState
 from proxy.state.stream_sessions import SessionHub
-from tests.support.polling import eventually
+from tests.support.polling import eventually, wait_sync
 from tests.support.redis_cluster import Cluster, start_cluster
 
 POLICY = LimitsPolicy(
@@ -32,6 +33,7 @@ POLICY = LimitsPolicy(
     teams={"red": LimitSpec(rpm=100, tpm=10_000)},
     global_=LimitSpec(rpm=1000, usd_per_month=100.0),
 )
+DURABLE_S = 15.0
 CALLER = Caller("app-id", ClientIdentity(name="app", team="red"))
 
 
@@ -132,6 +134,47 @@ async def test_outbox_writes_of_every_kind_land_once_in_the_cluster(options: Red
 
 async def _delivered(outbox: RedisOutbox) -> bool:
     return len(outbox) == 0
+
+
+async def test_durable_writes_wait_for_their_masters_replica(cluster: Cluster, options: RedisOptions) -> None:
+    """``durable_replicas=1``: a write to a master whose replica is paused stays queued (WAIT on that
+    master's pipeline connection counts 0), and is popped once the replica has it, once."""
+    stream = "cogproxy:review:durable"
+    master = cluster.master_of(stream)
+    replica = cluster.replica_of(master)
+    shortfalls: list[int] = []
+    outbox = RedisOutbox(options, durable_replicas=1, on_short=shortfalls.append)
+    outbox.start()
+    replica.pause()
+    try:
+        assert outbox.put(StreamWrite(stream, {"n": "0"}, 100))
+        assert outbox.put(KeyWrite("elsewhere:key", "v", 60))  # likely another master: popped with it
+        await eventually(lambda: _shortfalls(shortfalls, 2), "two batches fell short", timeout=DURABLE_S)
+        assert len(outbox) == 2 and set(shortfalls) == {0}
+        assert master.cli("xlen", stream).strip() == "1"
+        replica.resume()
+        await eventually(lambda: _delivered(outbox), "the outbox popped the writes", timeout=DURABLE_S)
+        assert await _replica_xlen(replica.port, stream) == 1  # the replica had it before the pop, once
+    finally:
+        replica.resume()
+        await outbox.aclose()
+        wait_sync(cluster.replicating, "the replica back in sync", timeout=DURABLE_S, step=0.1)
+
+
+async def _replica_xlen(port: int, stream: str) -> int:
+    """A replica's own length of ``stream`` (READONLY: it answers instead of redirecting)."""
+    connection = Connection(port=port)
+    try:
+        await connection.send_command("READONLY")
+        await connection.read_response()
+        await connection.send_command("XLEN", stream)
+        return int(await connection.read_response())
+    finally:
+        await connection.disconnect()
+
+
+async def _shortfalls(seen: list[int], count: int) -> bool:
+    return len(seen) >= count
 
 
 async def test_context_is_written_with_its_quota_and_read_back(options: RedisOptions) -> None:

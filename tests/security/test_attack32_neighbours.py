@@ -81,7 +81,7 @@ def _access_flags(*command: str) -> dict[str, str]:
     for name in command:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[name]
-    own = ("--redis-url", "--redis-limits-timeout")
+    own = ("--redis-url", "--redis-limits-timeout", "--redis-durable-replicas")  # serve's own
     return {
         flag: action.help or ""
         for action in parser._actions

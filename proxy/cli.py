@@ -96,7 +96,7 @@ default media policy)."""
 def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None) -> dict[str, Any]:
     """One module call answered by the offline provider: input check, answer, contract."""
     started = time.perf_counter()
-    error = check_input(module, value, sized=stubbed(value) if module.takes_media else value)
+    error = check_input(module, value, sized=stubbed if module.takes_media else None)
     media: tuple[Media, ...] = ()
     if error is None and module.takes_media:
         prepared = asyncio.run(

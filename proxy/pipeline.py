@@ -645,7 +645,7 @@ async def run_module(call: ModuleRun) -> ModuleAnswer:
 def input_error(module: Module, value: Any, *, schema: bool = True) -> dict[str, Any] | None:
     """The input check of a module call (``_context`` left out of ``value``): the E1xxx envelope
     for a bad input, or None; a media input is sized with its media stubbed."""
-    return check_input(module, value, schema=schema, sized=stubbed(value) if module.takes_media else value)
+    return check_input(module, value, schema=schema, sized=stubbed if module.takes_media else None)
 
 
 async def _checked_input(

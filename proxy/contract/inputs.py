@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,17 +37,17 @@ def estimate_tokens(value: Any) -> int:
     return math.ceil(len(orjson.dumps(value)) / BYTES_PER_TOKEN)
 
 
-_SAME = object()
 
 
 def check_input(
-    module: ModuleContract, value: Any, *, schema: bool = True, sized: Any = _SAME
+    module: ModuleContract, value: Any, *, schema: bool = True, sized: Callable[[Any], Any] | None = None
 ) -> dict[str, Any] | None:
     """The E1xxx error envelope for a bad input, or None when the input may be sent.
 
     E1001 for an input that is not an object or nests deeper than ``MAX_JSON_DEPTH``; E1005 when
-    it exceeds ``max_input_tokens`` (every input form, plain text included; ``sized`` is what is
-    counted when it differs from ``value``: media inputs stubbed, their bytes are no prompt text); then, with
+    it exceeds ``max_input_tokens`` (every input form, plain text included; ``sized`` gives what is
+    counted when it differs from ``value``: media inputs stubbed, their bytes are no prompt text; it
+    is called only on an input that passed the shape checks, so it may walk it); then, with
     ``schema``, the input schema: E1002 when every problem is a missing required field, E1003
     when every problem is a type mismatch, E1001 otherwise.
     """
@@ -65,7 +66,7 @@ def check_input(
         )
     limit = module.runtime.max_input_tokens
     if limit is not None:
-        tokens = estimate_tokens(value if sized is _SAME else sized)
+        tokens = estimate_tokens(value if sized is None else sized(value))
         if tokens > limit:
             return error_envelope(
                 Code.INPUT_TOO_LARGE,

@@ -61,7 +61,12 @@ class Found:
 
 
 def is_media(value: Any) -> bool:
-    return isinstance(value, dict) and FORMS.get(value.get("type")) in value  # type: ignore[arg-type]
+    """A media input: an object whose ``type`` names a form and which carries that form's field
+    (``type`` may be anything a client sent: it is checked to be a string before it is looked up)."""
+    if not isinstance(value, dict):
+        return False
+    kind = value.get("type")
+    return isinstance(kind, str) and FORMS.get(kind) in value
 
 
 def find(value: Any, path: str = "input") -> Iterator[Found]:

@@ -217,3 +217,46 @@ async def test_make_run_demo_answers_image_describer_offline(tmp_path: Path) -> 
     assert golden["meta"]["media_validation"]["validated"][0]["dimensions"] == {"width": 64, "height": 48}
     assert unseen["meta"]["explain"] == DEMO_EXPLAIN and "media_validation" in unseen["meta"]
     assert mismatch["error"]["code"] == "E1014"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["sync", "streamed"])
+@pytest.mark.parametrize(
+    "item",
+    [{"type": {}}, {"type": [1], "data": "x"}, {"type": None}, {"type": 1.5, "url": "x"}],
+    ids=["type an object", "type a list", "type null", "type a number"],
+)
+async def test_an_input_whose_type_is_not_a_string_is_a_400_not_a_crash(
+    fake_upstream: FakeUpstream, tmp_path: Path, item: dict[str, Any], stream: bool
+) -> None:
+    """Found by schemathesis in a fresh-clone run: the media finder looked a ``type`` up in a dict
+    (``TypeError: unhashable``) before the input was checked: a 500 (E4000) on both paths."""
+    body = {**image_input(item), **({"stream": True} if stream else {})}
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream)) as proxy:
+        status, env = await execute(proxy.url, body)
+    assert status == 400 and env["error"]["code"] != "E4000", env
+    assert fake_upstream.requests == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["sync", "streamed"])
+async def test_a_deeply_nested_input_is_a_400_not_a_crash(
+    fake_upstream: FakeUpstream, tmp_path: Path, stream: bool
+) -> None:
+    """The media finder walked the unchecked input recursively: at a depth near the JSON parser's
+    own bound it exhausted the recursion limit, and the connection hung up (no answer). The input's
+    depth is checked before anything walks it."""
+    depth = 1000
+    images = "[" * depth + '"leaf"' + "]" * depth
+    flag = ', "stream": true' if stream else ""
+    raw = f'{{"input": {{"prompt": "What is this?", "images": {images}}}{flag}}}'
+    async with (
+        running_proxy(tmp_path, upstream_policy(fake_upstream)) as proxy,
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy.url}/v1/modules/image-describer/execute",
+            data=raw,
+            headers={"Content-Type": "application/json"},
+        ) as resp,
+    ):
+        status, env = resp.status, await resp.json()
+    assert status == 400 and env["error"]["code"] != "E4000", env
+    assert fake_upstream.requests == []

@@ -28,7 +28,7 @@ from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.conftest import ROOT
-from tests.console.harness import ADMIN, CLIENT, envelope
+from tests.console.harness import ADMIN, CLIENT, envelope, send_to_review_at
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, free_port, proxy_process, upstream_policy
 from tests.support.polling import eventually
@@ -68,22 +68,6 @@ def browser() -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
-
-
-async def _to_review(proxy_url: str, fake: FakeUpstream, answer: dict[str, Any]) -> str:
-    reply = json.dumps(answer)
-    fake.script("cheap", reply)
-    fake.script("strong", reply)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            proxy_url + "/v1/modules/code-reviewer/execute",
-            json={"input": REVIEW_INPUT},
-            headers={"Authorization": f"Bearer {CLIENT}"},
-        ) as resp,
-    ):
-        assert resp.headers["X-Cognitive-Decision"] == "review", await resp.text()
-        return resp.headers["X-Cognitive-Trace-Id"]
 
 
 def _hostile() -> dict[str, Any]:
@@ -134,8 +118,8 @@ async def test_a_reviewer_judges_an_answer_in_the_browser(
         env={"COGPROXY_API_KEYS": CLIENT, "COGPROXY_ADMIN_KEYS": ADMIN, UPSTREAM_KEY_ENV: UPSTREAM_KEY},
     ) as served:
         console = f"http://127.0.0.1:{admin_port}"
-        plain = await _to_review(served.url, fake_upstream, envelope(0.82))
-        hostile = await _to_review(served.url, fake_upstream, _hostile())
+        plain = await send_to_review_at(served.url + "/v1", fake_upstream, envelope(0.82))
+        hostile = await send_to_review_at(served.url + "/v1", fake_upstream, _hostile())
         driver = browser
 
         def browse(step: Any, *args: Any) -> Any:

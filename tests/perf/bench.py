@@ -1244,6 +1244,7 @@ COUNTED_FLAGS = ("--reload-interval", "0")
 per second, not per request (``_idle_rate`` prints it), and would be spread over however many
 requests the loaded machine let through."""
 IDLE_SECONDS = 10
+IDLE_SETTLE_SECONDS = 2
 STREAM_REQUESTS = 32
 STREAM_CONCURRENCY = 4
 
@@ -1339,7 +1340,9 @@ def _stream_instructions(command: list[str], port: int, url: str, tmp: Path, nam
 def _idle_rate(command: list[str], port: int, tmp: Path, name: str) -> float:
     """Instructions per second of ``command`` serving nothing (callgrind)."""
     with _callgrind(command, port, tmp, name) as count:
-        time.sleep(2)
+        # A rate per second is measured over seconds: these are the measurement's windows (start-up's
+        # tail, dropped; then the idle window), not waits for a condition that could be polled.
+        time.sleep(IDLE_SETTLE_SECONDS)
         count()
         time.sleep(IDLE_SECONDS)
         return count() / IDLE_SECONDS

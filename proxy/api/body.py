@@ -11,6 +11,7 @@ from aiohttp import web
 from proxy.api.app_keys import SETTINGS
 from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
+from proxy.jsonshape import MAX_FORWARDED_DEPTH, encodable
 
 # zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -54,6 +55,18 @@ def inflate(request: web.Request, raw: bytes) -> bytes:
             code="invalid_encoding",
         )
     return out
+
+
+def ensure_encodable(body: Any) -> None:
+    """Refuse (400 ``too_deeply_nested``) a decoded body the proxy could not encode again:
+    orjson writes at most ~254 levels, and a body re-encoded for a provider (or answered by the
+    offline one) nested deeper would otherwise be a 500."""
+    if not encodable(body):
+        raise ApiError(
+            400,
+            f"The request body nests more than about {MAX_FORWARDED_DEPTH} levels and cannot be forwarded",
+            code="too_deeply_nested",
+        )
 
 
 def _too_large(limit: int) -> ApiError:

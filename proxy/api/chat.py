@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.api import calls
 from proxy.api.app_keys import METRICS, ROUTER, Runtime, runtime_of
-from proxy.api.body import read_object
+from proxy.api.body import ensure_encodable, read_object
 from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
@@ -27,7 +27,7 @@ from proxy.api.relay_answer import serve
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
-from proxy.jsonshape import MAX_FORWARDED_DEPTH, as_dict, as_list, encodable
+from proxy.jsonshape import as_dict, as_list
 from proxy.observability.metrics import NO_MODULE
 from proxy.observability.tracing import (
     CHAT,
@@ -266,12 +266,7 @@ async def _passthrough(
             code="model_not_found",
             param="model",
         )
-    if not encodable(body):
-        raise ApiError(
-            400,
-            f"The request body nests more than about {MAX_FORWARDED_DEPTH} levels and cannot be forwarded",
-            code="too_deeply_nested",
-        )
+    ensure_encodable(body)
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
     route = _Route(request, runtime, targets, time.monotonic())

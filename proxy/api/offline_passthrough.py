@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.api.body import inflate
+from proxy.api.body import ensure_encodable, inflate
 from proxy.api.errors import ApiError, json_response
 from proxy.policy.model import ProviderConfig
 from proxy.upstream import offline_api
@@ -47,6 +47,7 @@ async def answer_offline(
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(payload, dict):
         raise ApiError(400, "The request body must be a JSON object", code="invalid_json")
+    ensure_encodable(payload)  # the demo answers re-encode parts of it, as a provider would read it
     model = payload.get("model") if isinstance(payload.get("model"), str) else "offline"
     try:
         result = answer(payload, str(model), config)

@@ -125,3 +125,32 @@ async def test_a_gzip_body_to_the_offline_passthrough_is_inflated(tmp_path: Path
         async with session.post(px.base + "/embeddings", data=body, headers=headers) as resp:
             assert resp.status == 200
             assert len((await resp.json())["data"][0]["embedding"]) == 1536
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/embeddings", "input"),
+        ("/moderations", "input"),
+        ("/responses", "input"),
+        ("/embeddings", "metadata"),
+        ("/responses", "metadata"),
+    ],
+)
+async def test_a_body_too_deep_to_encode_is_a_400_from_the_offline_passthrough(
+    path: str, field: str, tmp_path: Path
+) -> None:
+    """The offline provider re-encodes parts of the body (token counts, texts to embed), and orjson
+    writes at most ~254 levels: a body nested deeper was a 500 (found probing `make run`); it is the
+    caller's 400 with the chat passthrough's code, and a body just under the limit still answers."""
+    async with running_proxy(tmp_path, demo_policy()) as px, aiohttp.ClientSession() as session:
+        for depth, status in ((200, 200), (600, 400), (1000, 400)):
+            nested = "[" * depth + '"cat"' + "]" * depth
+            body = f'{{"model": "text-embedding-3-small", "input": "cat", "{field}": {nested}}}'
+            headers = {"Content-Type": "application/json"}
+            async with session.post(px.base + path, data=body, headers=headers) as resp:
+                answer = await resp.json()
+                assert resp.status == status, (depth, answer)
+                if status == 400:
+                    assert answer["error"]["code"] == "too_deeply_nested"
+                    assert "nests more than about 250 levels" in answer["error"]["message"]

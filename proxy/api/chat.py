@@ -33,9 +33,11 @@ from proxy.observability.tracing import (
     CHAT,
     AttemptSpan,
     Attributes,
+    HeldSpan,
     active,
     request_attributes,
     response_attributes,
+    streamed_attributes,
 )
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import ANY_MODEL, Policy, Target
@@ -299,10 +301,11 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     request, policy = route.request, route.runtime.policy
     timeouts, record = policy.timeouts, request[RECORD_KEY]
     asked = time.perf_counter()
+    held = None if active() is None else HeldSpan()  # traced: the attempt's span lasts the stream
     try:
         opened = await route(
             partial(_open_stream, body=body, ctx=ctx),
-            span=CHAT if active() is None else AttemptSpan(attributes=request_attributes(body)),
+            span=CHAT if held is None else AttemptSpan(attributes=request_attributes(body), held=held),
         )
     except RungFailed as exc:
         return failed_call(exc)
@@ -319,8 +322,9 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
         }
     )
     streaming_since = time.perf_counter()
+    broke: BaseException | str | None = None
     try:
-        await serve(
+        end = await serve(
             request,
             response,
             opened.target,
@@ -330,12 +334,19 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
             idle_s=timeouts.idle_s,
             until=None if timeouts.stream_total_s is None else route.started + timeouts.stream_total_s,
         )
+        broke = end.reason
+    except BaseException as exc:
+        broke = exc
+        raise
     finally:
         await stream.chunks.aclose()
         stream.check.flush()  # the usage sniffer gets its bytes from the check's batches
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
         await route.account(opened.target, stream.usage.usage, time.perf_counter() - streaming_since)
+        if held is not None:
+            attributes = streamed_attributes(stream.head, stream.check.finish_reasons(), stream.usage.usage)
+            held.end(attributes, broke)
     return response
 
 

@@ -15,6 +15,7 @@ No prompt, completion, media or context content is recorded unless ``Tracing.con
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -200,6 +201,30 @@ class AttemptSpan:
     describe: Callable[[Any], Attributes] | None = None
     """Attributes of a successful attempt's value (the passthrough's status code)."""
     attributes: Attributes = field(default_factory=dict)
+    held: HeldSpan | None = None
+    """A streamed attempt: a successful attempt's span is left open, handed to ``held``, and
+    ended by the caller when the stream does (with what only the end knows)."""
+
+
+@dataclass(slots=True)
+class HeldSpan:
+    """A streamed attempt's client span, kept open from the first chunk to the stream's end."""
+
+    span: trace.Span | None = None
+
+    def end(self, attributes: Attributes, error: BaseException | str | None = None) -> None:
+        """Record ``attributes`` and end the span, once; ``error``: the stream broke (what broke
+        it, or the reason it ended incomplete: ``truncated``, ``stalled``, ...)."""
+        span, self.span = self.span, None
+        if span is None:
+            return
+        span.set_attributes(attributes)
+        if isinstance(error, BaseException):
+            failed(span, error)
+        elif error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
 
 
 CHAT = AttemptSpan()
@@ -241,7 +266,7 @@ async def traced_attempt(
     span = tracing.tracer.start_span(
         attempt_name(spec, model or ""), kind=SpanKind.CLIENT, attributes=attributes
     )
-    with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
         try:
             value = await awaitable
         except BaseException as exc:
@@ -251,10 +276,15 @@ async def traced_attempt(
             if isinstance(status, int):
                 span.set_attribute("http.response.status_code", status)
             span.set_status(Status(StatusCode.ERROR))
+            span.end()
             raise
         if spec.describe is not None:
             span.set_attributes(spec.describe(value))
-        return value
+    if spec.held is not None:
+        spec.held.span = span
+    else:
+        span.end()
+    return value
 
 
 BREAKER_STATES = {"closed": "closed", "trial": "half_open"}
@@ -327,6 +357,24 @@ def request_attributes(body: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[name] = kind(value)
     return out
+
+
+def streamed_attributes(head: bytes, finish_reasons: list[str], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """A streamed chat completion's model and id (read from its first chunk's bytes ``head``),
+    finish reasons and usage, as ``response_attributes`` names them; only when traced."""
+    first: Any = {}
+    line = head.partition(b"\n")[0].strip() if head.startswith(b"data: ") else b""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        first = orjson.loads(line[6:]) if line else {}
+    first = first if isinstance(first, dict) else {}
+    return response_attributes(
+        {
+            "model": first.get("model"),
+            "id": first.get("id"),
+            "choices": [{"finish_reason": reason} for reason in finish_reasons],
+            "usage": dict(usage),
+        }
+    )
 
 
 def response_attributes(reply: Mapping[str, Any]) -> dict[str, Any]:

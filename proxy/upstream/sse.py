@@ -238,6 +238,13 @@ class StreamCheck:
         self._judge(last=True)
         return self.complete or (self.wire == "chat" and _choices_finished(b"".join(self._tail)))
 
+    def finish_reasons(self) -> list[str]:
+        """The finish reasons of a chat stream's choices, by index, as its last events (the final
+        one or two batches) name them; read once, at the end (a trace's attributes)."""
+        self._judge(last=True)
+        finished = _choices(b"".join(self._tail))[1]
+        return [finished[index] for index in sorted(finished)]
+
 
 def _json_values(array: bytes, count: int) -> bool:
     """``array`` is a JSON array of ``count`` values. Events that are not JSON each but join into
@@ -250,8 +257,14 @@ def _json_values(array: bytes, count: int) -> bool:
 
 def _choices_finished(events: bytes) -> bool:
     """Every choice named in these chat events has a ``finish_reason`` (and there is one)."""
+    opened, finished = _choices(events)
+    return bool(opened) and opened <= finished.keys()
+
+
+def _choices(events: bytes) -> tuple[set[int], dict[int, str]]:
+    """The choice indexes these chat events name, and the finish reason each one ended with."""
     opened: set[int] = set()
-    finished: set[int] = set()
+    finished: dict[int, str] = {}
     for _, data in parse_sse(events)[0]:
         try:
             chunk: Any = orjson.loads(data)
@@ -262,6 +275,7 @@ def _choices_finished(events: bytes) -> bool:
             index = choice.get("index", 0) if isinstance(choice, dict) else None
             if isinstance(index, int):
                 opened.add(index)
-                if choice.get("finish_reason"):
-                    finished.add(index)
-    return bool(opened) and opened <= finished
+                reason = choice.get("finish_reason")
+                if reason:
+                    finished[index] = reason if isinstance(reason, str) else str(reason)
+    return opened, finished

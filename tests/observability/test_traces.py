@@ -221,6 +221,71 @@ async def test_a_chat_passthrough_failover_is_a_client_span_per_attempt_with_the
     assert "error.type" not in answered.attributes
 
 
+async def test_a_streamed_chat_passthrough_client_span_lasts_the_stream_and_carries_the_answers_attributes(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A streamed chat passthrough through the openai SDK: its client span stays open to the
+    stream's end, so it carries what only the end knows - the finish reasons and the usage the
+    client was billed - beside the model and id of the first chunk (it used to end at the first
+    chunk with none of them)."""
+    fake_upstream.script("cheap", "hello there, streamed")
+    async with otlp_receiver() as rx:
+        policy = _policy_file(tmp_path, fake_upstream)
+        async with proxy_process("--policy", str(policy), "--otlp-endpoint", rx.url, env=_env()) as served:
+            client = openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="k", max_retries=0)
+            try:
+                stream = await client.chat.completions.create(
+                    model="fast",
+                    messages=[{"role": "user", "content": "hi"}],
+                    temperature=0.5,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                chunks = [c async for c in stream]
+            finally:
+                await client.close()
+            await rx.wait_for("the streamed attempt", lambda s: bool(_by_name(s, "chat cheap")))
+    usage = next(c.usage for c in chunks if c.usage is not None)
+    finishes = [choice.finish_reason for c in chunks for choice in c.choices if choice.finish_reason]
+    streamed = _one(rx.spans, "chat cheap")
+    assert streamed.attributes == {
+        **streamed.attributes,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.temperature": 0.5,
+        "gen_ai.response.model": chunks[0].model,
+        "gen_ai.response.id": chunks[0].id,
+        "gen_ai.response.finish_reasons": finishes,
+        "gen_ai.usage.input_tokens": usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": usage.completion_tokens,
+    }
+    assert finishes == ["stop"] and "error.type" not in streamed.attributes
+    assert streamed.status_code != 2  # not ERROR
+
+
+async def test_a_streamed_chat_passthrough_cut_short_ends_its_client_span_as_an_error(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """A stream that ends without its end marker after its first chunk (the client got the SSE
+    error event): the held client span ends with ``error.type`` the reason, status ERROR."""
+    fake_upstream.script("cheap", Fault.truncate(2))
+    async with otlp_receiver() as rx:
+        policy = _policy_file(tmp_path, fake_upstream)
+        async with proxy_process("--policy", str(policy), "--otlp-endpoint", rx.url, env=_env()) as served:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    served.url + "/v1/chat/completions",
+                    json={"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                ) as resp,
+            ):
+                text = await resp.text()
+            assert resp.status == 200 and "truncated" in text
+            await rx.wait_for("the streamed attempt", lambda s: bool(_by_name(s, "chat cheap")))
+    streamed = _one(rx.spans, "chat cheap")
+    assert streamed.attributes["error.type"] == "truncated" and streamed.status_code == 2
+    assert streamed.attributes["gen_ai.response.model"] == "cheap"
+
+
 async def test_passthrough_gets_a_server_span_and_a_client_span_per_attempt(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:

@@ -166,8 +166,10 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     shadow = app[SHADOW] = ShadowJudge(metrics, limiter)
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
-    streams = ReviewStreams(settings.redis) if settings.redis and settings.serves_console else None
-    if streams is not None:  # the console reads the review stream when the policy's sink is it
+    # The console reads the review stream when the policy's sink is it; every replica closes an
+    # item there when a verdict on it comes through POST /v1/feedback, console or not.
+    streams = ReviewStreams(settings.redis) if settings.redis else None
+    if streams is not None:
         app[REVIEW_STREAMS] = streams
     yield
     await shadow.aclose()  # before the stores and the limiter it writes to

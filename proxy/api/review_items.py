@@ -10,7 +10,8 @@ from proxy.state.review_queue import MemoryItems, ReviewItems
 
 def review_items(request: web.Request) -> ReviewItems | None:
     """The policy's Redis review stream when that is its sink and the proxy has ``--redis-url``
-    (every replica's items), else this process's queue; None where no console is served."""
+    (every replica's items: any replica closes one on a verdict), else this process's console
+    queue; None where there is neither."""
     review = runtime_of(request).policy.review
     if review.sink == "redis-stream" and REVIEW_STREAMS in request.app:
         return request.app[REVIEW_STREAMS].items(review.stream)

@@ -183,6 +183,32 @@ async def test_a_verdict_through_the_feedback_endpoint_closes_the_stream_item(
         assert trace_id in closed and "POST /v1/feedback" in closed
 
 
+async def test_a_verdict_sent_to_a_replica_that_serves_no_console_closes_the_stream_item(
+    fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any
+) -> None:
+    """Only some replicas serve the console (an admin listener); a client sends its verdict to
+    any. A replica without one answered the call and takes the verdict: the item leaves the
+    queue the console shows (it stayed pending there, to be judged twice)."""
+    async with reviewers_of_two_proxies(tmp_path, fake_upstream) as (_, _, reviewer):
+        policy = tmp_path / "policy.yaml"
+        async with proxy_process(
+            "--policy", str(policy), "--redis-url", redis_url(15), "--api-keys", CLIENT,
+            env={UPSTREAM_KEY_ENV: UPSTREAM_KEY},
+        ) as api_only:  # fmt: skip
+            trace_id = await send_to_review_at(api_only.url + "/v1", fake_upstream)
+            path = await listed(reviewer, trace_id)
+            async with aiohttp.ClientSession() as s:
+                resp = await s.post(
+                    api_only.url + "/v1/feedback",
+                    json={"trace_id": trace_id, "verdict": "correct"},
+                    headers={"Authorization": f"Bearer {CLIENT}"},
+                )
+                assert resp.status == 200, await resp.text()
+        assert (await reviewer.page(path))[0] == 404
+        _, closed = await reviewer.page("/review/?decision=correct")
+        assert trace_id in closed and "POST /v1/feedback" in closed
+
+
 async def test_a_stream_item_whose_verdict_cannot_be_recorded_is_pending_again(
     fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any
 ) -> None:

@@ -70,6 +70,12 @@ def error_upper_bound(errors: int, n: int, delta: float) -> float:
     return beta_ppf(1 - delta, errors + 1, n - errors)
 
 
+def bound_at_most(errors: int, n: int, delta: float, epsilon: float) -> bool:
+    """Whether ``error_upper_bound(errors, n, delta) <= epsilon``, read off the distribution
+    rather than its quantile: one evaluation of the incomplete beta instead of a bisection."""
+    return errors < n and beta_cdf(epsilon, errors + 1, n - errors) >= 1 - delta
+
+
 def error_lower_bound(errors: int, n: int, delta: float) -> float:
     if errors <= 0:
         return 0.0

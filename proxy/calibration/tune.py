@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.calibration.bounds import beta_cdf, error_upper_bound
+from proxy.calibration.bounds import bound_at_most, error_upper_bound
 
 GRID = tuple(round(1 - i / 100, 2) for i in range(101))
 """Candidate thresholds, strict to loose (the order of the fixed sequence)."""
@@ -96,8 +96,7 @@ def tune(verdicts: Sequence[Verdict], target_accuracy: float, delta: float) -> T
     for threshold, n, errors in _counts(verdicts):
         if n < floor:
             continue
-        # bound <= epsilon, read off the distribution rather than its quantile (one evaluation)
-        if errors < n and beta_cdf(epsilon, errors + 1, n - errors) >= 1 - delta:
+        if bound_at_most(errors, n, delta, epsilon):
             if chosen is None or n > chosen[1]:  # no looser than the answers seen: no extrapolation
                 chosen = (threshold, n, errors)
         else:
@@ -114,9 +113,11 @@ def more_needed(verdicts: Sequence[Verdict], target_accuracy: float, delta: floa
     epsilon, total = 1 - target_accuracy, len(verdicts)
     floor = first_tested(target_accuracy, delta)
     best: int | None = None
+    seen: set[tuple[int, int]] = set()
     for _, n, errors in _counts(verdicts):
-        if n == 0 or errors / n >= epsilon:
+        if n == 0 or errors / n >= epsilon or (n, errors) in seen:
             continue
+        seen.add((n, errors))  # neighbouring thresholds often accept the same answers
         needed = _sample_size(errors / n, epsilon, delta)
         if needed is None:
             continue
@@ -129,7 +130,7 @@ def _sample_size(rate: float, epsilon: float, delta: float) -> int | None:
     """The least n whose bound, at ``rate * n`` errors, is at most ``epsilon``."""
 
     def passes(n: int) -> bool:
-        return error_upper_bound(math.floor(rate * n), n, delta) <= epsilon
+        return bound_at_most(math.floor(rate * n), n, delta, epsilon)
 
     high = 1
     while not passes(high):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from proxy.calibration.bounds import beta_cdf, beta_ppf, clopper_pearson, error_upper_bound
+from proxy.calibration.bounds import beta_cdf, beta_ppf, bound_at_most, clopper_pearson, error_upper_bound
 
 
 def binomial_tail(n: int, k: int, p: float) -> float:
@@ -52,3 +52,17 @@ def test_the_one_sided_error_bound() -> None:
     assert error_upper_bound(3, 3, 0.05) == 1.0
     assert error_upper_bound(0, 0, 0.05) == 1.0  # nothing accepted: nothing known
     assert error_upper_bound(5, 20, 0.025) == pytest.approx(0.4910459, abs=5e-7)
+
+
+def test_bound_at_most_agrees_with_the_bound_it_stands_for() -> None:
+    """``bound_at_most`` (one incomplete-beta evaluation) answers as comparing the bisected
+    Clopper-Pearson bound would, away from the bisection's own precision."""
+    for n in (1, 5, 30, 181, 1000):
+        for errors in range(0, n + 1, max(1, n // 7)):
+            for delta in (0.01, 0.05, 0.2):
+                bound = error_upper_bound(errors, n, delta)
+                for epsilon in (0.01, 0.05, 0.1, 0.3):
+                    if abs(bound - epsilon) > 1e-9:
+                        assert bound_at_most(errors, n, delta, epsilon) == (bound <= epsilon), (
+                            errors, n, delta, epsilon
+                        )

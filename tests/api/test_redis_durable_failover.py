@@ -106,9 +106,10 @@ class Shard:
         master = cluster.master_of(NAMESPACE.key("probe"))
         return cls(master, cluster.replica_of(master), next(keys_on(cluster, master, "cognitive:review:")))
 
-    def node(self, node: Node) -> Any:
-        """A client of ``node`` alone (it answers for the slots it serves)."""
-        return aioredis.Redis(host="127.0.0.1", port=node.port, decode_responses=True)
+
+def client_of(node: Node) -> Any:
+    """A client of ``node`` alone (it answers for the slots it serves)."""
+    return aioredis.Redis(host="127.0.0.1", port=node.port, decode_responses=True)
 
 
 @asynccontextmanager
@@ -174,6 +175,19 @@ async def shortfalls(session: aiohttp.ClientSession, served: ServedProcess) -> f
     return await metric(session, served, "cognitive_outbox_replica_shortfalls_total")
 
 
+async def emptied(session: aiohttp.ClientSession, served: ServedProcess, what: str) -> None:
+    """Wait until ``served``'s outbox holds nothing."""
+    await eventually(
+        lambda: pending(session, served), what, ready=lambda n: n == 0, timeout=DELIVERY_TIMEOUT_S
+    )
+
+
+async def fell_short(session: aiohttp.ClientSession, served: ServedProcess) -> None:
+    """Wait until a batch of ``served``'s outbox was not confirmed by the replica (and kept)."""
+    what = "a batch the replica did not confirm"
+    await eventually(lambda: shortfalls(session, served), what, timeout=DELIVERY_TIMEOUT_S)
+
+
 async def promoted(cluster: Cluster, shard: Shard) -> None:
     """Wait until the killed master's replica serves its slots."""
     await until(cluster.healthy, "the replica promoted", timeout=FAILOVER_TIMEOUT_S, step=0.1)
@@ -188,7 +202,7 @@ async def test_records_confirmed_by_the_replica_survive_their_masters_kill(
     and every confirmed record is on the replica that took over, with nothing left to resend."""
     script_answers(fake_upstream)
     shard = Shard.of_the_context_slot(redis_cluster)
-    master, replica = shard.node(shard.master), shard.node(shard.replica)
+    master, replica = client_of(shard.master), client_of(shard.replica)
     async with (
         proxy_on(tmp_path, "durable", redis_cluster, shard, fake_upstream, *DURABLE) as durable,
         aiohttp.ClientSession() as session,
@@ -196,16 +210,11 @@ async def test_records_confirmed_by_the_replica_survive_their_masters_kill(
         try:
             redis_cluster.pause(shard.replica)
             records = await call(session, durable, redis_cluster, shard, "confirmed")
-            await eventually(lambda: shortfalls(session, durable), "a batch the replica did not confirm")
+            await fell_short(session, durable)
             held = await pending(session, durable)
             on_master = await all_on(master, records, shard.stream)
             redis_cluster.resume()
-            await eventually(
-                lambda: pending(session, durable),
-                "the replica's confirmation (the outbox empty)",
-                ready=lambda count: count == 0,
-                timeout=DELIVERY_TIMEOUT_S,
-            )
+            await emptied(session, durable, "the replica's confirmation (the outbox empty)")
             redis_cluster.kill(shard.master)
             await promoted(redis_cluster, shard)
             on_new_master = await records.found_on(replica, shard.stream)
@@ -230,7 +239,7 @@ async def test_without_the_flag_a_write_the_master_acknowledged_is_lost_with_it(
     new master (and stay held: it has no replica left to confirm them)."""
     script_answers(fake_upstream)
     shard = Shard.of_the_context_slot(redis_cluster)
-    master, replica = shard.node(shard.master), shard.node(shard.replica)
+    master, replica = client_of(shard.master), client_of(shard.replica)
     async with (
         proxy_on(tmp_path, "plain", redis_cluster, shard, fake_upstream) as plain,
         proxy_on(tmp_path, "durable", redis_cluster, shard, fake_upstream, *DURABLE) as durable,
@@ -241,10 +250,8 @@ async def test_without_the_flag_a_write_the_master_acknowledged_is_lost_with_it(
             await stall_replication(master, NAMESPACE.key("filler"))
             lost = await call(session, plain, redis_cluster, shard, "plain")
             kept = await call(session, durable, redis_cluster, shard, "durable")
-            await eventually(
-                lambda: pending(session, plain), "the plain proxy's pops", ready=lambda n: n == 0
-            )
-            await eventually(lambda: shortfalls(session, durable), "a batch the replica did not confirm")
+            await emptied(session, plain, "the plain proxy's pops on the master's answer")
+            await fell_short(session, durable)
             acknowledged = [await all_on(master, records, shard.stream) for records in (lost, kept)]
             held = await pending(session, durable)
             redis_cluster.kill(shard.master)

@@ -39,6 +39,13 @@ a module call with limits, cache and context, and a context session call, with R
 the benchmark's own ``redis-server`` behind a relay adding +0 ms and +5 ms per round trip; each as
 a difference from Redis off in the same run, and issue #32's goals at +5 ms.
 
+``--stream-copy`` runs only the stream-recovery copy section (also in the full run, after the Redis
+paths; no wrk; the load of ``tests/state/test_stream_mirror.py``, from ``tests/support/stream_copy.py``):
+16 concurrent module streams through one in-process ``SessionHub`` copying to the benchmark's own
+``redis-server``, directly and through a relay process adding +0 ms and +5 ms per round trip; per
+row, the share of the sessions whole in Redis within 1 s and 2 s of their last chunk (the test's
+goal: >= 99% within 1 s on loopback, 2 s at +5 ms) and the lag's p50 and p99.
+
 ``--limits`` runs only the limit-check micro-benchmark (no wrk; the benchmark's own
 ``redis-server`` on a free loopback port): p50 of one request's limit check
 (client + team + global windows, requests and tokens, day and month budgets) in memory and in
@@ -87,6 +94,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -865,6 +873,63 @@ def limits_bench() -> None:
     asyncio.run(_limits_bench())
 
 
+STREAM_COPY_DB = 12
+STREAM_COPY_ANSWERS = 8
+"""Answers per stream: 16 x 8 = 128 sessions per row."""
+STREAM_COPY_STEP_S = 0.005
+STREAM_COPY_GIVE_UP_S = 10.0
+STREAM_COPY_WINDOWS_S = (1.0, 2.0)
+
+
+def _lag_ms(lags: list[float | None], q: float) -> str:
+    """The ``q``-th percentile of ``lags`` in ms; a session never whole counts as past the last."""
+    ordered = sorted(math.inf if lag is None else lag for lag in lags)
+    value = ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+    return f">{STREAM_COPY_GIVE_UP_S:g} s" if math.isinf(value) else f"{value * 1000:.1f}"
+
+
+def stream_copy_bench() -> None:
+    """``--stream-copy``: the stream-recovery copy at 16 concurrent module streams (#32 item 2),
+    the test's load (``tests/support/stream_copy.py``), Redis direct, and through a relay process
+    adding +0 ms and +5 ms per round trip (``tests/redis_relay.py``)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf.redis_paths import relay
+    from tests.support.redis_db import fresh_db
+    from tests.support.redis_server import redis_port, redis_url
+    from tests.support.stream_copy import STREAMS, copy_lags, share_within
+
+    async def row(url: str) -> list[float | None]:
+        async with fresh_db(STREAM_COPY_DB) as store:
+            return await copy_lags(
+                url, store, STREAM_COPY_GIVE_UP_S, answers=STREAM_COPY_ANSWERS, step=STREAM_COPY_STEP_S
+            )
+
+    sessions = STREAMS * STREAM_COPY_ANSWERS
+    print(
+        f"stream-recovery copy: {STREAMS} concurrent module streams x {STREAM_COPY_ANSWERS} answers "
+        f"({sessions} sessions a row); lag = last chunk to whole in Redis, looked for every "
+        f"{STREAM_COPY_STEP_S * 1000:g} ms"
+    )
+    windows = "".join(f"{f'within {w:g} s':>12}" for w in STREAM_COPY_WINDOWS_S)
+    print(f"{'Redis':<18}{windows}{'lag p50 ms':>12}{'lag p99 ms':>12}")
+    cells: list[tuple[str, float | None]] = [
+        ("+0 ms (direct)", None),
+        ("+0 ms (relay)", 0.0),
+        ("+5 ms (relay)", 5.0),
+    ]
+    for label, delay_ms in cells:
+        with contextlib.ExitStack() as stack:
+            if delay_ms is None:
+                url = redis_url(STREAM_COPY_DB)
+            else:
+                url = (
+                    f"redis://127.0.0.1:{stack.enter_context(relay(redis_port(), delay_ms))}/{STREAM_COPY_DB}"
+                )
+            lags = asyncio.run(row(url))
+        shares = "".join(f"{share_within(lags, w):>12.1%}" for w in STREAM_COPY_WINDOWS_S)
+        print(f"{label:<18}{shares}{_lag_ms(lags, 50):>12}{_lag_ms(lags, 99):>12}")
+
+
 def composition_bench(repeat: int = 3_000) -> None:
     """Composition overhead per step: a 3-step sequential composite (mapping, a condition on
     meta, merge) against the same 3 module calls made directly, through an instant in-process
@@ -1510,6 +1575,11 @@ def main() -> int:
     parser.add_argument(
         "--retries", action="store_true", help="only the success rate at 30%% 503s (repeated runs)"
     )
+    parser.add_argument(
+        "--stream-copy",
+        action="store_true",
+        help="only the stream-recovery copy: 16 streams, share in Redis within 1 s / 2 s, lag (no wrk)",
+    )
     parser.add_argument("--compose", action="store_true", help="only the composition-overhead section")
     parser.add_argument(
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
@@ -1548,6 +1618,9 @@ def main() -> int:
         return 0
     if args.redis_paths:
         redis_paths_bench()
+        return 0
+    if args.stream_copy:
+        stream_copy_bench()
         return 0
     if args.feedback:
         feedback_bench()
@@ -1618,6 +1691,7 @@ def main() -> int:
             context_bench(tmpdir, up_port)
             shadow_bench(tmpdir, up_port)
             redis_paths_bench()
+            stream_copy_bench()
             composition_bench()
             parse_bench()
             limits_bench()

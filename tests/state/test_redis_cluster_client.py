@@ -59,21 +59,27 @@ def tls_options(cluster: Cluster) -> RedisOptions:
 async def test_every_node_of_a_tls_cluster_is_reached_with_the_files_and_one_ssl_context(
     tls_cluster: Cluster,
 ) -> None:
+    """redis-py builds an ``ssl.SSLContext`` per connection (the system CA store loaded each time);
+    the proxy's clients, of every purpose, share one for every node, the discovered ones too."""
     assert tls_cluster.url.startswith("rediss+cluster://")
-    client: Any = redis_client(tls_options(tls_cluster), "limits")
+    options = tls_options(tls_cluster)
+    client: Any = redis_client(options, "limits")
+    other: Any = redis_client(options, "outbox")
     try:
         keys = [f"{{tag{i}}}:k" for i in range(30)]  # slots on every master
         for key in keys:
             await client.set(key, "v")
         assert [await client.get(key) for key in keys] == [b"v"] * len(keys)
+        assert await other.get(keys[0]) == "v"
         masters = {tls_cluster.master_of(key).port for key in keys}
-        connections = [c for node in client.get_nodes() for c in node._connections]
+        connections = [c for each in (client, other) for node in each.get_nodes() for c in node._connections]
     finally:
         await client.aclose()
+        await other.aclose()
     assert len(masters) == 3 and len({c.port for c in connections}) >= 3
     assert all(isinstance(c, SharedTlsConnection) for c in connections)
     contexts = {id(c.ssl_context.get()) for c in connections}
-    assert len(contexts) == 1, "every node's connections share one SSL context"
+    assert len(contexts) == 1, "every client's connections to every node share one SSL context"
 
 
 async def test_a_tls_cluster_refuses_a_client_without_its_certificate(tls_cluster: Cluster) -> None:

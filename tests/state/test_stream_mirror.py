@@ -3,76 +3,27 @@ the issue's window after their last chunk, and when the copy falls behind anyway
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from proxy.state.redis_client import RedisOptions
 from proxy.state.stream_sessions import Session, SessionHub
-from proxy.stream.chunks import delta_chunk, final_chunk
+from proxy.stream.chunks import delta_chunk
 from tests.redis_relay import RedisRelay
-from tests.support.polling import eventually, settled, until
+from tests.support.polling import eventually, until
 from tests.support.redis_db import fresh_db
+from tests.support.stream_copy import copy_lags, share_within, whole_in_redis
 
 REDIS_DB = 8
 """This module's own database of the suite's Redis (emptied before and after)."""
-STREAMS = 16
-ANSWERS_PER_STREAM = 4
-CHUNKS = 240
-"""Deltas of one answer: a few hundred tokens, one delta each."""
-BURST = 6
-BURST_GAP_S = 0.02
-"""A model streams ~300 tokens/s, read a few tokens per TCP read: the producer appends
-``BURST`` deltas at once, then waits for the next read (the rate being simulated, not a wait
-for something to happen)."""
 GOAL_SHARE = 0.99
 
 
-async def _answer(hub: SessionHub) -> Session:
-    session = hub.create("sk-a", "m")
-    text = ""
-    for seq in range(1, CHUNKS + 1):
-        text += "tok "
-        session.append(delta_chunk(seq, "data.rationale", "tok ", text))
-        if seq % BURST == 0:
-            await asyncio.sleep(BURST_GAP_S)
-    session.append(final_chunk(CHUNKS + 1, {"ok": True, "meta": {}, "data": {"rationale": text}}, {}, {}))
-    session.finish()
-    return session
-
-
-async def _whole_in_redis(store: Any, session: Session) -> bool:
-    info = f"cogproxy:stream:{session.id}:info"
-    done, count = await store.hmget(info, ["done", "count"])
-    stored = await store.llen(f"cogproxy:stream:{session.id}:events")
-    return bool(done == b"1" and count == str(len(session.events)).encode() and stored == len(session.events))
-
-
-async def _reached_redis_in_time(store: Any, session: Session, window_s: float) -> bool:
-    """Whether the session is whole in Redis within ``window_s`` of its last chunk."""
-    return await settled(lambda: _whole_in_redis(store, session), timeout=window_s, step=0.02)
-
-
 async def _share_complete_in_time(url: str, window_s: float) -> float:
-    """16 concurrent streams answering ``ANSWERS_PER_STREAM`` times each through one hub; the
-    share of their sessions whole in Redis within ``window_s`` of their last chunk."""
-    hub = SessionHub(ttl_s=60, max_bytes=1 << 30, redis=RedisOptions(url))
-    checks: list[asyncio.Task[bool]] = []
-
-    async def stream(store: Any) -> None:
-        for _ in range(ANSWERS_PER_STREAM):
-            session = await _answer(hub)
-            checks.append(asyncio.ensure_future(_reached_redis_in_time(store, session, window_s)))
-
+    """16 concurrent streams answering 4 times each through one hub; the share of their sessions
+    whole in Redis within ``window_s`` of their last chunk (tests/support/stream_copy.py)."""
     async with fresh_db(REDIS_DB) as store:
-        try:
-            await asyncio.gather(*(stream(store) for _ in range(STREAMS)))
-            reached = await asyncio.gather(*checks)
-        finally:
-            await hub.aclose()
-    return sum(reached) / len(reached)
+        return share_within(await copy_lags(url, store, window_s), window_s)
 
 
 async def test_sixteen_concurrent_streams_reach_a_loopback_redis_within_a_second() -> None:
@@ -140,4 +91,4 @@ async def test_a_copy_that_falls_behind_is_counted_and_logged_once_per_episode(r
 
 
 async def _all_whole(store: aioredis.Redis, sessions: list[Session]) -> bool:
-    return all([await _whole_in_redis(store, s) for s in sessions])
+    return all([await whole_in_redis(store, s) for s in sessions])

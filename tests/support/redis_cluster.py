@@ -184,6 +184,11 @@ class Cluster:
         self.paused += shard
         return shard
 
+    def pause(self, node: Node) -> None:
+        """SIGSTOP ``node`` (a replica, say) until :meth:`resume`; the others stay up."""
+        node.pause()
+        self.paused.append(node)
+
     def pause_all(self) -> None:
         """SIGSTOP every live node: no node answers (connections open, then time out)."""
         shard = self.live()

@@ -57,6 +57,9 @@ MAX_PENDING = 32
 """Judgements waiting (queued, not yet running) at most; past it a sampled answer is dropped."""
 IDLE_BOUND = 0
 """Client requests in flight at most for the judge to take a step: none."""
+QUIET_S = 0.002
+"""And for that long none arrived: a client that sends its next request as soon as it has an
+answer finds the loop free (the judge's step would otherwise start in that gap)."""
 SHADOW_CALLER = Caller(SHADOW, ClientIdentity(SHADOW))
 _FRACTION = 2**64
 
@@ -123,6 +126,8 @@ class ClientActivity:
     def __init__(self) -> None:
         self.watching = False
         self.in_flight = 0
+        self.entered = 0
+        """Requests counted so far (``idle`` compares it across its quiet period)."""
         self.waiting = 0
         """Coroutines waiting in ``idle`` (a test reads it)."""
         self._idle = asyncio.Event()
@@ -131,6 +136,7 @@ class ClientActivity:
         task = asyncio.current_task()
         if task is not None:
             self.in_flight += 1
+            self.entered += 1
             task.add_done_callback(self._left)
 
     def _left(self, _task: object) -> None:
@@ -143,15 +149,20 @@ class ClientActivity:
         return self.in_flight > IDLE_BOUND
 
     async def idle(self) -> None:
-        """Return once no client request is in flight (at once when none is). The caller's next
-        synchronous step runs before any other task: nothing can start in between."""
-        while self.in_flight > IDLE_BOUND:
-            self._idle.clear()
-            self.waiting += 1
-            try:
-                await self._idle.wait()
-            finally:
-                self.waiting -= 1
+        """Return once no client request has been in flight for ``QUIET_S``. The caller's next
+        synchronous step runs before any other task: no request starts in between."""
+        self.waiting += 1
+        try:
+            while True:
+                while self.in_flight > IDLE_BOUND:
+                    self._idle.clear()
+                    await self._idle.wait()
+                seen = self.entered
+                await asyncio.sleep(QUIET_S)
+                if self.in_flight <= IDLE_BOUND and self.entered == seen:
+                    return
+        finally:
+            self.waiting -= 1
 
 
 ProvidersOf = Callable[[Policy], Mapping[str, Provider]]

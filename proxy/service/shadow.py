@@ -47,6 +47,7 @@ from proxy.policy.model import Policy, Target
 from proxy.service.instrument import record_cost, record_shadow_vs_human, record_verdict, total_tokens
 from proxy.state.feedback import SHADOW_SOURCE, AnswerRecord, FeedbackStore, with_verdict
 from proxy.upstream.base import Provider
+from proxy.upstream.router import Router
 
 if TYPE_CHECKING:
     from proxy.service.module_call import ModuleCall, Services
@@ -171,9 +172,19 @@ ProvidersOf = Callable[[Policy], Mapping[str, Provider]]
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    run: ModuleRun
+    """What a judgement needs, kept as the client's call left it: the judge's run is built when
+    the judgement starts, never on the client's path."""
+
     module: Module
+    value: Any
+    """The client's input."""
+    check_input: bool
     policy: Policy
+    providers: Mapping[str, Provider]
+    """The runtime's (the judge's own pool's replace them when the app gives a factory)."""
+    router: Router
+    judge: int
+    """The judge rung's index."""
     data: Any
     """The client's answer's ``data``."""
     record: AnswerRecord
@@ -200,6 +211,7 @@ class ShadowJudge:
         self._closed = False
         self._limits: tuple[Policy, LimitsPolicy] | None = None
         self._providers: tuple[Policy, Mapping[str, Provider]] | None = None
+        self._judged_by: tuple[Policy, dict[tuple[str, int], Policy]] | None = None
         self.started = 0
         """Judgements started (a test reads it)."""
 
@@ -218,23 +230,44 @@ class ShadowJudge:
         if judge is None or record is None or not sampled(record.trace_id, policy.feedback.shadow.rate):
             return
         self.activity.watching = True
-        run = ModuleRun(
-            module,
-            call.value,
-            judge_policy(policy, module, judge),
-            self._providers_for(policy, call.runtime.providers),
-            services.router,
-            trace_id=record.trace_id,
-            check_input=call.check_input,
-            top_rung=judge,
-            before_check=self.activity.idle,
-        )
-        job = _Job(run, module, policy, answer.envelope.get("data"), record, services.feedback)
+        if len(self._queue) >= MAX_PENDING:  # full already: nothing kept for it
+            self._metrics.shadow_skipped.labels("busy").inc()
+            return
+        runtime = call.runtime
+        data = answer.envelope.get("data")
+        job = _Job(
+            module, call.value, call.check_input, policy, runtime.providers, services.router, judge, data,
+            record, services.feedback,
+        )  # fmt: skip
         task = asyncio.current_task()
         if task is None:
             self._enqueue(job)
         else:
             task.add_done_callback(lambda _: self._enqueue(job))
+
+    def _run_of(self, job: _Job) -> ModuleRun:
+        """The judge's module call for ``job``: the judge rung's answer, taken whatever it says."""
+        return ModuleRun(
+            job.module,
+            job.value,
+            self._judge_policy(job),
+            self._providers_for(job.policy, job.providers),
+            job.router,
+            trace_id=job.record.trace_id,
+            check_input=job.check_input,
+            top_rung=job.judge,
+            before_check=self.activity.idle,
+        )
+
+    def _judge_policy(self, job: _Job) -> Policy:
+        """``judge_policy`` of the job's, built once per policy, module and judge rung."""
+        if self._judged_by is None or self._judged_by[0] is not job.policy:
+            self._judged_by = (job.policy, {})
+        key = (job.module.name, job.judge)
+        built = self._judged_by[1].get(key)
+        if built is None:
+            built = self._judged_by[1][key] = judge_policy(job.policy, job.module, job.judge)
+        return built
 
     def _providers_for(self, policy: Policy, runtime: Mapping[str, Provider]) -> Mapping[str, Provider]:
         """The judge's clients for ``policy``, built once per policy (the runtime's without a factory)."""
@@ -290,7 +323,7 @@ class ShadowJudge:
         if admission.over_budget is not None:
             metrics.shadow_skipped.labels("over_budget").inc()
             return
-        answer = await run_module(job.run)
+        answer = await run_module(self._run_of(job))
         tokens = self._spent(job.policy, answer)
         await self._limiter.settle(admission, tokens, answer.cost.usd)
         envelope = answer.envelope

@@ -47,6 +47,7 @@ def probed(build: Callable[..., Any], out: Path) -> Callable[..., Any]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout this file is in
     from proxy import cli
 
     cli.build_app = probed(cli.build_app, Path(sys.argv[1]))  # type: ignore[attr-defined]

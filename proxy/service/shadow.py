@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -56,11 +57,10 @@ log = structlog.get_logger("proxy.shadow")
 
 MAX_PENDING = 32
 """Judgements waiting (queued, not yet running) at most; past it a sampled answer is dropped."""
-IDLE_BOUND = 0
-"""Client requests in flight at most for the judge to take a step: none."""
 QUIET_S = 0.002
-"""And for that long none arrived: a client that sends its next request as soon as it has an
-answer finds the loop free (the judge's step would otherwise start in that gap)."""
+"""The judge takes a step once no client request has been in flight for that long: a client that
+sends its next request as soon as it has an answer finds the loop free (the judge's step would
+otherwise start in that gap)."""
 SHADOW_CALLER = Caller(SHADOW, ClientIdentity(SHADOW))
 _FRACTION = 2**64
 
@@ -124,44 +124,41 @@ class ClientActivity:
     that never judges pays one attribute read per request); the count drops when the request's
     task ends, after its response is written."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.watching = False
         self.in_flight = 0
-        self.entered = 0
-        """Requests counted so far (``idle`` compares it across its quiet period)."""
+        self.quiet_since = 0.0
+        """When the last request in flight ended (``clock``)."""
         self.waiting = 0
         """Coroutines waiting in ``idle`` (a test reads it)."""
-        self._idle = asyncio.Event()
+        self._clock = clock
 
     def enter(self) -> None:
         task = asyncio.current_task()
         if task is not None:
             self.in_flight += 1
-            self.entered += 1
             task.add_done_callback(self._left)
 
     def _left(self, _task: object) -> None:
         self.in_flight -= 1
-        if self.in_flight <= IDLE_BOUND:
-            self._idle.set()
+        if not self.in_flight:
+            self.quiet_since = self._clock()
 
-    @property
-    def busy(self) -> bool:
-        return self.in_flight > IDLE_BOUND
+    def until_quiet(self) -> float:
+        """Seconds until no client request will have been in flight for ``QUIET_S`` (0: now), if
+        none starts meanwhile."""
+        if self.in_flight:
+            return QUIET_S
+        return max(0.0, self.quiet_since + QUIET_S - self._clock())
 
     async def idle(self) -> None:
-        """Return once no client request has been in flight for ``QUIET_S``. The caller's next
-        synchronous step runs before any other task: no request starts in between."""
+        """Return once no client request has been in flight for ``QUIET_S``. It looks again at
+        most every ``QUIET_S`` (never woken per request), and the caller's next synchronous step
+        runs before any other task: no request starts in between."""
         self.waiting += 1
         try:
-            while True:
-                while self.in_flight > IDLE_BOUND:
-                    self._idle.clear()
-                    await self._idle.wait()
-                seen = self.entered
-                await asyncio.sleep(QUIET_S)
-                if self.in_flight <= IDLE_BOUND and self.entered == seen:
-                    return
+            while (wait := self.until_quiet()) > 0:
+                await asyncio.sleep(wait)
         finally:
             self.waiting -= 1
 

@@ -10,8 +10,11 @@ instead: ``cognitive_shadow_human_agreement_total``).
 Yielding to clients, by construction: a sampled answer is queued only once its request's task
 has ended (aiohttp runs each request in a task of its own, which ends after the response is
 written); one judgement runs at a time, and it starts, and parses and checks its answer
-(``ModuleRun.before_check``) and compares, only while no client request is in flight in the
-process (``ClientActivity``, counted by the edge). The judge asks the providers through its own
+(``ModuleRun.before_check``) and compares, only once no client request has been in flight in the
+process for ``QUIET_S`` (``ClientActivity``, counted by the edge). What is left: a request that
+arrives during one of those steps waits for that step (a fraction of one module call's work), and
+the judge's reply is read from its socket (and JSON-decoded by the provider client) when it comes.
+The judge asks the providers through its own
 connection pool (``providers``: a pool of one connection), so it never holds a client's slot; its
 verdict reaches Redis through the outbox, in the background.
 

@@ -14,8 +14,10 @@ from proxy import __version__
 from proxy.api import limits, routes, streaming
 from proxy.api.access import Route
 from proxy.api.app_keys import (
+    CLIENT_ACTIVITY,
     CONTEXT_STORE,
     FEEDBACK,
+    JUDGE_SESSION,
     METRICS,
     OUTBOX,
     REDACT_NAMES,
@@ -48,7 +50,7 @@ from proxy.reload import RELOADER, Reloader
 from proxy.review import QueueingSink, RedisStreamSink, build_sink
 from proxy.server import SERVER_OPTIONS, EdgeRunner, probe_guard, settle_heap
 from proxy.service.instrument import MetricsObserver
-from proxy.service.shadow import ShadowJudge
+from proxy.service.shadow import ClientActivity, ShadowJudge
 from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
@@ -99,17 +101,28 @@ def load_runtime(
     return Runtime(policy, registry, build_providers(policy, session), sink)
 
 
-async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    connector = aiohttp.TCPConnector(limit=settings.pool_size, keepalive_timeout=30)
+JUDGE_POOL_SIZE = 1
+"""Connections the shadow judge's own pool holds at most: it runs one judgement at a time."""
+
+
+def _provider_session(pool_size: int) -> aiohttp.ClientSession:
     # The session never inflates (passthrough relays the upstream's bytes), so providers are asked
     # for identity; a passthrough request carries the client's own Accept-Encoding instead.
-    async with upstream_session(
-        connector=connector,
+    return upstream_session(
+        connector=aiohttp.TCPConnector(limit=pool_size, keepalive_timeout=30),
         auto_decompress=False,
         headers={"Accept-Encoding": "identity", "User-Agent": USER_AGENT},
-    ) as session:
+    )
+
+
+async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The providers' connection pool, and the shadow judge's own (no connection until it judges)."""
+    async with (
+        _provider_session(app[SETTINGS].pool_size) as session,
+        _provider_session(JUDGE_POOL_SIZE) as judge,
+    ):
         app[SESSION] = session
+        app[JUDGE_SESSION] = judge
         yield
 
 
@@ -163,7 +176,10 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
         feedback_store = RedisFeedbackStore(settings.redis, outbox, on_capped=metrics.feedback_capped.inc)
         context = RedisContextStore(settings.redis, outbox)
     app[FEEDBACK] = feedback_store
-    shadow = app[SHADOW] = ShadowJudge(metrics, limiter)
+    judge_session = app[JUDGE_SESSION]
+    shadow = app[SHADOW] = ShadowJudge(
+        metrics, limiter, app[CLIENT_ACTIVITY], lambda policy: build_providers(policy, judge_session)
+    )
     app[CONTEXT_STORE] = context
     app[REDACT_NAMES] = NameMatcher(settings.context_redact_names)
     # The console reads the review stream when the policy's sink is it; every replica closes an
@@ -308,6 +324,7 @@ def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web
     app.on_response_prepare.append(_on_response_prepare)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
+    app[CLIENT_ACTIVITY] = ClientActivity()
     app[METRICS] = Metrics(multiprocess=settings.shares_port)
     app[METRICS].info.labels(__version__).set(1)
     budget = app[BUDGET] = BodyBudget(settings.max_inflight_body_bytes)

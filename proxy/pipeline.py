@@ -292,6 +292,9 @@ class ModuleRun:
     input_checked: bool = False
     """True when the caller ran ``input_error`` on this input already (a stream does, before it
     opens, so that a bad input keeps its 400): the pipeline does not run it again."""
+    before_check: Callable[[], Awaitable[None]] | None = None
+    """Awaited after a provider answered and before its answer is parsed and checked, outside
+    the attempt's timeout: the shadow judge waits there until no client request is in flight."""
 
 
 def _reject(
@@ -844,6 +847,9 @@ async def _with_reasks(run: _Ladder, routed: Asked, rung_name: str) -> tuple[Ask
     the answer fails it; a re-ask the provider cannot answer keeps the last failed result."""
     module, listener = run.call.module, run.call.listener
     reply, text = routed.value
+    wait = run.call.before_check
+    if wait is not None:
+        await wait()
     result = await _contract(reply, text, module)
     for _ in range(run.thresholds.reask):
         if result.passed:
@@ -858,6 +864,8 @@ async def _with_reasks(run: _Ladder, routed: Asked, rung_name: str) -> tuple[Ask
             run.failures += exc.failures
             break
         routed, (reply, text) = again, again.value
+        if wait is not None:
+            await wait()
         result = await _contract(reply, text, module)
     return routed, result
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from proxy.policy.loader import parse_policy
-from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore
+from proxy.state.feedback import KEY_PREFIX, AnswerRecord, RedisFeedbackStore, pack_path
 from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_client import RedisOptions
 from tests.calibration.test_tune import overconfident
@@ -138,12 +138,62 @@ async def test_simulate_matches_a_hand_computation(module: str, tmp_path: Path) 
     assert "candidate                 1        1     1.000     0.025..1.000" in table.stdout
 
 
+def stepped(record: AnswerRecord, risk: str, *earlier: tuple[str, float, str]) -> AnswerRecord:
+    """``record`` with its risk and the rungs its call went through before it."""
+    return dataclasses.replace(record, risk=risk, path=pack_path(earlier))
+
+
+async def test_simulate_replays_risk_and_earlier_rungs_as_computed_by_hand(
+    module: str, tmp_path: Path
+) -> None:
+    """exec tier: max_risk low, exhausted reject; the candidate's min_confidence 0.8; p/big's call
+    0.0175 USD (1000 in, 250 out at 10/30), p/small's unpriced."""
+    await store(
+        [
+            # p/small 0.85 low now passes: accepted there, the p/big call saved (-0.0175)
+            stepped(answer(module, 1, "p/big", 0.9, "escalated", True), "low", ("p/small", 0.85, "low")),
+            # p/small's medium risk still escalates; p/big accepts as before
+            stepped(answer(module, 2, "p/big", 0.95, "escalated", False), "low", ("p/small", 0.85, "medium")),
+            # accepted at medium risk then; escalates now (+0.0175)
+            stepped(answer(module, 3, "p/small", 0.9, "accept", True), "medium"),
+            # p/small escalates (0.5), p/big's high risk on the top rung: rejected now
+            stepped(answer(module, 4, "p/big", 0.85, "escalated", True), "high", ("p/small", 0.5, "low")),
+            # a record of 0.4: no risk, no path; 0.82 on p/small still accepted
+            dataclasses.replace(answer(module, 5, "p/small", 0.82, "accept", True), path=None),
+            # 0.7 < 0.8: escalates now (+0.0175)
+            stepped(answer(module, 6, "p/small", 0.7, "accept", False), "low"),
+        ]
+    )
+    candidate = write_policy(tmp_path, {**PRICED, "modules": {module: {"min_confidence": 0.8}}})
+    done = cogproxy("simulate", "--policy", candidate, "--from", REDIS_URL, "--module", module, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["answers"], result["without_risk"], result["without_path"]) == (6, 1, 1)
+    assert (result["with_earlier_rungs"], result["accepted_lower_rung"], result["changed"]) == (3, 1, 4)
+    assert result["changes"] == [
+        {"from": "accept", "to": "accept_lower", "answers": 1},
+        {"from": "accept", "to": "escalate", "answers": 2},
+        {"from": "accept", "to": "reject", "answers": 1},
+    ]
+    assert result["cost_delta_usd"] == pytest.approx((2 - 1) * (1000 * 10 + 250 * 30) / 1e6)
+    stored, new = result["accepted_accuracy"]["stored"], result["accepted_accuracy"]["candidate"]
+    assert (stored["accepted"], stored["correct"], new["accepted"], new["correct"]) == (6, 4, 2, 1)
+    table = cogproxy("simulate", "--policy", candidate, "--from", REDIS_URL, "--module", module)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert "1 stored no risk (older records): decided on confidence alone" in lines
+    assert "3 went through earlier rungs the candidate decides again" in lines
+    assert any(line.startswith("accept -> accept (lower rung)") and line.endswith(" 1") for line in lines)
+    assert any(line.startswith("1 accepted on a lower rung: that answer was never judged") for line in lines)
+
+
 def test_unreadable_sources_and_bad_arguments_are_reported(tmp_path: Path) -> None:
     policy = write_policy(tmp_path, PRICED)
     down = cogproxy("simulate", "--policy", policy, "--from", "redis://127.0.0.1:9/0")
     assert down.returncode == 2 and down.stderr.startswith("error: Redis at"), down.stderr
     prometheus = cogproxy("simulate", "--policy", policy, "--from", "http://127.0.0.1:9")
-    assert prometheus.returncode == 2 and "simulate replays answers stored in Redis" in prometheus.stderr
+    assert prometheus.returncode == 2 and prometheus.stderr.count("\n") == 1  # one line, saying why
+    assert "only the Redis records keep; Prometheus keeps counts per confidence bin" in prometheus.stderr
     unreachable = cogproxy(
         "tune", "--policy", policy, "--from", "http://127.0.0.1:9", "--target-accuracy", "0.8"
     )

@@ -7,6 +7,7 @@ change to it fails these tests rather than silently following it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -18,15 +19,16 @@ import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.api.app_keys import FEEDBACK, SHADOW
+from proxy.api.app_keys import CLIENT_ACTIVITY, FEEDBACK, SHADOW
 from proxy.clients import ANONYMOUS
+from proxy.service.shadow import MAX_PENDING
 from proxy.state.feedback import scan_records
 from proxy.state.redis_client import RedisOptions
 from tests.api.test_modules import REVIEW_INPUT, envelope
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, proxy_process, upstream_policy
-from tests.support.polling import eventually
+from tests.support.polling import eventually, until
 from tests.support.redis_server import redis_url
 
 JUDGED = "code-reviewer"
@@ -129,7 +131,7 @@ async def test_rate_zero_judges_nothing(proxy_with: ProxyWith, fake_upstream: Fa
     async with proxy_with(shadow_policy(fake_upstream, rate=0.0)) as px, aiohttp.ClientSession() as session:
         for i in range(5):
             assert (await execute(session, px, f"rate-zero-{i}"))[0] == 200
-        assert px.app[SHADOW].pending == 0  # a judgement is scheduled before the answer is sent
+        assert px.app[SHADOW].pending == 0  # nothing was queued for the judge
         assert fake_upstream.count(model="strong") == 0
 
 
@@ -212,6 +214,86 @@ async def test_the_client_answer_is_identical_and_never_waits_for_the_judge(
         # shutdown cancelled the held judgement cleanly: nothing pending, nothing recorded
         assert px.app[SHADOW].pending == 0
         gate.release()
+
+
+async def passthrough(session: aiohttp.ClientSession, px: RunningProxy) -> int:
+    """A chat call the proxy relays to the fake (``anth/claude-x``): a client request of another kind."""
+    body = {"model": "claude", "messages": [{"role": "user", "content": "hi"}]}
+    async with session.post(px.base + "/chat/completions", json=body) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_the_judge_never_starts_while_a_client_request_is_in_flight(
+    proxy_with: ProxyWith, fake_upstream: FakeUpstream
+) -> None:
+    """A passthrough call held at the upstream is in flight; module calls answered meanwhile are
+    queued for the judge, which starts none of them (each answer is a full request through the
+    loop: an ungated judge would have started after the first) until the held call is answered."""
+    fake_upstream.set_default_reply("cheap", envelope(0.9))
+    fake_upstream.set_default_reply("strong", envelope(0.95))
+    async with proxy_with(shadow_policy(fake_upstream, rate=1.0)) as px, aiohttp.ClientSession() as session:
+        judge, activity = px.app[SHADOW], px.app[CLIENT_ACTIVITY]
+        assert (await execute(session, px, "warm"))[0] == 200  # the judge now watches the clients
+        await eventually(lambda: judged(session, px, "agree"), "the first judgement", ready=lambda v: v == 1)
+        gate = fake_upstream.hold(model="claude-x")
+        held = asyncio.create_task(passthrough(session, px))
+        await eventually(gate.reached.wait, "the passthrough call held at the upstream")
+        for i in range(3):
+            assert (await execute(session, px, f"in-flight-{i}"))[0] == 200
+        await until(lambda: judge.pending == 3, "three judgements queued")
+        assert (judge.started, activity.in_flight) == (1, 1)
+        assert fake_upstream.count(model="strong") == 1
+        gate.release()
+        assert await held == 200
+        await eventually(lambda: judged(session, px, "agree"), "the queue judged", ready=lambda v: v == 4)
+        assert fake_upstream.count(model="strong") == 4
+
+
+async def test_the_judge_checks_its_answer_only_while_no_client_request_is_in_flight(
+    proxy_with: ProxyWith, fake_upstream: FakeUpstream
+) -> None:
+    """The judge's answer arrives while a client call is held: it is parsed, checked and compared
+    only once that call is answered (``ModuleRun.before_check``)."""
+    fake_upstream.set_default_reply("cheap", envelope(0.9))
+    fake_upstream.set_default_reply("strong", envelope(0.95))
+    async with proxy_with(shadow_policy(fake_upstream, rate=1.0)) as px, aiohttp.ClientSession() as session:
+        activity = px.app[CLIENT_ACTIVITY]
+        at_judge = fake_upstream.hold(model="strong")
+        assert (await execute(session, px, "judged-late"))[0] == 200
+        await eventually(at_judge.reached.wait, "the judge's call held at the upstream")
+        at_client = fake_upstream.hold(model="claude-x")
+        held = asyncio.create_task(passthrough(session, px))
+        await eventually(at_client.reached.wait, "the client's call held at the upstream")
+        at_judge.release()
+        await until(lambda: activity.waiting == 1, "the judge's answer waiting")
+        assert await judged(session, px, "agree") == 0
+        at_client.release()
+        assert await held == 200
+        await eventually(lambda: judged(session, px, "agree"), "the judgement", ready=lambda v: v == 1)
+
+
+async def test_a_full_queue_drops_sampled_answers_and_counts_them(
+    proxy_with: ProxyWith, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.set_default_reply("cheap", envelope(0.9))
+    fake_upstream.set_default_reply("strong", envelope(0.95))
+    async with proxy_with(shadow_policy(fake_upstream, rate=1.0)) as px, aiohttp.ClientSession() as session:
+        assert (await execute(session, px, "first"))[0] == 200
+        await eventually(lambda: judged(session, px, "agree"), "the first judgement", ready=lambda v: v == 1)
+        gate = fake_upstream.hold(model="claude-x")
+        held = asyncio.create_task(passthrough(session, px))
+        await eventually(gate.reached.wait, "the passthrough call held at the upstream")
+        for i in range(MAX_PENDING + 2):
+            assert (await execute(session, px, f"queued-{i}"))[0] == 200
+        busy = "cognitive_shadow_skipped_total"
+        await eventually(lambda: value(session, px, busy, reason="busy"), "two drops", ready=lambda v: v == 2)
+        assert px.app[SHADOW].pending == MAX_PENDING
+        gate.release()
+        assert await held == 200
+        await eventually(
+            lambda: judged(session, px, "agree"), "the queue judged", ready=lambda v: v == MAX_PENDING + 1
+        )
 
 
 async def test_shadow_verdicts_land_in_redis_for_calibration(

@@ -12,7 +12,7 @@ from proxy.context.store import ContextStore
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.service.runtime import Runtime as Runtime
-from proxy.service.shadow import ShadowJudge
+from proxy.service.shadow import ClientActivity, ShadowJudge
 from proxy.settings import Settings
 from proxy.state.feedback import FeedbackStore
 from proxy.state.outbox import RedisOutbox
@@ -37,6 +37,10 @@ FEEDBACK = web.AppKey("feedback", FeedbackStore)
 """Module answers remembered for ``POST /v1/feedback`` (memory, or Redis with ``--redis-url``)."""
 SHADOW = web.AppKey("shadow", ShadowJudge)
 """The background judge of ``feedback.shadow`` (idle while the policy does not enable it)."""
+CLIENT_ACTIVITY = web.AppKey("client_activity", ClientActivity)
+"""Client requests in flight, counted by the edge middleware while the shadow judge watches."""
+JUDGE_SESSION = web.AppKey("judge_session", aiohttp.ClientSession)
+"""The shadow judge's own connection pool (``JUDGE_POOL_SIZE``): never a client's slot."""
 OUTBOX = web.AppKey("outbox", RedisOutbox)
 """Set only with ``--redis-url``."""
 CONTEXT_STORE = web.AppKey("context_store", ContextStore)

@@ -20,7 +20,7 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope, route_of_request
-from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS, TRACING
+from proxy.api.app_keys import CLIENT_ACTIVITY, METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_browser
 from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
@@ -182,6 +182,9 @@ async def _observed(
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
     canonical log line per request (quiet for the probe routes: polled every few seconds)."""
     started = time.perf_counter()
+    activity = request.app[CLIENT_ACTIVITY]
+    if activity.watching:  # the shadow judge waits for no client request in flight
+        activity.enter()
     record = RequestRecord()
     request[RECORD_KEY] = record
     status = 500

@@ -66,7 +66,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         dest="source",
         required=True,
         metavar="URL",
-        help="the Redis the proxy stores answers in (redis://); for tune also a Prometheus (http://)",
+        help="the Redis the proxy stores answers in (redis://); for tune also a Prometheus (http://): "
+        "simulate needs the answers themselves, which Prometheus does not keep",
     )
     p.add_argument("--module", default=None, help="only this module's answers")
     add_access_flags(p)  # a managed Redis's TLS files and ACL user, as `calibration` and `serve` take them
@@ -94,6 +95,11 @@ def _probability(text: str) -> float:
     return value
 
 
+PER_ANSWER_ONLY = (
+    "simulate replays answers stored in Redis (redis://): it decides each answer again on its own "
+    "confidence, risk and earlier rungs, which only the Redis records keep; Prometheus keeps counts "
+    "per confidence bin (what tune reads), not answers"
+)
 SOURCE_UNREADABLE = 2
 """Exit status when the verdicts cannot be read (as ``calibration report`` and ``fit``)."""
 
@@ -108,7 +114,7 @@ def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
         return PolicyError.EXIT_STATUS
     prometheus = args.source.startswith(("http://", "https://"))
     if prometheus and not getattr(args, "reads_prometheus", False):
-        print("error: --from: simulate replays answers stored in Redis (redis://)", file=sys.stderr)
+        print(f"error: --from: {PER_ANSWER_ONLY}", file=sys.stderr)
         return SOURCE_UNREADABLE
     try:
         if prometheus:

@@ -3,8 +3,10 @@
 ``cogproxy policy tune`` and ``cogproxy policy simulate`` both read the judged answers the proxy
 stored and ask the same questions of each: which rung answered it (the first rung listing its
 target), what confidence the policy decides on (its ``calibration:`` map of the reported one),
-and what the pure ``decide()`` makes of it. The store keeps no token counts, so an escalation is
-priced as one more call on the next rung at ``Usage`` tokens (flags of both commands).
+and what the pure ``decide()`` makes of it, the stored risk included. ``simulate`` also replays
+the rungs a call went through before the one that answered (``AnswerRecord.path``), where the
+record kept them. The store keeps no token counts, so a call is priced at ``Usage`` tokens (flags
+of both commands).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from dataclasses import dataclass
 
 from proxy.policy.decide import Meta, decide
 from proxy.policy.model import Policy
-from proxy.state.feedback import AnswerRecord
+from proxy.state.feedback import AnswerRecord, path_steps
 
 TOKENS_IN = 1000
 TOKENS_OUT = 250
 """Tokens an escalation's extra call is priced at unless told (the store keeps no usage)."""
 KNOWN_RISK = "none"
-"""The risk decided on when the store kept none (Redis keeps no risk): the confidence gate alone."""
+"""The risk decided on when the record kept none (0.4 stored no risk): the confidence gate alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,33 +53,6 @@ def escalation_usd(policy: Policy, rung: int, usage: Usage) -> float:
     return call_usd(policy, str(policy.ladder[rung + 1].targets[0]), usage)
 
 
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """One stored answer under a policy."""
-
-    record: AnswerRecord
-    rung: int
-    calibrated: float
-    action: str
-    """accept, escalate, review or reject."""
-
-    @property
-    def correct(self) -> bool:
-        return self.record.verdict == "correct"
-
-    @property
-    def target(self) -> str:
-        return f"{self.record.provider}/{self.record.model}"
-
-
-def replay(policy: Policy, record: AnswerRecord, rung: int) -> Replayed:
-    target = f"{record.provider}/{record.model}"
-    calibrated = policy.calibrate(target, record.confidence)
-    thresholds = policy.thresholds_for(record.module, record.tier)
-    meta = Meta(calibrated, record.risk or KNOWN_RISK)
-    return Replayed(record, rung, calibrated, decide(thresholds, meta, rung, len(policy.ladder)).action)
-
-
 def stored_action(record: AnswerRecord) -> str:
     """The decision stored, as an action: an answer accepted after escalating was accepted."""
     return "accept" if record.decision in ("accept", "escalated") else record.decision
@@ -100,3 +75,52 @@ def place(policy: Policy, records: Sequence[AnswerRecord]) -> Placed:
         else:
             placed.append((r, rung))
     return Placed(placed, unplaced)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One rung's stored answer: its target, reported confidence and risk ("" unknown)."""
+
+    target: str
+    confidence: float
+    risk: str
+
+
+ACCEPT_LOWER = "accept_lower"
+"""The candidate's action when it accepts the answer of a rung below the one that answered: that
+answer was never judged (the verdict is the final answer's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Walked:
+    """A stored call replayed under a policy, rung by stored rung."""
+
+    action: str
+    """accept, accept_lower, escalate (past the last stored rung), review or reject."""
+    calls_saved: tuple[str, ...] = ()
+    """Targets of the stored calls the candidate would not make (it decided on an earlier rung)."""
+    earlier: bool = False
+    """The record kept earlier rungs the policy places below the answer's (decided first)."""
+
+
+def walk(policy: Policy, record: AnswerRecord, rung: int) -> Walked:
+    """Decide ``record``'s stored rungs in order under ``policy``: the earlier rungs of its path
+    (those on a rung of ``policy`` below the next stored one), then the answer itself on ``rung``.
+    The first decision that is not an escalation to the next stored rung is the candidate's."""
+    final = Step(f"{record.provider}/{record.model}", record.confidence, record.risk)
+    steps = [Step(*s) for s in path_steps(record.path) or ()] + [final]
+    placed = [(step, rung_of(policy, step.target)) for step in steps[:-1]] + [(final, rung)]
+    chain: list[tuple[Step, int]] = []
+    for step, at in reversed(placed):  # from the answer down: each earlier rung strictly below
+        if at is not None and (not chain or at < chain[0][1]):
+            chain.insert(0, (step, at))
+    thresholds = policy.thresholds_for(record.module, record.tier)
+    for index, (step, at) in enumerate(chain):
+        meta = Meta(policy.calibrate(step.target, step.confidence), step.risk or KNOWN_RISK)
+        action = decide(thresholds, meta, at, len(policy.ladder)).action
+        last = index == len(chain) - 1
+        if action == "escalate" and not last:
+            continue
+        saved = tuple(later.target for later, _ in chain[index + 1 :])
+        return Walked(ACCEPT_LOWER if action == "accept" and not last else action, saved, len(chain) > 1)
+    raise AssertionError("a chain ends with the answer itself")

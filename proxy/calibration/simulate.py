@@ -2,7 +2,11 @@
 
 ``policy explain`` answers "what happens to this one call"; this answers "what happens to the
 traffic the verdicts came from": the decisions that change, the cost of the escalations gained
-or lost, and the accuracy of the answers the candidate accepts with its exact 95% interval.
+or lost, and the accuracy of the answers the candidate accepts with its exact 95% interval. The
+stored risk is decided on, and the rungs a call went through before its answer are decided
+again where the record kept them (``replay.walk``); records of 0.4 kept neither, and are counted.
+An answer of a lower rung the candidate would accept was never judged: it is counted apart, out
+of the accuracy.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.calibration.bounds import clopper_pearson
-from proxy.calibration.replay import Usage, escalation_usd, place, replay, stored_action
+from proxy.calibration.replay import ACCEPT_LOWER, Usage, call_usd, escalation_usd, place, stored_action, walk
 from proxy.policy.model import Policy
 from proxy.state.feedback import AnswerRecord
 
@@ -36,6 +40,14 @@ class Simulation:
     answers: int = 0
     unplaced: int = 0
     """Answers of targets the candidate's ladder does not list (left out)."""
+    without_risk: int = 0
+    """Answers whose record kept no risk (0.4's): decided on their confidence alone."""
+    without_path: int = 0
+    """Answers whose record kept no path (0.4's): only the rung that answered is replayed."""
+    with_earlier: int = 0
+    """Answers whose record kept at least one earlier rung the candidate places below it."""
+    accepted_lower: int = 0
+    """Answers the candidate accepts on an earlier rung: their correctness is unknown."""
     changes: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(stored action, candidate action) -> answers, changed ones only."""
     cost_delta_usd: float = 0.0
@@ -47,6 +59,10 @@ class Simulation:
         return {
             "answers": self.answers,
             "unplaced": self.unplaced,
+            "without_risk": self.without_risk,
+            "without_path": self.without_path,
+            "with_earlier_rungs": self.with_earlier,
+            "accepted_lower_rung": self.accepted_lower,
             "changed": sum(self.changes.values()),
             "changes": [{"from": a, "to": b, "answers": n} for (a, b), n in sorted(self.changes.items())],
             "cost_delta_usd": round(self.cost_delta_usd, 6),
@@ -76,13 +92,19 @@ def simulate(candidate: Policy, records: Sequence[AnswerRecord], usage: Usage) -
     out = Simulation(answers=len(placed.records), unplaced=len(placed.unplaced))
     before, after = [], []
     for record, rung in placed.records:
-        then, now = stored_action(record), replay(candidate, record, rung)
+        out.without_risk += not record.risk
+        out.without_path += record.path is None
+        then, now = stored_action(record), walk(candidate, record, rung)
+        out.with_earlier += now.earlier
+        out.accepted_lower += now.action == ACCEPT_LOWER
         if then != now.action:
             out.changes[(then, now.action)] += 1
-            extra = escalation_usd(candidate, rung, usage)
-            out.cost_delta_usd += extra * ((now.action == "escalate") - (then == "escalate"))
-        before.append((then == "accept", now.correct))
-        after.append((now.action == "accept", now.correct))
+        if now.action == "escalate":  # one more call on the next rung
+            out.cost_delta_usd += escalation_usd(candidate, rung, usage)
+        out.cost_delta_usd -= sum(call_usd(candidate, target, usage) for target in now.calls_saved)
+        correct = record.verdict == "correct"
+        before.append((then == "accept", correct))
+        after.append((now.action == "accept", correct))
     out.before, out.after = _accuracy(before), _accuracy(after)
     return out
 
@@ -91,14 +113,28 @@ def render(sim: Simulation, usage: Usage) -> str:
     lines = [f"{sim.answers} judged answers replayed"]
     if sim.unplaced:
         lines[0] += f" ({sim.unplaced} left out: their targets are on no rung of the candidate)"
-    lines += ["", f"{'decision':<22} {'answers':>8}"]
+    if sim.without_risk:
+        lines.append(f"{sim.without_risk} stored no risk (older records): decided on confidence alone")
+    if sim.without_path:
+        lines.append(
+            f"{sim.without_path} stored no earlier rungs (older records): only the rung that answered "
+            "is replayed, a lower rung's answer is not invented"
+        )
+    lines.append(f"{sim.with_earlier} went through earlier rungs the candidate decides again")
+    lines += ["", f"{'decision':<30} {'answers':>8}"]
     for (then, now), n in sorted(sim.changes.items()):
-        lines.append(f"{then + ' -> ' + now:<22} {n:>8}")
-    lines.append(f"{'changed':<22} {sum(sim.changes.values()):>8}")
+        lines.append(f"{then + ' -> ' + _shown(now):<30} {n:>8}")
+    lines.append(f"{'changed':<30} {sum(sim.changes.values()):>8}")
+    if sim.accepted_lower:
+        lines.append(
+            f"{sim.accepted_lower} accepted on a lower rung: that answer was never judged (the verdict "
+            "is the final rung's), so it is left out of the accuracy below"
+        )
     lines += [
         "",
-        f"cost change: {sim.cost_delta_usd:+.4f} USD over these answers (an escalation priced as one call "
-        f"on the next rung at {usage.tokens_in} in / {usage.tokens_out} out tokens)",
+        f"cost change: {sim.cost_delta_usd:+.4f} USD over these answers (a call priced at "
+        f"{usage.tokens_in} in / {usage.tokens_out} out tokens: an escalation past the stored rungs "
+        "one call on the next rung, a stored call not made saved)",
         "",
         f"{'accepted answers':<18} {'answers':>8} {'correct':>8} {'accuracy':>9} {'95% interval':>16}",
     ]
@@ -107,3 +143,7 @@ def render(sim: Simulation, usage: Usage) -> str:
         interval = f"{acc.low:.3f}..{acc.high:.3f}"
         lines.append(f"{name:<18} {acc.accepted:>8} {acc.correct:>8} {acc.value:>9.3f} {interval:>16}")
     return "\n".join(lines)
+
+
+def _shown(action: str) -> str:
+    return "accept (lower rung)" if action == ACCEPT_LOWER else action

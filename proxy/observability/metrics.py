@@ -328,7 +328,8 @@ COUNTERS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         "shadow_skipped",
         "cognitive_shadow_skipped_total",
         "Sampled answers not judged: over_budget (feedback.shadow.budget_usd_per_day or a global "
-        "budget spent), busy (the bounded set of pending judgements full).",
+        "budget spent), busy (dropped: the judge's queue full, its 32 judgements waiting for a "
+        "moment with no client request in flight).",
         ("reason",),
     ),
     (

@@ -8,13 +8,14 @@ from typing import Any
 from proxy.module.model import Module
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.model import Policy
-from proxy.state.feedback import AnswerRecord
+from proxy.state.feedback import AnswerRecord, pack_path
 
 
 def answer_record(
     answer: ModuleAnswer, module: Module, policy: Policy, trace_id: str, client: str
 ) -> AnswerRecord | None:
-    """The record of a module answer a model produced (None when no model answered)."""
+    """The record of a module answer a model produced (None when no model answered), with the
+    rungs that escalated before it (``AnswerRecord.path``)."""
     final = answer.final
     if final is None or final.confidence is None or not trace_id:
         return None
@@ -35,6 +36,13 @@ def answer_record(
         at=now,
         expires=now + policy.feedback.window_s,
         client=client,
+        path=pack_path(
+            [
+                (a.target, a.confidence, str(a.risk))
+                for a in answer.attempts
+                if a.outcome == "escalate" and a.confidence is not None
+            ]
+        ),
     )
 
 

@@ -7,18 +7,33 @@ verdict with ``source: shadow`` through the feedback store and ``record_verdict`
 ``POST /v1/feedback``; a human verdict is never replaced by a shadow one (the two are compared
 instead: ``cognitive_shadow_human_agreement_total``).
 
-Bounded: at most ``MAX_CONCURRENT`` judge calls at once and ``MAX_PENDING`` judgements waiting
-(past it a sampled answer is skipped, ``reason="busy"``); ``aclose`` cancels what is pending. The
-judge spends as the client ``proxy.clients.SHADOW``, settled through the limiter: capped by
-``budget_usd_per_day`` (shared by replicas with ``--redis-url``) and counted against the global
-budgets; a judgement may start while the cap is not yet reached, so the day's spend can pass it
-by at most ``MAX_CONCURRENT`` judge calls.
+Yielding to clients, by construction: a sampled answer is queued only once its request's task
+has ended (aiohttp runs each request in a task of its own, which ends after the response is
+written); one judgement runs at a time, and it starts, and parses and checks its answer
+(``ModuleRun.before_check``) and compares, only once no client request has been in flight in the
+process for ``QUIET_S`` (``ClientActivity``, counted by the edge). What is left: a request that
+arrives during one of those steps waits for that step (a fraction of one module call's work), and
+the judge's reply is read from its socket (and JSON-decoded by the provider client) when it comes.
+The judge asks the providers through its own
+connection pool (``providers``: a pool of one connection), so it never holds a client's slot; its
+verdict reaches Redis through the outbox, in the background.
+
+Bounded: ``MAX_PENDING`` judgements waiting (past it a sampled answer is dropped,
+``cognitive_shadow_skipped_total{reason="busy"}``); ``aclose`` cancels what is pending. A process
+whose clients never leave it idle judges nothing and drops its samples: that is counted, never
+paid by a client. The judge spends as the client ``proxy.clients.SHADOW``, settled through the
+limiter: capped by ``budget_usd_per_day`` (shared by replicas with ``--redis-url``) and counted
+against the global budgets; a judgement may start while the cap is not yet reached, so the day's
+spend can pass it by at most one judge call per process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -35,14 +50,20 @@ from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.policy.model import Policy, Target
 from proxy.service.instrument import record_cost, record_shadow_vs_human, record_verdict, total_tokens
 from proxy.state.feedback import SHADOW_SOURCE, AnswerRecord, FeedbackStore, with_verdict
+from proxy.upstream.base import Provider
+from proxy.upstream.router import Router
 
 if TYPE_CHECKING:
     from proxy.service.module_call import ModuleCall, Services
 
 log = structlog.get_logger("proxy.shadow")
 
-MAX_CONCURRENT = 2
 MAX_PENDING = 32
+"""Judgements waiting (queued, not yet running) at most; past it a sampled answer is dropped."""
+QUIET_S = 0.002
+"""The judge takes a step once no client request has been in flight for that long: a client that
+sends its next request as soon as it has an answer finds the loop free (the judge's step would
+otherwise start in that gap)."""
 SHADOW_CALLER = Caller(SHADOW, ClientIdentity(SHADOW))
 _FRACTION = 2**64
 
@@ -100,11 +121,70 @@ def shadow_limits(policy: Policy) -> LimitsPolicy:
     return LimitsPolicy(clients=MappingProxyType({SHADOW: cap}), global_=shared)
 
 
+class ClientActivity:
+    """Client requests in flight in this process: the edge calls ``enter`` at the start of each
+    request while ``watching`` (set once a policy samples an answer for the judge, so a proxy
+    that never judges pays one attribute read per request); the count drops when the request's
+    task ends, after its response is written."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.watching = False
+        self.in_flight = 0
+        self.quiet_since = 0.0
+        """When the last request in flight ended (``clock``)."""
+        self.waiting = 0
+        """Coroutines waiting in ``idle`` (a test reads it)."""
+        self._clock = clock
+
+    def enter(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.in_flight += 1
+            task.add_done_callback(self._left)
+
+    def _left(self, _task: object) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.quiet_since = self._clock()
+
+    def until_quiet(self) -> float:
+        """Seconds until no client request will have been in flight for ``QUIET_S`` (0: now), if
+        none starts meanwhile."""
+        if self.in_flight:
+            return QUIET_S
+        return max(0.0, self.quiet_since + QUIET_S - self._clock())
+
+    async def idle(self) -> None:
+        """Return once no client request has been in flight for ``QUIET_S``. It looks again at
+        most every ``QUIET_S`` (never woken per request), and the caller's next synchronous step
+        runs before any other task: no request starts in between."""
+        self.waiting += 1
+        try:
+            while (wait := self.until_quiet()) > 0:
+                await asyncio.sleep(wait)
+        finally:
+            self.waiting -= 1
+
+
+ProvidersOf = Callable[[Policy], Mapping[str, Provider]]
+"""The judge's provider clients for a policy (the app's: on the judge's own connection pool)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
-    run: ModuleRun
+    """What a judgement needs, kept as the client's call left it: the judge's run is built when
+    the judgement starts, never on the client's path."""
+
     module: Module
+    value: Any
+    """The client's input."""
+    check_input: bool
     policy: Policy
+    providers: Mapping[str, Provider]
+    """The runtime's (the judge's own pool's replace them when the app gives a factory)."""
+    router: Router
+    judge: int
+    """The judge rung's index."""
     data: Any
     """The client's answer's ``data``."""
     record: AnswerRecord
@@ -112,44 +192,114 @@ class _Job:
 
 
 class ShadowJudge:
-    """The process's background judgements (one per worker)."""
+    """The process's background judgements (one per worker), one at a time."""
 
-    def __init__(self, metrics: Metrics, limiter: Limiter) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        limiter: Limiter,
+        activity: ClientActivity | None = None,
+        providers: ProvidersOf | None = None,
+    ) -> None:
         self._metrics = metrics
         self._limiter = limiter
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._gate = asyncio.Semaphore(MAX_CONCURRENT)
+        self.activity = activity or ClientActivity()
+        self._providers_of = providers
+        self._queue: deque[_Job] = deque()
+        self._running: asyncio.Task[None] | None = None
+        self._busy = False
+        self._closed = False
         self._limits: tuple[Policy, LimitsPolicy] | None = None
+        self._providers: tuple[Policy, Mapping[str, Provider]] | None = None
+        self._judged_by: tuple[Policy, dict[tuple[str, int], Policy]] | None = None
+        self.started = 0
+        """Judgements started (a test reads it)."""
 
     @property
     def pending(self) -> int:
-        return len(self._tasks)
+        """Judgements queued or running."""
+        return len(self._queue) + self._busy
 
     def consider(
         self, call: ModuleCall, services: Services, answer: ModuleAnswer, record: AnswerRecord | None
     ) -> None:
-        """Judge ``answer`` in the background when it is eligible and sampled; returns at once."""
+        """Queue ``answer``'s judgement when it is eligible and sampled, once the current task (the
+        client's request) has ended; returns at once."""
         policy, module = call.runtime.policy, call.module
         judge = judge_rung(policy, module, answer, record)
         if judge is None or record is None or not sampled(record.trace_id, policy.feedback.shadow.rate):
             return
-        if len(self._tasks) >= MAX_PENDING:
+        self.activity.watching = True
+        if len(self._queue) >= MAX_PENDING:  # full already: nothing kept for it
             self._metrics.shadow_skipped.labels("busy").inc()
             return
-        run = ModuleRun(
-            module,
-            call.value,
-            judge_policy(policy, module, judge),
-            call.runtime.providers,
-            services.router,
-            trace_id=record.trace_id,
-            check_input=call.check_input,
-            top_rung=judge,
+        runtime = call.runtime
+        data = answer.envelope.get("data")
+        job = _Job(
+            module, call.value, call.check_input, policy, runtime.providers, services.router, judge, data,
+            record, services.feedback,
+        )  # fmt: skip
+        task = asyncio.current_task()
+        if task is None:
+            self._enqueue(job)
+        else:
+            task.add_done_callback(lambda _: self._enqueue(job))
+
+    def _run_of(self, job: _Job) -> ModuleRun:
+        """The judge's module call for ``job``: the judge rung's answer, taken whatever it says."""
+        return ModuleRun(
+            job.module,
+            job.value,
+            self._judge_policy(job),
+            self._providers_for(job.policy, job.providers),
+            job.router,
+            trace_id=job.record.trace_id,
+            check_input=job.check_input,
+            top_rung=job.judge,
+            before_check=self.activity.idle,
         )
-        job = _Job(run, module, policy, answer.envelope.get("data"), record, services.feedback)
-        task = asyncio.create_task(self._judge(job))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+    def _judge_policy(self, job: _Job) -> Policy:
+        """``judge_policy`` of the job's, built once per policy, module and judge rung."""
+        if self._judged_by is None or self._judged_by[0] is not job.policy:
+            self._judged_by = (job.policy, {})
+        key = (job.module.name, job.judge)
+        built = self._judged_by[1].get(key)
+        if built is None:
+            built = self._judged_by[1][key] = judge_policy(job.policy, job.module, job.judge)
+        return built
+
+    def _providers_for(self, policy: Policy, runtime: Mapping[str, Provider]) -> Mapping[str, Provider]:
+        """The judge's clients for ``policy``, built once per policy (the runtime's without a factory)."""
+        if self._providers_of is None:
+            return runtime
+        if self._providers is None or self._providers[0] is not policy:
+            self._providers = (policy, self._providers_of(policy))
+        return self._providers[1]
+
+    def _enqueue(self, job: _Job) -> None:
+        if self._closed:
+            return
+        if len(self._queue) >= MAX_PENDING:
+            self._metrics.shadow_skipped.labels("busy").inc()
+            return
+        self._queue.append(job)
+        if self._running is None:
+            self._running = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Judge the queue, one at a time, each starting while no client request is in flight."""
+        try:
+            while self._queue:
+                await self.activity.idle()
+                job = self._queue.popleft()
+                self._busy = True
+                try:
+                    await self._judge(job)
+                finally:
+                    self._busy = False
+        finally:
+            self._running = None
 
     def _limits_of(self, policy: Policy) -> LimitsPolicy:
         """The judge's limits for ``policy``, built once per policy (the limiter caches plans by it)."""
@@ -158,9 +308,9 @@ class ShadowJudge:
         return self._limits[1]
 
     async def _judge(self, job: _Job) -> None:
+        self.started += 1
         try:
-            async with self._gate:
-                await self._judged(job)
+            await self._judged(job)
         except asyncio.CancelledError:
             raise
         except Exception:  # a judgement must never take the worker down; it is counted as failed
@@ -173,13 +323,14 @@ class ShadowJudge:
         if admission.over_budget is not None:
             metrics.shadow_skipped.labels("over_budget").inc()
             return
-        answer = await run_module(job.run)
+        answer = await run_module(self._run_of(job))
         tokens = self._spent(job.policy, answer)
         await self._limiter.settle(admission, tokens, answer.cost.usd)
         envelope = answer.envelope
         if answer.final is None or not envelope.get("ok"):
             metrics.shadow_judgements.labels(module, "failed").inc()
             return
+        await self.activity.idle()
         differ = disagreements(job.module.judged_fields, job.data, envelope.get("data"))
         await self._record(job, differ, answer.answered_by)
 
@@ -212,8 +363,10 @@ class ShadowJudge:
         record_verdict(metrics, job.policy, judged, current)
 
     async def aclose(self) -> None:
-        """Cancel the judgements under way and wait for them to end."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Drop what is queued, cancel the judgement under way and wait for it to end."""
+        self._closed = True
+        self._queue.clear()
+        running = self._running
+        if running is not None:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)

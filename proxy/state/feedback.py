@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from typing import Any, Protocol
@@ -91,6 +91,10 @@ class AnswerRecord:
     note: str | None = None
     verdicts: int = 0
     """How many verdicts it received (the latest replaces the others)."""
+    path: str | None = ""
+    """The rungs the call went through before the one that answered, oldest first, as the JSON
+    ``[[target, reported confidence, risk], ...]`` (at most ``MAX_PATH``, the latest kept); ""
+    when it answered on its first rung; None when not stored (a record of an older version)."""
 
     def dumps(self) -> bytes:
         """Every field, as 0.3 to 0.4 stored it in Redis (still read: ``from_redis``)."""
@@ -99,9 +103,10 @@ class AnswerRecord:
     def packed(self) -> bytes:
         """What Redis keeps (``from_redis`` reads it back): a JSON array of the fields verdicts and
         calibration read, the verdict's only once given. The trace id and the client are the
-        key and the field; rung, risk and the answer's time stay in this replica's memory; the
-        confidences are cut to 4 decimals, never up, so every comparison with a threshold or a
-        bin edge of at most 4 decimals comes out as before."""
+        key and the field; the rung's name and the answer's time stay in this replica's memory;
+        the risk is one letter (``RISK_CODES``, "" unknown) and the path its JSON (null: not
+        stored); the confidences are cut to 4 decimals, never up, so every comparison with a
+        threshold or a bin edge of at most 4 decimals comes out as before."""
         row: list[object] = [
             self.module,
             self.tier,
@@ -111,6 +116,8 @@ class AnswerRecord:
             self.decision,
             self.min_confidence,
             math.ceil(self.expires),
+            RISK_CODES.get(self.risk, ""),
+            None if self.path is None else orjson.Fragment(self.path or "[]"),
         ]
         if self.verdicts:
             row += [self.verdict, self.score, self.verdicts, self.source, self.note]
@@ -126,12 +133,42 @@ class AnswerRecord:
         doc = orjson.loads(raw)
         if not isinstance(doc, dict):
             raise TypeError("a record is a JSON object")
-        return checked(cls(**{k: v for k, v in doc.items() if k in _FIELDS}))
+        return _whole(doc)
 
 
 _FIELDS = frozenset(f.name for f in fields(AnswerRecord))
-_PACKED = 8
+_PACKED = 10
 """Fields of an unjudged ``packed`` row; a judged one has 5 more."""
+_PACKED_0_4 = 8
+"""Fields of an unjudged row 0.4 packed (no risk, no path); a judged one has 5 more."""
+MAX_PATH = 3
+"""Earlier rungs a record keeps at most (the latest ones): bounded whatever the ladder."""
+RISK_CODES = {"none": "n", "low": "l", "medium": "m", "high": "h"}
+"""A risk as Redis keeps it: one letter."""
+_RISKS = {code: risk for risk, code in RISK_CODES.items()}
+PathStep = tuple[str, float, str]
+"""One earlier rung's answer: target, reported confidence, risk."""
+
+
+def pack_path(steps: Sequence[PathStep]) -> str:
+    """``steps`` (oldest first) as ``AnswerRecord.path``: the latest ``MAX_PATH``, confidences cut
+    to 4 decimals; "" for none."""
+    kept = [[target, _cut(confidence), RISK_CODES.get(risk, "")] for target, confidence, risk in steps]
+    return orjson.dumps(kept[-MAX_PATH:]).decode() if kept else ""
+
+
+def path_steps(path: str | None) -> list[PathStep] | None:
+    """``AnswerRecord.path`` back as steps (risk "" when unknown); None when not stored."""
+    if path is None:
+        return None
+    return [
+        (target, confidence, _RISKS.get(code, "")) for target, confidence, code in orjson.loads(path or "[]")
+    ]
+
+
+def _whole(doc: dict[str, Any]) -> AnswerRecord:
+    """A record stored whole (0.3 to 0.4: no path, ``path`` None then)."""
+    return checked(AnswerRecord(**{"path": None, **{k: v for k, v in doc.items() if k in _FIELDS}}))
 
 
 def _cut(confidence: float) -> float:
@@ -168,7 +205,26 @@ def checked(record: AnswerRecord) -> AnswerRecord:
         raise TypeError("verdicts is a count")
     if not all(text is None or isinstance(text, str) for text in (record.source, record.note)):
         raise TypeError("source and note are strings")
+    _check_path(record.path)
     return record
+
+
+def _check_path(path: object) -> None:
+    """A stored path: None, or the JSON of at most ``MAX_PATH`` [target, confidence, risk code]."""
+    if path is None:
+        return
+    if not isinstance(path, str):
+        raise TypeError("a path is JSON text")
+    steps = orjson.loads(path or "[]")
+    if not isinstance(steps, list) or len(steps) > MAX_PATH:
+        raise ValueError("a path is a list of at most MAX_PATH steps")
+    for step in steps:
+        if not isinstance(step, list) or len(step) != 3:
+            raise TypeError("a path step is [target, confidence, risk]")
+        target, confidence, code = step
+        if not isinstance(target, str) or not isinstance(code, str):
+            raise TypeError("a path step's target and risk are strings")
+        _number("a path step's confidence", confidence, bounded=True)
 
 
 def _number(name: str, value: object, bounded: bool) -> None:
@@ -192,14 +248,21 @@ def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
     (``checked``)."""
     row = orjson.loads(raw)
     if isinstance(row, dict):
-        return checked(AnswerRecord(**{k: v for k, v in row.items() if k in _FIELDS}))
-    if not isinstance(row, list) or len(row) not in (_PACKED, _PACKED + 5):
-        raise TypeError("a packed record is an array of 8 or 13 fields")
-    module, tier, target, confidence, calibrated, decision, min_confidence, expires = row[:_PACKED]
+        return _whole(row)
+    if not isinstance(row, list) or len(row) not in (_PACKED, _PACKED + 5, _PACKED_0_4, _PACKED_0_4 + 5):
+        raise TypeError("a packed record is an array of 8, 10, 13 or 15 fields")
+    module, tier, target, confidence, calibrated, decision, min_confidence, expires = row[:_PACKED_0_4]
     if not isinstance(target, str):
         raise TypeError("a packed target is provider/model")
     provider, _, model = target.partition("/")
-    verdict, score, verdicts, source, note = row[_PACKED:] or (None, None, 0, None, None)
+    risk: object = ""
+    path: object = None  # 0.4's rows: neither stored
+    if len(row) in (_PACKED, _PACKED + 5):
+        code, steps = row[_PACKED_0_4:_PACKED]
+        risk = _RISKS.get(code, "") if isinstance(code, str) else code
+        path = None if steps is None else (orjson.dumps(steps).decode() if steps else "")
+    width = _PACKED if len(row) in (_PACKED, _PACKED + 5) else _PACKED_0_4
+    verdict, score, verdicts, source, note = row[width:] or (None, None, 0, None, None)
     return checked(
         AnswerRecord(
             trace_id=trace_id,
@@ -210,7 +273,7 @@ def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
             model=model,
             confidence=_real(confidence),
             calibrated=_real(calibrated),
-            risk="",
+            risk=risk,  # type: ignore[arg-type]  # checked() below
             decision=decision,
             min_confidence=_real(min_confidence),
             at=0.0,
@@ -221,6 +284,7 @@ def from_redis(raw: bytes | str, client: str, trace_id: str) -> AnswerRecord:
             source=source,
             note=note,
             verdicts=verdicts,
+            path=path,  # type: ignore[arg-type]  # checked() below
         )
     )
 

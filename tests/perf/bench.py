@@ -709,10 +709,35 @@ def context_bench(tmpdir: Path, up_port: int) -> None:
     redis.Redis.from_url(bench_redis).flushdb()
 
 
-SHADOW_BLOCKS, SHADOW_BLOCK = 10, 200
-"""Calls per variant: blocks of sequential calls, the variants taking turns (the machine's other
-load falls on each alike)."""
-SHADOW_RATES = {"off": 0.0, "rate 0.05": 0.05, "rate 1": 1.0}
+SHADOW_ROUNDS, SHADOW_BLOCK = 10, 200
+"""Calls per variant: rounds of one block of sequential calls per variant, the variants taking
+turns in a rotating order (the machine's other load falls on each alike)."""
+SHADOW_RATES = {"off": 0.0, "off again": 0.0, "rate 0.05": 0.05, "rate 0.25": 0.25, "rate 1": 1.0}
+"""Two processes with shadow judging off: their KS is the floor two identical variants show on
+this machine (process placement, drift)."""
+KS_C_ALPHA = 1.3581
+"""c(alpha) of the two-sample Kolmogorov-Smirnov test at alpha 0.05: sqrt(-ln(alpha / 2) / 2)."""
+
+
+def ks_statistic(a: list[float], b: list[float]) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical
+    distribution functions."""
+    xs, ys = sorted(a), sorted(b)
+    i = j = 0
+    gap = 0.0
+    while i < len(xs) and j < len(ys):
+        step = min(xs[i], ys[j])
+        while i < len(xs) and xs[i] == step:
+            i += 1
+        while j < len(ys) and ys[j] == step:
+            j += 1
+        gap = max(gap, abs(i / len(xs) - j / len(ys)))
+    return gap
+
+
+def ks_critical(n: int, m: int) -> float:
+    """The statistic past which the two samples differ at alpha 0.05 (large-sample form)."""
+    return KS_C_ALPHA * math.sqrt((n + m) / (n * m))
 
 
 def _shadow_policy(up_port: int, rate: float) -> str:
@@ -726,70 +751,178 @@ def _shadow_policy(up_port: int, rate: float) -> str:
     )
 
 
-def _shadow_counts(port: int) -> dict[str, float]:
-    """The proxy's shadow judgements by result and skips by reason, from its /metrics."""
+def _proxy_figures(port: int) -> dict[str, float]:
+    """From the proxy's /metrics: shadow judgements by result and skips by reason, and the sums and
+    counts of its own time on the module route and of the client rung's upstream attempts."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    counts: dict[str, float] = {}
+    figures: dict[str, float] = {}
+    route = "/v1/modules/{name}/execute"
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            labels, key = sample.labels, ""
             if sample.name in ("cognitive_shadow_judgements_total", "cognitive_shadow_skipped_total"):
-                key = sample.labels.get("result") or sample.labels.get("reason", "")
-                counts[key] = counts.get(key, 0.0) + sample.value
-    return counts
+                key = labels.get("result") or labels.get("reason", "")
+            elif sample.name.startswith("cognitive_proxy_overhead_seconds_") and labels.get("route") == route:
+                key = "overhead" + sample.name.removeprefix("cognitive_proxy_overhead_seconds")
+            elif sample.name.startswith("cognitive_upstream_latency_seconds_") and labels.get("model") == "m":
+                key = "upstream" + sample.name.removeprefix("cognitive_upstream_latency_seconds")
+            if key and not key.endswith("_bucket") and not key.endswith("_created"):
+                figures[key] = figures.get(key, 0.0) + sample.value
+    return figures
+
+
+_JUDGED = ("agree", "disagree", "failed", "gone", "busy", "over_budget")
 
 
 def _judgements_settled(port: int) -> dict[str, float]:
     """Wait until the proxy's judgements stop growing (none left in the background)."""
-    last = _shadow_counts(port)
+    last = _proxy_figures(port)
     while True:
         time.sleep(0.2)
-        now = _shadow_counts(port)
-        if now == last:
+        now = _proxy_figures(port)
+        if all(now.get(k) == last.get(k) for k in _JUDGED):
             return now
         last = now
 
 
-def shadow_bench(tmpdir: Path, up_port: int) -> None:
-    """Client latency of module calls (c=1) with shadow judging off, at rate 0.05 and at rate 1
-    (every answer judged on the second rung in the background), in the same run: blocks of calls,
-    the variants taking turns, each block measured once the previous one's judgements ended."""
-    ports: dict[str, int] = {}
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _sequential_traced(url: str, body: dict[str, object], traces: list[str]) -> list[float]:
+    """``_sequential`` with an ``X-Request-Id`` per call (the judge's sample is then known)."""
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for trace in traces:
+            started = time.perf_counter()
+            async with session.post(url, json=body, headers={"X-Request-Id": trace}) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+            out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _in_sample(trace: str, rate: float) -> bool:
+    from proxy.service.shadow import sampled
+
+    return sampled(trace, rate)
+
+
+@dataclass
+class _ShadowVariant:
+    port: int
+    rate: float
+    pid: int
+    lag_file: Path
+    latencies: list[float]
+    windows: list[tuple[float, float]]
+    sampled: int = 0
+    backlog_max: int = 0
+    """Judgements still queued or running when a block's last call was answered (the largest)."""
+    judged_in_blocks: int = 0
+    """Judgements that ended while a block of client calls ran."""
+    proxy_cpu_s: float = 0.0
+    upstream_cpu_s: float = 0.0
+    overhead_s: float = 0.0
+    upstream_s: float = 0.0
+
+
+def _lags_ms(variant: _ShadowVariant) -> list[float]:
+    """The loop's lateness samples taken while a block of client calls ran."""
+    samples = json.loads(variant.lag_file.read_text())
+    windows = variant.windows
+    return [late * 1000 for at, late in samples if any(a <= at <= b for a, b in windows)]
+
+
+def shadow_bench(tmpdir: Path, up_port: int, up_pid: int) -> None:
+    """Client latency of module calls (c=1) with shadow judging off and at rates 0.05, 0.25 and 1
+    (every answer judged on the second rung in the background), in the same run: rounds of one
+    block per variant, the order rotating; each variant's distribution compared with off's
+    (percentiles, two-sample KS); the judge's lag (its backlog when a block ends, drops); and
+    where the difference comes from: CPU seconds per call of the proxy and the upstream, the
+    proxy's own time per call (``cognitive_proxy_overhead_seconds``), and the proxy's event-loop
+    lateness during the blocks (``lag_probe_proxy.py``)."""
+    variants: dict[str, _ShadowVariant] = {}
     procs = []
+    probe = Path(__file__).with_name("lag_probe_proxy.py")
     try:
         for name, rate in SHADOW_RATES.items():
-            ports[name] = port = free_port()
-            policy = tmpdir / f"shadow-{rate}.yaml"
+            port = free_port()
+            policy = tmpdir / f"shadow-{port}.yaml"
             policy.write_text(_shadow_policy(up_port, rate))
-            procs.append(subprocess.Popen(serve_command(policy, port, "--log-level", "warning"), cwd=ROOT))
-        latencies: dict[str, list[float]] = {name: [] for name in ports}
-        for port in ports.values():
-            wait_port(port)
-            asyncio.run(
-                _sequential(f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute", MODULE_BODY, 50, {})
-            )
-            _judgements_settled(port)
-        names = list(ports)
-        for block in range(SHADOW_BLOCKS):
+            lag_file = tmpdir / f"lag-{port}.json"
+            serve = serve_command(policy, port, "--log-level", "warning")[3:]  # from "serve" on: the CLI's
+            proc = subprocess.Popen([sys.executable, str(probe), str(lag_file), *serve], cwd=ROOT)
+            procs.append(proc)
+            variants[name] = _ShadowVariant(port, rate, proc.pid, lag_file, [], [])
+        for v in variants.values():
+            wait_port(v.port, timeout=60)  # five processes starting at once on a loaded machine
+            url = f"http://127.0.0.1:{v.port}/v1/modules/code-reviewer/execute"
+            asyncio.run(_sequential_traced(url, MODULE_BODY, [f"warm-{v.port}-{i}" for i in range(50)]))
+            _judgements_settled(v.port)
+        names = list(variants)
+        for block in range(SHADOW_ROUNDS):
             for name in names[block % len(names) :] + names[: block % len(names)]:
-                url = f"http://127.0.0.1:{ports[name]}/v1/modules/code-reviewer/execute"
-                latencies[name] += asyncio.run(_sequential(url, MODULE_BODY, SHADOW_BLOCK, {}))
-                _judgements_settled(ports[name])
-        for name, values in latencies.items():
-            counts = _shadow_counts(ports[name])
-            judged = ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none judged"
-            print(
-                f"shadow judging {name:<9} module call c=1, {len(values)} calls: "
-                f"p50 {pct(values, 50):.3f} ms, p99 {pct(values, 99):.3f} ms ({judged})"
-            )
+                v = variants[name]
+                url = f"http://127.0.0.1:{v.port}/v1/modules/code-reviewer/execute"
+                traces = [f"shadow-{v.port}-{block}-{i}" for i in range(SHADOW_BLOCK)]  # X-Request-Ids
+                sampled = sum(_in_sample(t, v.rate) for t in traces)
+                before = _proxy_figures(v.port)
+                cpu = (_cpu_s(v.pid), _cpu_s(up_pid))
+                started = time.monotonic()
+                v.latencies += asyncio.run(_sequential_traced(url, MODULE_BODY, traces))
+                v.windows.append((started, time.monotonic()))
+                end = _proxy_figures(v.port)
+                v.proxy_cpu_s += _cpu_s(v.pid) - cpu[0]
+                v.upstream_cpu_s += _cpu_s(up_pid) - cpu[1]
+                done = sum(end.get(k, 0.0) - before.get(k, 0.0) for k in _JUDGED)
+                v.backlog_max = max(v.backlog_max, sampled - round(done))
+                v.judged_in_blocks += round(sum(end.get(k, 0.0) - before.get(k, 0.0) for k in _JUDGED[:4]))
+                v.sampled += sampled
+                for part in ("overhead", "upstream"):
+                    gained = end.get(part + "_sum", 0.0) - before.get(part + "_sum", 0.0)
+                    setattr(v, part + "_s", getattr(v, part + "_s") + gained)
+                _judgements_settled(v.port)
+        counts = {name: _proxy_figures(v.port) for name, v in variants.items()}
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+    _shadow_report(variants, counts)
+
+
+def _shadow_report(variants: dict[str, _ShadowVariant], counts: dict[str, dict[str, float]]) -> None:
+    off = variants["off"].latencies
+    print(
+        f"shadow judging: module call c=1, {SHADOW_ROUNDS} rounds x {SHADOW_BLOCK} calls per variant; "
+        "latency in ms; KS against off (critical value at alpha 0.05)"
+    )
+    for name, v in variants.items():
+        values, n = v.latencies, len(v.latencies)
+        ks = "" if name == "off" else f", KS {ks_statistic(values, off):.3f} ({ks_critical(n, len(off)):.3f})"
+        lags = _lags_ms(v)
+        judged = ", ".join(f"{k} {counts[name].get(k, 0):.0f}" for k in _JUDGED if counts[name].get(k))
+        mean, own, upstream = statistics.fmean(values), v.overhead_s / n * 1e3, v.upstream_s / n * 1e3
+        print(
+            f"  {name:<9} p50 {pct(values, 50):.3f} p90 {pct(values, 90):.3f} p99 {pct(values, 99):.3f}{ks}\n"
+            f"            mean {mean:.3f} = proxy's own time {own:.3f} + client rung upstream "
+            f"{upstream:.3f} + the rest {mean - own - upstream:.3f} (outside the proxy's handler: "
+            "sockets, scheduling, the client)\n"
+            f"            CPU per call: proxy {v.proxy_cpu_s / n * 1e3:.3f} ms, upstream "
+            f"{v.upstream_cpu_s / n * 1e3:.3f} ms; loop lateness during the blocks ({len(lags)} probes): "
+            f"p50 {pct(lags, 50):.3f} p99 {pct(lags, 99):.3f} max {max(lags):.3f}\n"
+            f"            sampled {v.sampled}, judged while the blocks ran {v.judged_in_blocks}, backlog "
+            f"at a block's end <= {v.backlog_max}; in all: {judged or 'none judged'}"
+        )
 
 
 LIMIT_ROUNDS = 3000
@@ -1655,7 +1788,7 @@ def main() -> int:
                 context_bench(tmpdir, up_port)
                 return 0
             if args.shadow:
-                shadow_bench(tmpdir, up_port)
+                shadow_bench(tmpdir, up_port, upstream.pid)
                 return 0
             if args.memory_only:
                 memory_section(through, proxy.pid)
@@ -1689,7 +1822,7 @@ def main() -> int:
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
             stream_section(up_port, proxy_port)
             context_bench(tmpdir, up_port)
-            shadow_bench(tmpdir, up_port)
+            shadow_bench(tmpdir, up_port, upstream.pid)
             redis_paths_bench()
             stream_copy_bench()
             composition_bench()

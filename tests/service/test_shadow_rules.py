@@ -3,6 +3,7 @@ rules); the background judging itself runs in ``tests/test_shadow.py``."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -13,10 +14,11 @@ from proxy.module.loader import load_module
 from proxy.pipeline import ModuleAnswer
 from proxy.policy.loader import parse_policy
 from proxy.policy.model import Policy
-from proxy.service.shadow import disagreements, judge_rung, shadow_limits
+from proxy.service.shadow import QUIET_S, ClientActivity, disagreements, judge_rung, shadow_limits
 from proxy.state.feedback import AnswerRecord
 from tests.conftest import MODULES
 from tests.policy.test_loader import MINIMAL
+from tests.support.polling import until
 
 REVIEWER = load_module(MODULES / "code-reviewer")
 
@@ -88,3 +90,28 @@ def test_the_judge_spends_against_its_own_cap_and_the_global_budgets_only() -> N
     limits = shadow_limits(policy(budget_usd_per_day=3))
     assert limits.clients["cogproxy-shadow"].usd_per_day == 3
     assert limits.global_ is not None and limits.global_.usd_per_day == 50 and limits.global_.rpm is None
+
+
+async def test_the_judge_waits_until_no_request_has_been_in_flight_for_the_quiet_period() -> None:
+    now = [100.0]
+    activity = ClientActivity(clock=lambda: now[0])
+    assert activity.until_quiet() == 0.0  # no request ever: quiet
+    release = asyncio.Event()
+
+    async def request() -> None:  # a request's task, as the edge counts it
+        activity.enter()
+        await release.wait()
+
+    task = asyncio.create_task(request())
+    await until(lambda: activity.in_flight == 1, "the request counted")
+    now[0] += 10 * QUIET_S
+    assert activity.until_quiet() == QUIET_S  # in flight: however long it has been
+    release.set()
+    await task
+    await until(lambda: activity.in_flight == 0, "the request's end counted")
+    assert activity.until_quiet() == pytest.approx(QUIET_S)
+    now[0] += QUIET_S / 2
+    assert activity.until_quiet() == pytest.approx(QUIET_S / 2)
+    now[0] += QUIET_S / 2
+    assert activity.until_quiet() == 0.0
+    await activity.idle()  # returns at once: quiet

@@ -18,12 +18,15 @@ from structlog.testing import capture_logs
 
 from proxy.state.feedback import (
     KEY_PREFIX,
+    MAX_PATH,
     RECORD_MAX_BYTES,
     REDIS_RECORD_BYTES,
     AnswerRecord,
     MemoryFeedbackStore,
     RedisFeedbackStore,
     from_redis,
+    pack_path,
+    path_steps,
     scan_records,
     with_verdict,
 )
@@ -60,7 +63,7 @@ def record(
 
 def as_shared(answer: AnswerRecord) -> AnswerRecord:
     """``answer`` as another replica reads it from Redis: what verdicts and calibration need."""
-    return replace(answer, rung="", risk="", at=0.0, expires=float(math.ceil(answer.expires)))
+    return replace(answer, rung="", at=0.0, expires=float(math.ceil(answer.expires)))
 
 
 class Clock:
@@ -383,3 +386,46 @@ async def test_past_the_daily_cap_answers_stay_in_memory_only_counted_and_logged
     finally:
         await store.aclose()
         await outbox.aclose()
+
+
+def test_the_path_keeps_the_latest_earlier_rungs_cut_to_four_decimals() -> None:
+    steps = [(f"p/m{i}", 0.123456, "medium") for i in range(MAX_PATH + 2)]
+    kept = path_steps(pack_path(steps))
+    assert kept == [(f"p/m{i}", 0.1234, "medium") for i in range(2, MAX_PATH + 2)]
+    assert pack_path([]) == "" and path_steps("") == [] and path_steps(None) is None
+
+
+def test_risk_and_path_travel_through_redis_and_older_rows_say_they_have_neither() -> None:
+    escalated = replace(
+        record("t"), decision="escalated", risk="medium", path=pack_path([("up/cheap", 0.55, "low")])
+    )
+    for stored in (escalated, with_verdict(escalated, "correct", 1.0, None, None)):
+        back = from_redis(stored.packed(), stored.client, "t")
+        assert (back.risk, path_steps(back.path)) == ("medium", [("up/cheap", 0.55, "low")])
+    first_rung = from_redis(record("t").packed(), "anonymous", "t")
+    assert (first_rung.risk, first_rung.path) == ("low", "")
+    # 0.4 packed 8 fields (13 judged) and kept no risk nor path: unknown, not "first rung"
+    row = orjson.loads(escalated.packed())
+    old = [*row[:8], "correct", 1.0, 1, None, None]
+    back = from_redis(orjson.dumps(old), "anonymous", "t")
+    assert (back.risk, back.path, back.verdict) == ("", None, "correct")
+    whole = orjson.loads(record("t").dumps())
+    del whole["path"]  # 0.3 to 0.4 stored the record whole, without a path
+    assert AnswerRecord.loads(orjson.dumps(whole)).path is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        '[["up/cheap", 1.5, "l"]]',
+        '[["up/cheap", 0.5]]',
+        '[[1, 0.5, "l"]]',
+        '{"a": 1}',
+        "[" + '["a",0.1,"l"],' * 4 + "]",
+    ],
+)
+def test_a_stored_path_that_is_not_one_is_refused(path: str) -> None:
+    row = orjson.loads(record("t").packed())
+    row[9] = orjson.Fragment(path.replace(",]", "]"))
+    with pytest.raises((ValueError, TypeError)):
+        from_redis(orjson.dumps(row), "anonymous", "t")

@@ -10,6 +10,7 @@ the client's waits on Redis. Redis timeouts are long here, so a wait would hang,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +23,8 @@ import pytest
 import proxy.state.redis_client as redis_client
 from proxy.api.app_keys import OUTBOX
 from proxy.api.limits import LIMITER
+from proxy.limits import windows
+from proxy.state.outbox import SCRIPTS, KeyWrite
 from tests.context.helpers import FIX, LOGIN, REVIEWER, execute, reviewer_answer, sent_inputs
 from tests.fake_upstream import FakeUpstream
 from tests.paths import ROOT
@@ -105,6 +108,37 @@ async def test_a_plain_chat_with_limits_waits_on_one_round_trip_and_settles_afte
     assert round_trips(answered, IN_SCRIPTS) == 1 and answered["evalsha"] == 1  # the settle, after it
 
 
+def _sha(script: str) -> bytes:
+    """A script's sha as ``EVALSHA`` sends it."""
+    return hashlib.sha1(script.encode()).hexdigest().encode()
+
+
+async def test_back_to_back_requests_do_not_wait_on_the_previous_requests_settle(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay
+) -> None:
+    """``make bench --redis-paths``'s pattern (c=1, each request sent as the previous answer
+    arrives): the previous request's settle is still in flight when the next check goes out. The
+    check takes a connection of its own, so each answer waits on its own check alone (here every
+    settle's reply is held until the end: a check queued behind one would hang)."""
+    policy = upstream_policy(fake_upstream, limits=LIMITS)
+    settle = _sha(windows._SETTLE)
+    async with (
+        running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        assert await _post(session, px) == 200  # connections and scripts
+        await px.app[LIMITER].settled()
+        relay.hold_replies(lambda data: settle in data)
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                statuses = [await _post(session, px) for _ in range(3)]
+            held = relay.held
+        finally:
+            relay.restore()
+    assert statuses == [200, 200, 200]
+    assert held >= 2  # the first two settles at least were held while the next answers came
+
+
 CACHED = {"modules": {REVIEWER: {"ttl_s": 600}}}
 PREFETCH = ["EVALSHA", "MGET"]
 """The one round trip before a module call's model: the limits check and the call's reads."""
@@ -162,6 +196,42 @@ async def test_a_session_module_call_with_limits_cache_and_context_reads_in_one_
     assert status == 200 and headers["X-Cognitive-Cache"] == "miss"
     assert "session_state=session" in headers["X-Cognitive-Context"]  # read ahead, and used
     assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
+
+
+async def test_a_session_call_reads_while_the_outboxs_previous_batch_is_in_flight(
+    fake_upstream: FakeUpstream, tmp_path: Path, relay: RedisRelay, redis_db: Any
+) -> None:
+    """The previous call's records (its feedback record, its cache entry) go out in an outbox
+    batch as the next call of the session starts: the next call's read (limits, context, cache)
+    is its own round trip, on another connection, and the model is asked after it while that
+    batch's reply is held. (The session's writes, after the model, do queue behind an outbox
+    batch in flight: the outbox sends one at a time, in order; docs/context.md.)"""
+    fake_upstream.script("cheap", reviewer_answer(1, "review"), reviewer_answer(2, "fix"))
+    policy = upstream_policy(fake_upstream, limits=LIMITS, cache=CACHED)
+    outbox_shas = [_sha(lua) for lua in SCRIPTS.values()]
+    async with running_proxy(tmp_path, policy, redis_url=relay.url(DB), redis_limits_timeout_s=HANG_S) as px:
+        assert (await execute(px.url, REVIEWER, LOGIN, _session("ob")))[0] == 200
+        await _settled(px, redis_db)
+        relay.hold_replies(lambda data: any(sha in data for sha in outbox_shas))
+        px.app[OUTBOX].put(KeyWrite("cogproxy:test:in-flight", "x", 60))  # a batch in flight, held
+
+        async def in_flight() -> bool:
+            return relay.held == 1
+
+        await eventually(in_flight, "the outbox's batch sent, its reply held")
+        start = len(relay.counted())
+        gate = fake_upstream.hold()
+        call = asyncio.create_task(execute(px.url, REVIEWER, FIX, _session("ob")))
+        try:
+            async with asyncio.timeout(ANSWER_BOUND_S):
+                await gate.reached.wait()  # the model is asked, the batch's reply still held
+            asked = [turn for turn in relay.counted()[start:] if set(turn) & {"EVALSHA", "MGET"}]
+            still_held = relay.held
+        finally:
+            gate.release()
+            relay.restore()
+        assert (await call)[0] == 200
+    assert asked == [PREFETCH] and still_held == 1
 
 
 async def _streamed(base: str, value: Any, headers: dict[str, str]) -> bytes:

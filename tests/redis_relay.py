@@ -10,7 +10,8 @@ client sends before Redis's next reply are one round trip, however many a pipeli
 every later one until ``restore()``: an answer that comes all the same waited on ``n`` at most.
 ``hold_replies(match)`` forwards every command but holds the reply to each round trip whose bytes
 ``match`` (e.g. one script's sha) until ``restore()``, on that connection only: a request answered
-meanwhile did not wait on them."""
+meanwhile did not wait on them. ``hold_requests(match)`` holds such round trips before Redis sees
+them (a write in flight: applied only at ``restore()``)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class RedisRelay:
         self._unheld = asyncio.Event()
         self._unheld.set()
         self._hold: Callable[[bytes], bool] | None = None
+        self._hold_sent: Callable[[bytes], bool] | None = None
         self.held = 0
         """Round trips whose reply ``hold_replies`` held so far."""
 
@@ -94,6 +96,12 @@ class RedisRelay:
     def hold_replies(self, match: Callable[[bytes], bool]) -> None:
         """Hold the reply to every later round trip whose bytes ``match``, until ``restore()``."""
         self._hold = match
+        self._unheld.clear()
+
+    def hold_requests(self, match: Callable[[bytes], bool]) -> None:
+        """Hold every later round trip whose bytes ``match`` before Redis sees it, until
+        ``restore()`` (that connection's later round trips wait behind it)."""
+        self._hold_sent = match
         self._unheld.clear()
 
     def url(self, db: int) -> str:
@@ -120,6 +128,7 @@ class RedisRelay:
         self._replies.set()
         self._allowed = None
         self._hold = None
+        self._hold_sent = None
         self._unheld.set()
 
     async def _requests(self, data: bytes, conn: _Connection) -> None:
@@ -135,6 +144,9 @@ class RedisRelay:
             if self._hold is not None and self._hold(data):
                 conn.held = True
                 self.held += 1
+            if self._hold_sent is not None and self._hold_sent(data):
+                self.held += 1
+                await self._unheld.wait()
             if self._allowed is not None and set(names) - UNCOUNTED:
                 if self._allowed > 0:
                     self._allowed -= 1

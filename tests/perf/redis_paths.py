@@ -21,7 +21,9 @@ here", is more than the 5 ms held: the relay's timer overshoots, and on a loaded
 woken after an idle wait runs its next steps slower (cold caches, a core to wait for), so a bare
 ``difference / 5 ms`` over-counts (issue #32 read 1.5 round trips where the wire shows one).
 Issue #32's goals, at +5 ms: plain chat adds <= 0.2 ms p50; the module call with limits, cache
-and context <= 6 ms, one round trip."""
+and context <= 6 ms, one round trip (its reads and its session's pending-write mark, before the
+model; its writes go after the answer: docs/context.md, "Read-your-writes"). The context session
+call waits on one round trip too."""
 
 from __future__ import annotations
 

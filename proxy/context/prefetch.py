@@ -151,10 +151,17 @@ class ReadThrough:
         if read is not None:
             self._held.update({**read, **self.store.pending(keys)})
 
-    def covered(self) -> bool:
-        """Whether a session write queued now is covered by the call's mark (no ack to wait for)."""
-        marks = self.store.marks()
-        return self._marked and self._mark is not None and marks is not None and marks.covers(self._mark)
+    def covered(self, key: str) -> bool:
+        """Whether a write of the session's ``key`` queued now is covered by the call's mark (no
+        acknowledgement to wait for)."""
+        marks, mark = self.store.marks(), self._mark
+        return (
+            self._marked
+            and mark is not None
+            and mark.covers_key(key)
+            and marks is not None
+            and marks.covers(mark)
+        )
 
     def release(self) -> None:
         """The call is over: its mark goes, after the writes it queued (once)."""
@@ -215,10 +222,11 @@ class ReadThrough:
         quota: ClientQuota | None = None,
         ack: bool = True,
     ) -> None:
-        """``wait`` writes covered by the call's mark do not wait for the acknowledgement."""
+        """``wait`` writes of the session's keys covered by the call's mark do not wait for the
+        acknowledgement."""
         self._held.pop(key, None)
         self._unavailable.discard(key)
-        await self.store.put(key, value, ttl, wait=wait, quota=quota, ack=ack and not self.covered())
+        await self.store.put(key, value, ttl, wait=wait, quota=quota, ack=ack and not self.covered(key))
 
     async def aclose(self) -> None:
         return None  # the app owns the store

@@ -81,6 +81,12 @@ class Mark:
     deadline_ms: int
     started: float
     """On the store's monotonic clock: when the mark was asked for."""
+    scope: str = ""
+    """The prefix of the session's own keys: the writes the mark covers (another key, a user's,
+    is read by other sessions, which do not look at this mark: its writes wait as before)."""
+
+    def covers_key(self, key: str) -> bool:
+        return bool(self.scope) and key.startswith(self.scope)
 
 
 def marks_of(read: dict[str, bytes | None], mark: Mark) -> frozenset[str]:

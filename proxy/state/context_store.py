@@ -99,7 +99,8 @@ class RedisContextStore:
         member = uuid.uuid4().hex
         self._own[member] = now + MARK_TTL_S
         deadline_ms = int((self._wall() + MARK_TTL_S) * 1000)
-        return Mark(identity.key(identity.session_id, "#writing"), member, deadline_ms, now)
+        scope = identity.key(identity.session_id, "")
+        return Mark(scope + "#writing", member, deadline_ms, now, scope)
 
     async def read_marked(self, keys: Sequence[str], mark: Mark) -> dict[str, bytes | None]:
         if self.degraded:

@@ -2,8 +2,11 @@
 
 One ``cogproxy serve`` per Redis setting — Redis off (in-process state), then the benchmark's own
 ``redis-server`` behind a relay adding +0 ms and +5 ms to every reply (``tests/redis_relay.py`` in
-its own process: one delay per round trip) — each in front of the same no-delay upstream, and
-``REQUESTS`` sequential requests (c=1, after ``WARMUP``) of each path:
+its own process: one delay per round trip) — all running at once in front of the same no-delay
+upstream, and ``REQUESTS`` sequential requests (c=1, after ``WARMUP``) of each path to each,
+interleaved (each round sends each path to each cell in turn: load from elsewhere, on a shared
+machine, falls on every cell alike; a request's previous one to the same proxy has finished its
+after-answer work):
 
 * plain chat: ``/v1/chat/completions``, a client with no limits (no cache, no context);
 * plain chat with limits: the same for a client with request and token windows;
@@ -154,26 +157,38 @@ def relay(redis_port: int, delay_ms: float) -> Iterator[int]:
         yield int(proc.stdout.readline())
 
 
-async def _p50_ms(session: aiohttp.ClientSession, base: str, path: BenchPath, cell: str) -> float:
-    times = []
-    for i in range(-WARMUP, REQUESTS):
-        if path.module:  # a new input (a cache miss) in the session of this cell and path
-            body: dict[str, Any] = {"input": {"code": f"x = {i}", "file": "a.py"}}
-            headers = {**path.headers, "X-Cognitive-Session": f"{cell}-{PATHS.index(path)}"}
-        else:
-            body, headers = CHAT, path.headers
-        started = time.perf_counter()
-        async with session.post(base + path.route, json=body, headers=headers) as resp:
-            await resp.read()
-            assert resp.status == 200, (path.name, resp.status, await resp.text())
-        if i >= 0:
-            times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+async def _ms(session: aiohttp.ClientSession, base: str, path: BenchPath, cell: str, i: int) -> float:
+    """One request of ``path`` to ``base``: its time in ms."""
+    if path.module:  # a new input (a cache miss) in the session of this cell and path
+        body: dict[str, Any] = {"input": {"code": f"x = {cell}-{i}", "file": "a.py"}}
+        headers = {**path.headers, "X-Cognitive-Session": f"{cell}-{PATHS.index(path)}"}
+    else:
+        body, headers = CHAT, path.headers
+    started = time.perf_counter()
+    async with session.post(base + path.route, json=body, headers=headers) as resp:
+        await resp.read()
+        assert resp.status == 200, (path.name, resp.status, await resp.text())
+    return (time.perf_counter() - started) * 1000
 
 
-async def _cell(bases: dict[bool, str], cell: str) -> list[float]:
+async def _interleaved(bases: dict[str, dict[bool, str]]) -> dict[str, list[float]]:
+    """p50 per cell and path, the cells' requests interleaved (round ``i``: each path, each cell
+    in turn, the cells' order rotating from round to round), so a burst of load from elsewhere
+    falls on every cell alike, and no cell is always first."""
+    times: dict[str, list[list[float]]] = {label: [[] for _ in PATHS] for label in bases}
+    labels = list(bases)
     async with aiohttp.ClientSession() as session:
-        return [await _p50_ms(session, bases[path.limits_and_cache], path, cell) for path in PATHS]
+        for i in range(-WARMUP, REQUESTS):
+            turn = i % len(labels)
+            for p, path in enumerate(PATHS):
+                for label in labels[turn:] + labels[:turn]:
+                    base = bases[label]
+                    ms = await _ms(
+                        session, base[path.limits_and_cache], path, f"cell{list(bases).index(label)}", i
+                    )
+                    if i >= 0:
+                        times[label][p].append(ms)
+    return {label: [statistics.median(cell) for cell in per_path] for label, per_path in times.items()}
 
 
 def run(serve_command: Any, free_port: Any, wait_port: Any, tmpdir: Path) -> None:
@@ -185,23 +200,23 @@ def run(serve_command: Any, free_port: Any, wait_port: Any, tmpdir: Path) -> Non
     up_port = free_port()
     (tmpdir / "paths-keys").write_text(KEYS)
     r_port = redis_port()
-    results: dict[str, list[float]] = {}
-    with process([sys.executable, __file__, "--upstream", str(up_port)]):
+    redis.Redis(port=r_port, db=DB).flushdb()
+    with process([sys.executable, __file__, "--upstream", str(up_port)]), contextlib.ExitStack() as stack:
         wait_port(up_port)
+        bases: dict[str, dict[bool, str]] = {}
         for label, delay in (("Redis off", None), *((f"+{d:g} ms", d) for d in DELAYS_MS)):
-            redis.Redis(port=r_port, db=DB).flushdb()
-            with redis_url_for(r_port, delay) as url, contextlib.ExitStack() as proxies:
-                bases: dict[bool, str] = {}
-                for configured in (False, True):
-                    path = tmpdir / f"paths-policy-{configured}.yaml"
-                    path.write_text(policy(up_port, limits_and_cache=configured))
-                    port = free_port()
-                    args = ["--log-level", "warning", "--api-keys-file", str(tmpdir / "paths-keys")]
-                    args += ["--redis-url", url] if url else []
-                    proxies.enter_context(process(serve_command(path, port, *args)))
-                    wait_port(port)
-                    bases[configured] = f"http://127.0.0.1:{port}"
-                results[label] = asyncio.run(_cell(bases, f"cell{len(results)}"))
+            url = stack.enter_context(redis_url_for(r_port, delay))
+            bases[label] = {}
+            for configured in (False, True):
+                path = tmpdir / f"paths-policy-{configured}.yaml"
+                path.write_text(policy(up_port, limits_and_cache=configured))
+                port = free_port()
+                args = ["--log-level", "warning", "--api-keys-file", str(tmpdir / "paths-keys")]
+                args += ["--redis-url", url] if url else []
+                stack.enter_context(process(serve_command(path, port, *args)))
+                wait_port(port)
+                bases[label][configured] = f"http://127.0.0.1:{port}"
+        results = asyncio.run(_interleaved(bases))
     redis.Redis(port=r_port, db=DB).flushdb()
     _report(results)
 

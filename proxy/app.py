@@ -54,7 +54,7 @@ from proxy.service.shadow import ClientActivity, ShadowJudge
 from proxy.settings import Settings
 from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import FeedbackStore, MemoryFeedbackStore, RedisFeedbackStore
-from proxy.state.outbox import HashWrite, KeyWrite, RedisOutbox, StreamWrite, Write
+from proxy.state.outbox import HashWrite, KeyWrite, MarkDone, RedisOutbox, StreamWrite, Write
 from proxy.state.redis_client import RedisOptions, discover
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.review_queue import ReviewQueue
@@ -230,7 +230,7 @@ def _outbox(app: web.Application, redis: RedisOptions) -> RedisOutbox:
     settings, metrics = app[SETTINGS], app[METRICS]
 
     def dropped(write: Write) -> None:
-        if isinstance(write, KeyWrite):
+        if isinstance(write, KeyWrite | MarkDone):  # a mark's removal: a context write's step
             metrics.context_writes_dropped.inc()
         elif isinstance(write, HashWrite):
             metrics.feedback_writes_dropped.inc()

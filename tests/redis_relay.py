@@ -7,14 +7,18 @@ commands but holds Redis's replies (a write applied whose answer never came), ``
 It also counts round trips as the wire shows them (``turns``): on one connection, the commands a
 client sends before Redis's next reply are one round trip, however many a pipeline holds.
 ``allow_turns(n)`` forwards the next ``n`` round trips (pings and the like not counted) and holds
-every later one until ``restore()``: an answer that comes all the same waited on ``n`` at most."""
+every later one until ``restore()``: an answer that comes all the same waited on ``n`` at most.
+``hold_replies(match)`` forwards every command but holds the reply to each round trip whose bytes
+``match`` (e.g. one script's sha) until ``restore()``, on that connection only: a request answered
+meanwhile did not wait on them. ``hold_requests(match)`` holds such round trips before Redis sees
+them (a write in flight: applied only at ``restore()``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -54,6 +58,8 @@ class _Connection:
         self.pending = b""
         self.replied = True
         self.turn: list[str] | None = None
+        self.held = False
+        """The reply to this connection's round trip is held (``RedisRelay.hold_replies``)."""
 
 
 class RedisRelay:
@@ -73,6 +79,10 @@ class RedisRelay:
         self._allowed: int | None = None
         self._unheld = asyncio.Event()
         self._unheld.set()
+        self._hold: Callable[[bytes], bool] | None = None
+        self._hold_sent: Callable[[bytes], bool] | None = None
+        self.held = 0
+        """Round trips whose reply ``hold_replies`` held so far."""
 
     def counted(self) -> list[list[str]]:
         """The round trips of requests' work: those with a command other than upkeep."""
@@ -81,6 +91,17 @@ class RedisRelay:
     def allow_turns(self, count: int) -> None:
         """Forward ``count`` more counted round trips; hold every later one until ``restore()``."""
         self._allowed = count
+        self._unheld.clear()
+
+    def hold_replies(self, match: Callable[[bytes], bool]) -> None:
+        """Hold the reply to every later round trip whose bytes ``match``, until ``restore()``."""
+        self._hold = match
+        self._unheld.clear()
+
+    def hold_requests(self, match: Callable[[bytes], bool]) -> None:
+        """Hold every later round trip whose bytes ``match`` before Redis sees it, until
+        ``restore()`` (that connection's later round trips wait behind it)."""
+        self._hold_sent = match
         self._unheld.clear()
 
     def url(self, db: int) -> str:
@@ -106,6 +127,8 @@ class RedisRelay:
         self._resume.set()
         self._replies.set()
         self._allowed = None
+        self._hold = None
+        self._hold_sent = None
         self._unheld.set()
 
     async def _requests(self, data: bytes, conn: _Connection) -> None:
@@ -118,6 +141,12 @@ class RedisRelay:
             conn.replied = False
             self.turns.append(conn.turn)
             conn.turn.extend(names)
+            if self._hold is not None and self._hold(data):
+                conn.held = True
+                self.held += 1
+            if self._hold_sent is not None and self._hold_sent(data):
+                self.held += 1
+                await self._unheld.wait()
             if self._allowed is not None and set(names) - UNCOUNTED:
                 if self._allowed > 0:
                     self._allowed -= 1
@@ -139,6 +168,9 @@ class RedisRelay:
                 await self._resume.wait()
                 if replies:
                     await self._replies.wait()
+                    if conn.held:
+                        await self._unheld.wait()
+                        conn.held = False
                     if self.delay_s:
                         await asyncio.sleep(self.delay_s)
                     conn.replied = True

@@ -15,6 +15,7 @@ from proxy.api.errors import ApiError, json_response, retry_after_value
 from proxy.api.middleware import CALLER
 from proxy.clients import Caller
 from proxy.context.prefetch import Prefetched
+from proxy.context.store import Mark
 from proxy.contract.inputs import estimate_tokens
 from proxy.limits.limiter import Admission, Limiter, ratelimit_headers
 from proxy.observability.metrics import Metrics
@@ -77,13 +78,14 @@ async def _admit(
     keep: Callable[[Admission | None], None],
     downgradable: bool,
     reads: Sequence[str] = (),
+    mark: Mark | None = None,
 ) -> int | None:
     """``admit`` without the request: ``keep`` receives the admission before any 429 is raised."""
     limits = policy.limits
     if not limits.active:
         keep(None)
         return None
-    admission = await quota.admit(limits, who, estimate(), reads=reads)
+    admission = await quota.admit(limits, who, estimate(), reads=reads, mark=mark)
     keep(admission)
     refused = admission.refused
     if refused is not None:
@@ -154,18 +156,20 @@ class CallLimits:
         value: Any,
         reads: Sequence[str] = (),
         pending: Mapping[str, bytes] | None = None,
+        mark: Mark | None = None,
     ) -> int | None:
-        """Admit the call once; ``reads``: keys the limiter reads in the check's round trip, kept
-        with ``pending`` (the writes they may not see) as ``prefetched``, for this call's run
-        (a streamed call is admitted at the edge and run by its producer)."""
+        """Admit the call once; ``reads``: keys the limiter reads in the check's round trip (with
+        ``mark``, the session call's pending-write mark), kept with ``pending`` (the writes they
+        may not see) as ``prefetched``, for this call's run (a streamed call is admitted at the
+        edge and run by its producer)."""
         if not self.admitted:
             estimate = partial(estimate_input_tokens, value)
             self._rung = await _admit(
-                self._quota, self._metrics, policy, self._who, estimate, self._keep, True, reads
+                self._quota, self._metrics, policy, self._who, estimate, self._keep, True, reads, mark
             )
             read = None if self.admission is None else self.admission.read
             if reads and read is not None:
-                self.prefetched = Prefetched(tuple(reads), read, dict(pending or {}))
+                self.prefetched = Prefetched(tuple(reads), read, dict(pending or {}), mark)
         return self._rung
 
     def settle(self, tokens: int, cost_usd: float) -> None:

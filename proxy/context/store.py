@@ -22,7 +22,7 @@ from typing import Protocol
 
 import structlog
 
-from proxy.context.identity import namespace_in
+from proxy.context.identity import Identity, namespace_in
 from proxy.module.context_spec import TTL_PERSISTENT
 from proxy.retained import retained
 
@@ -60,6 +60,69 @@ class ContextUnavailable(Exception):
     """The store cannot answer now (Redis down)."""
 
 
+MARK_TTL_S = 60
+"""How long a session call's pending-write mark lives (docs/context.md, "Read-your-writes"): a
+call that answers later than ``MARK_TTL_S - MARK_MARGIN_S`` after its read waits for its writes'
+acknowledgement instead; a replica that died mid-call leaves its mark this long at most."""
+MARK_MARGIN_S = 5
+"""Clock skew between replicas a mark's deadline allows for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A session call's mark in its session's set of calls whose writes may be in flight (a sorted
+    set: member ``member``, score the deadline in epoch ms). Added in the round trip that reads
+    the call's keys, before the model is asked; removed through the outbox after the call's
+    writes, in order with them. A reader that sees another replica's mark re-reads until it is
+    gone, at most the context timeout."""
+
+    key: str
+    member: str
+    deadline_ms: int
+    started: float
+    """On the store's monotonic clock: when the mark was asked for."""
+    scope: str = ""
+    """The prefix of the session's own keys: the writes the mark covers (another key, a user's,
+    is read by other sessions, which do not look at this mark: its writes wait as before)."""
+
+    def covers_key(self, key: str) -> bool:
+        return bool(self.scope) and key.startswith(self.scope)
+
+
+def marks_of(read: dict[str, bytes | None], mark: Mark) -> frozenset[str]:
+    """The members alive in ``mark``'s set when ``read`` was read (the store answers them under
+    the set's key, newline-separated), taken out of ``read``."""
+    raw = read.pop(mark.key, None) or b""
+    return frozenset(part.decode() for part in raw.split(b"\n") if part)
+
+
+class SessionMarks(Protocol):
+    """The marks of a store shared by replicas (Redis); a store of one process has none."""
+
+    def mark(self, identity: Identity) -> Mark | None:
+        """A new mark for a call of ``identity``'s session (None without a session)."""
+        ...
+
+    async def read_marked(self, keys: Sequence[str], mark: Mark) -> dict[str, bytes | None]:
+        """``keys`` and the marks alive (under ``mark.key``), then ``mark`` added: one round trip."""
+        ...
+
+    async def wait_for_writes(
+        self, keys: Sequence[str], mark: Mark, alive: frozenset[str]
+    ) -> dict[str, bytes | None] | None:
+        """Re-read ``keys`` while a mark of ``alive`` not of this replica remains, at most the
+        context timeout; the last values read, or None when there was nothing to wait for."""
+        ...
+
+    def covers(self, mark: Mark) -> bool:
+        """Whether ``mark`` still stands for a write queued now (its deadline not near)."""
+        ...
+
+    def release(self, mark: Mark) -> None:
+        """Remove ``mark`` after every write queued so far (through the outbox, in order)."""
+        ...
+
+
 class ContextStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
@@ -72,13 +135,25 @@ class ContextStore(Protocol):
         now must answer in place of the store's (read-your-writes on this replica)."""
         ...
 
+    def marks(self) -> SessionMarks | None:
+        """The store's pending-write marks (a store shared by replicas), or None."""
+        ...
+
     async def put(
-        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+        self,
+        key: str,
+        value: bytes,
+        ttl: int,
+        *,
+        wait: bool = True,
+        quota: ClientQuota | None = None,
+        ack: bool = True,
     ) -> None:
         """Store ``value``; ``wait``: the session's next call must read it (read-your-writes:
-        this replica reads it at once, and the call waits for the store to acknowledge it, up to
-        the store's timeout), else it goes in the background and a read may miss it; ``quota``:
-        the key's client's (its namespace)."""
+        this replica reads it at once, and, with ``ack``, the call waits for the store to
+        acknowledge it, up to the store's timeout; without, a mark tells other replicas), else it
+        goes in the background and a read may miss it; ``quota``: the key's client's (its
+        namespace)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -100,10 +175,20 @@ class QuotaStore:
     def pending(self, keys: Iterable[str]) -> dict[str, bytes]:
         return self.store.pending(keys)
 
+    def marks(self) -> SessionMarks | None:
+        return self.store.marks()
+
     async def put(
-        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+        self,
+        key: str,
+        value: bytes,
+        ttl: int,
+        *,
+        wait: bool = True,
+        quota: ClientQuota | None = None,
+        ack: bool = True,
     ) -> None:
-        await self.store.put(key, value, ttl, wait=wait, quota=quota or self.quota)
+        await self.store.put(key, value, ttl, wait=wait, quota=quota or self.quota, ack=ack)
 
     async def aclose(self) -> None:
         return None  # the app owns the store
@@ -155,12 +240,22 @@ class MemoryContextStore:
     def pending(self, keys: Iterable[str]) -> dict[str, bytes]:
         return {}  # a write is here when ``put`` returns
 
+    def marks(self) -> SessionMarks | None:
+        return None  # one process: every read sees every write
+
     def client_usage(self, namespace: str) -> tuple[int, int]:
         """(entries, bytes) the client ``namespace`` holds."""
         return len(self._clients.get(namespace, ())), self._client_bytes.get(namespace, 0)
 
     async def put(
-        self, key: str, value: bytes, ttl: int, *, wait: bool = True, quota: ClientQuota | None = None
+        self,
+        key: str,
+        value: bytes,
+        ttl: int,
+        *,
+        wait: bool = True,
+        quota: ClientQuota | None = None,
+        ack: bool = True,
     ) -> None:
         if ttl == 0:
             return

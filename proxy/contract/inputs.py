@@ -37,8 +37,6 @@ def estimate_tokens(value: Any) -> int:
     return math.ceil(len(orjson.dumps(value)) / BYTES_PER_TOKEN)
 
 
-
-
 def check_input(
     module: ModuleContract, value: Any, *, schema: bool = True, sized: Callable[[Any], Any] | None = None
 ) -> dict[str, Any] | None:

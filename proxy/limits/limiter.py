@@ -15,6 +15,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from proxy.clients import Caller
+from proxy.context.store import Mark
 from proxy.limits.windows import MICRO, Counters, MemoryCounters, Read, RedisCounters, Window, WindowState
 from proxy.policy.limits import LimitSpec, LimitsPolicy
 from proxy.state.redis_client import RETRY_AFTER_S, RedisHealth, RedisOptions, redis_client
@@ -184,12 +185,16 @@ class Limiter:
         return self.shared and self.health.down
 
     async def _run(
-        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+        self,
+        hits: Sequence[tuple[Window, int]],
+        spend_keys: Sequence[str],
+        reads: Sequence[str],
+        mark: Mark | None,
     ) -> tuple[list[WindowState], list[int], Read]:
         failed: Read = None
         if not self.degraded:
             try:
-                result = await self.counters.hit_and_read(hits, spend_keys, reads)
+                result = await self.counters.hit_and_read(hits, spend_keys, reads, mark)
             except (RedisError, OSError) as exc:
                 self._fail(exc)
                 failed = exc if reads else None  # the reads went down with the check
@@ -228,10 +233,12 @@ class Limiter:
         *,
         count: bool = True,
         reads: Sequence[str] = (),
+        mark: Mark | None = None,
     ) -> Admission:
         """Take one request and ``estimate`` tokens from every window of ``caller`` (``count``
         false: only read them) and read the spend of every budget; read ``reads`` (keys of the
-        call's context and result cache) in the same round trip (``Admission.read``)."""
+        call's context and result cache; ``mark``: the session call's pending-write mark, read and
+        added) in the same round trip (``Admission.read``)."""
         if not policy.active:
             return Admission(caller)
         plan = self._plan(policy, caller)
@@ -241,7 +248,7 @@ class Limiter:
         ]
         spent_keys = plan.spend_keys if not count else plan.budget_keys
         if hits or spent_keys or reads:
-            states, spent, read = await self._run(hits, spent_keys, reads)
+            states, spent, read = await self._run(hits, spent_keys, reads, mark)
         else:  # no window, no budget and nothing to read (limits only for others): no round trip
             states, spent, read = [], [], None
         spent_by_key = dict(zip(spent_keys, spent, strict=True))

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from proxy.context.store import Mark
 from proxy.state.pipelined import Pipelined, ScriptCall, script_and_reads
 
 MICRO = 1_000_000
@@ -103,9 +104,14 @@ class Counters(Protocol):
         ...
 
     async def hit_and_read(
-        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+        self,
+        hits: Sequence[tuple[Window, int]],
+        spend_keys: Sequence[str],
+        reads: Sequence[str],
+        mark: Mark | None = None,
     ) -> tuple[list[WindowState], list[int], Read]:
-        """``hit``, and the values of ``reads`` in the same round trip (``Read``)."""
+        """``hit``, and the values of ``reads`` (with ``mark``: its session's marks read, and it
+        added, ``proxy.state.pipelined.queue_marked_read``) in the same round trip (``Read``)."""
         ...
 
     async def settle(
@@ -173,7 +179,11 @@ class MemoryCounters:
         return states, [self._spend.get(key, 0) for key in spend_keys]
 
     async def hit_and_read(
-        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+        self,
+        hits: Sequence[tuple[Window, int]],
+        spend_keys: Sequence[str],
+        reads: Sequence[str],
+        mark: Mark | None = None,
     ) -> tuple[list[WindowState], list[int], Read]:
         states, spent = await self.hit(hits, spend_keys)
         return states, spent, None  # nothing of Redis is read here
@@ -297,7 +307,11 @@ class RedisCounters:
         return states, spent
 
     async def hit_and_read(
-        self, hits: Sequence[tuple[Window, int]], spend_keys: Sequence[str], reads: Sequence[str]
+        self,
+        hits: Sequence[tuple[Window, int]],
+        spend_keys: Sequence[str],
+        reads: Sequence[str],
+        mark: Mark | None = None,
     ) -> tuple[list[WindowState], list[int], Read]:
         """The check and the reads pipelined: one round trip (``proxy.state.pipelined``)."""
         keys = [key for window, _ in hits for key in window_keys(window.key)]
@@ -305,7 +319,7 @@ class RedisCounters:
             value for window, cost in hits for value in (window.limit, window.window_s, cost)
         ]
         call = ScriptCall(self._hit, keys + [spend_key(k) for k in spend_keys], args)
-        answered: Pipelined = await script_and_reads(self._redis, call, reads)
+        answered: Pipelined = await script_and_reads(self._redis, call, reads, mark)
         reply = answered.reply
         states = []
         for i, (window, _) in enumerate(hits):

@@ -23,10 +23,10 @@ from proxy.context.identity import (
     check_id,
     namespace_of,
 )
-from proxy.context.prefetch import Prefetched, ReadThrough, planned_reads
+from proxy.context.prefetch import Prefetched, ReadThrough, planned_identity, planned_reads
 from proxy.context.sanitise import NameMatcher
 from proxy.context.step import CallerContext
-from proxy.context.store import ClientQuota, ContextStore, QuotaStore
+from proxy.context.store import ClientQuota, ContextStore, Mark, QuotaStore
 from proxy.contract.errors import Code, Origin, error_envelope
 from proxy.media.step import MediaEnv
 from proxy.module.model import Module
@@ -56,10 +56,12 @@ class Limits(Protocol):
         value: Any,
         reads: Sequence[str] = (),
         pending: Mapping[str, bytes] | None = None,
+        mark: Mark | None = None,
     ) -> int | None:
         """Count the call (once); raise the edge's 429 when it does not fit. Returns the rung a
         downgraded call is capped at. ``reads``: context-store keys to read in the same round
-        trip, kept with ``pending`` (the writes the read may not see) as ``prefetched``."""
+        trip (``mark``: the session call's pending-write mark, read and added with them), kept
+        with ``pending`` (the writes the read may not see) as ``prefetched``."""
 
     @property
     def prefetched(self) -> Prefetched | None:
@@ -238,17 +240,32 @@ async def _run(
 
 async def _admit(call: ModuleCall, context: CallerContext) -> int | None:
     """The limits check, with the keys the call will read from the context store (its context,
-    its result-cache entry) in the same round trip: one round trip to Redis before the model is
-    asked (``proxy.context.prefetch``). Returns the rung a downgraded call is capped at."""
+    its result-cache entry) and its session's pending-write mark in the same round trip: one
+    round trip to Redis before the model is asked (``proxy.context.prefetch``). Returns the rung
+    a downgraded call is capped at."""
     policy, store = call.runtime.policy, context.store
     # without limits the pipeline reads them (``read_ahead``): no round trip to share
     reads = planned_reads(call.module, call.value, context, policy) if policy.limits.active else ()
+    mark = None
+    if reads and isinstance(store, ReadThrough) and call.limits.prefetched is None:  # not admitted yet
+        mark = store.plan_mark(planned_identity(call.module, call.value, context), sent=True)
     pending = store.pending(reads)  # before the read is sent: what it cannot see yet
-    top_rung = await call.limits.admit(policy, call.value, reads, pending)
+    try:
+        top_rung = await call.limits.admit(policy, call.value, reads, pending, mark)
+    except BaseException:  # refused (429) or cancelled: no write will follow the mark
+        _release(context)
+        raise
     prefetched = call.limits.prefetched
     if prefetched is not None and prefetched.keys == reads and isinstance(store, ReadThrough):
         store.hold(prefetched)
+        await store.wait_for_writes()
     return top_rung
+
+
+def _release(context: CallerContext) -> None:
+    """The call's pending-write mark goes, after every write the call queued."""
+    if isinstance(context.store, ReadThrough):
+        context.store.release()
 
 
 async def admit_call(call: ModuleCall, services: Services) -> None:
@@ -273,7 +290,10 @@ async def answer_module(call: ModuleCall, services: Services) -> Answered:
         return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))
     top_rung = await _admit(call, context)
     spent = Spent()
-    answer = await traced_module(module, _run(call, services, context, top_rung, spent))
+    try:
+        answer = await traced_module(module, _run(call, services, context, top_rung, spent))
+    finally:  # the session's writes are queued (an accepted answer's), or there are none
+        _release(context)
     fields: dict[str, Any] = {} if answer.cache is None else {"cache": answer.cache}
     fields.update(
         tier=module.tier,

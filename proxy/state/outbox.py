@@ -118,6 +118,7 @@ if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
 else redis.call('SET', KEYS[2], ARGV[3]) end
 """
 _HSET = "redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) redis.call('PEXPIREAT', KEYS[2], ARGV[5])"
+_ZREM = "redis.call('ZREM', KEYS[2], ARGV[3]) redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])"
 _QUOTA_SET = """
 local key, idx, sizes = KEYS[2], KEYS[3], KEYS[4]
 local value, ttl, max_n, max_b = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -141,7 +142,7 @@ end
 """
 SCRIPTS = {
     name: _ONCE.format(body=body)
-    for name, body in {"xadd": _XADD, "set": _SET, "hset": _HSET, "quota": _QUOTA_SET}.items()
+    for name, body in {"xadd": _XADD, "set": _SET, "hset": _HSET, "quota": _QUOTA_SET, "zrem": _ZREM}.items()
 }
 """The Lua of each kind of write, loaded once per connection to Redis and called by its sha."""
 
@@ -183,12 +184,25 @@ class HashWrite:
     id: str = ""
 
 
-Write = StreamWrite | KeyWrite | HashWrite
+@dataclass(frozen=True, slots=True)
+class MarkDone:
+    """One ZREM of ``member`` from the sorted set ``key`` (a session call's pending-write mark,
+    ``proxy.context.store.Mark``), with the set's members past ``now_ms`` (dead marks) pruned."""
+
+    key: str
+    member: str
+    now_ms: int
+    id: str = ""
+
+
+Write = StreamWrite | KeyWrite | HashWrite | MarkDone
 
 
 def _from_spool(raw: dict[str, Any]) -> Write:
     """A write as ``_to_spool`` wrote it; TypeError (or KeyError, ValueError) for any other shape,
     which Redis would refuse or the delivery task choke on, blocking every write behind it."""
+    if "member" in raw:
+        return MarkDone(_text(raw, "key"), _text(raw, "member"), int(raw["now_ms"]), _text(raw, "id"))
     if "field" in raw:
         return HashWrite(
             _text(raw, "key"), _text(raw, "field"), _text(raw, "value"), _expires_at_ms(raw), _text(raw, "id")
@@ -235,6 +249,8 @@ def _call_of(write: Write) -> tuple[str, list[str], list[Any]]:
         return "xadd", [write.stream], [write.maxlen, *pairs, "outbox_id", write.id]
     if isinstance(write, HashWrite):
         return "hset", [write.key], [write.field, write.value, write.expires_at_ms]
+    if isinstance(write, MarkDone):
+        return "zrem", [write.key], [write.member, write.now_ms]
     if not write.owner:
         return "set", [write.key], [write.value, write.ttl or -1]
     base = f"{QUOTA_PREFIX}{{{write.owner}}}"
@@ -321,7 +337,7 @@ class RedisOutbox:
         """Queue ``write`` for delivery; False (and ``on_drop``) when the outbox is full."""
         return self._enqueue(write) is not None
 
-    def put_key(self, write: KeyWrite) -> asyncio.Future[bool] | None:
+    def put_key(self, write: KeyWrite | MarkDone) -> asyncio.Future[bool] | None:
         """Queue ``write``; the future completes (True) once Redis acknowledged it, or False when
         Redis refused it. None (and ``on_drop``) when the outbox is full."""
         queued = self._enqueue(write)

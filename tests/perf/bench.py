@@ -36,8 +36,9 @@ call that carries no context, against the input check and prompt rendering of th
 ``--redis-paths`` runs only the Redis-on-the-request-path section (also in the full run, after
 the context section; no wrk; ``redis_paths.py``): p50 at c=1 of plain chat, plain chat with limits,
 a module call with limits, cache and context, and a context session call, with Redis off and with
-the benchmark's own ``redis-server`` behind a relay adding +0 ms and +5 ms per round trip; each as
-a difference from Redis off in the same run, and issue #32's goals at +5 ms.
+the benchmark's own ``redis-server`` behind a relay adding +0 ms and +5 ms per round trip (the
+cells' requests interleaved); each as a difference from Redis off in the same run, the round trips
+each answer waits on (in the run's cost of one), and issue #32's goals at +5 ms.
 
 ``--stream-copy`` runs only the stream-recovery copy section (also in the full run, after the Redis
 paths; no wrk; the load of ``tests/state/test_stream_mirror.py``, from ``tests/support/stream_copy.py``):

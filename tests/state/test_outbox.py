@@ -22,6 +22,7 @@ from proxy.state.outbox import (
     MARK_TTL_S,
     HashWrite,
     KeyWrite,
+    MarkDone,
     RedisOutbox,
     StreamWrite,
     Write,
@@ -222,8 +223,11 @@ async def test_every_kind_of_write_lands_as_its_command(redis_db: Any, stream: s
     outbox.put(HashWrite(f"{stream}:hash", "alice", "record", int(time.time() * 1000) + 30_000))
     for n in range(3):
         outbox.put(KeyWrite(f"{stream}:q{n}", "xx", 60, owner=owner, max_entries=2, max_bytes=1000))
+    await redis_db.zadd(f"{stream}:marks", {"done": 5000, "dead": 1000, "alive": 9000})
+    outbox.put(MarkDone(f"{stream}:marks", "done", 2000))  # its mark, and the marks dead by then
     await delivered(outbox)
     await outbox.aclose()
+    assert await redis_db.zrange(f"{stream}:marks", 0, -1) == ["alive"]
     assert await redis_db.get(f"{stream}:forever") == "a" and await redis_db.ttl(f"{stream}:forever") == -1
     assert await redis_db.hgetall(f"{stream}:hash") == {"alice": "record"}
     assert 29_000 < await redis_db.pttl(f"{stream}:hash") <= 30_000
@@ -306,6 +310,7 @@ async def test_every_kind_of_write_comes_back_from_the_spool_as_it_went_in(tmp_p
     first.put(KeyWrite("k", "v", None))
     first.put(KeyWrite("k2", "v2", 30, owner="o", max_entries=3, max_bytes=99))
     first.put(HashWrite("h", "alice", "record", 1234))
+    first.put(MarkDone("m", "call-1", 5678))
     await first.aclose()
     written = (tmp_path / SPOOL_FILE).read_bytes()
     second = RedisOutbox(RedisOptions(UNREACHABLE), spool_dir=tmp_path)  # parses every line, writes them back
@@ -316,6 +321,7 @@ async def test_every_kind_of_write_comes_back_from_the_spool_as_it_went_in(tmp_p
         ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
         ["id", "key", "max_bytes", "max_entries", "owner", "ttl", "value"],
         ["expires_at_ms", "field", "id", "key", "value"],
+        ["id", "key", "member", "now_ms"],
     ]
     assert spooled(tmp_path)[2] | {"id": ""} == {
         "key": "k2",

@@ -91,20 +91,33 @@ async def test_the_limits_check_and_a_clients_context_reads_go_in_one_cluster_pi
     options: RedisOptions,
 ) -> None:
     """The limits script (its own slot) and the MGET of one client's keys (its namespace's slot)
-    pipelined: each node gets its command, neither is refused with CROSSSLOT."""
+    pipelined: each node gets its command, neither is refused with CROSSSLOT; the session's
+    pending-write mark (its marks read, its own added) goes to the client's node with the MGET, and
+    its removal through the outbox lands there too."""
     identity = Identity("00112233445566778899aabbccddeeff", "s3")
     keys = [identity.key("s3", "session_state"), identity.key("cache", "m", "h")]
     assert key_slot(keys[0].encode()) != key_slot(window_keys("client:app-id:req")[0].encode())
     writer: Any = redis_client(options, "context")
     limiter = Limiter.build(options, 1, lambda down: None)
+    outbox = RedisOutbox(options)
+    outbox.start()
+    store = RedisContextStore(options, outbox)
+    mark = store.mark(identity)
+    assert mark is not None and key_slot(mark.key.encode()) == key_slot(keys[0].encode())
     try:
         await writer.set(keys[0], b"state")
-        admitted = await limiter.admit(POLICY, CALLER, 10, reads=keys)
+        admitted = await limiter.admit(POLICY, CALLER, 10, reads=keys, mark=mark)
         assert not limiter.degraded and admitted.refused is None
-        assert admitted.read == {keys[0]: b"state", keys[1]: None}
+        assert admitted.read == {keys[0]: b"state", keys[1]: None, mark.key: b""}  # no other mark alive
+        assert await writer.zrange(mark.key, 0, -1) == [mark.member.encode()]
+        store.release(mark)
+        await eventually(lambda: _delivered(outbox), "the outbox delivered the mark's removal")
+        assert await writer.zcard(mark.key) == 0
     finally:
         await limiter.aclose()
         await writer.aclose()
+        await store.aclose()
+        await outbox.aclose()
 
 
 async def test_outbox_writes_of_every_kind_land_once_in_the_cluster(options: RedisOptions) -> None:

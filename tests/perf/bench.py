@@ -96,10 +96,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from tests.perf.peers import Peer
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -282,11 +285,19 @@ def _ms(text: str) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
-def wrk(url: str, body: dict[str, object], connections: int, duration: int, script_dir: Path) -> WrkResult:
+def wrk(
+    url: str,
+    body: dict[str, object],
+    connections: int,
+    duration: int,
+    script_dir: Path,
+    headers: dict[str, str] | None = None,
+) -> WrkResult:
     script = script_dir / "post.lua"
+    sets = "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items())
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = [[{json.dumps(body)}]]\n"
+        f"{sets}wrk.body = [[{json.dumps(body)}]]\n"
     )
     threads = min(connections, 2)
     out = subprocess.run(
@@ -308,6 +319,12 @@ def wrk(url: str, body: dict[str, object], connections: int, duration: int, scri
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children (a peer's workers), those alive now."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return cpu_seconds(pid) + sum(tree_cpu_seconds(int(child)) for child in children)
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -367,7 +384,7 @@ def memory_section(url: str, pid: int) -> None:
         )
 
 
-async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
+async def ttfb(url: str, concurrency: int, total: int, headers: dict[str, str] | None = None) -> list[float]:
     """Time to the first streamed byte, in ms, over ``total`` requests ``concurrency`` at a time."""
     import aiohttp
 
@@ -379,7 +396,7 @@ async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
         async def worker() -> None:
             for _ in queue:
                 start = time.perf_counter()
-                async with session.post(url, json=STREAM_BODY) as resp:
+                async with session.post(url, json=STREAM_BODY, headers=headers) as resp:
                     await resp.content.readany()
                     samples.append((time.perf_counter() - start) * 1000)
                     await resp.read()
@@ -433,56 +450,121 @@ ROUNDS = 2
 other round), so machine drift hits the floor and the proxy alike."""
 
 
-def relay_section(
-    ends: Endpoints, floor_pid: int, proxy_pid: int, args: argparse.Namespace, tmp: Path
+@dataclass(frozen=True)
+class Case:
+    """One row of the relay section: a server (``pid``, None for the upstream itself) and a call."""
+
+    name: str
+    url: str
+    body: dict[str, object]
+    pid: int | None
+    headers: dict[str, str] | None = None
+    peer: bool = False
+    """Another gateway (``peers.py``): measured at ``PEER_CONCURRENCY`` only; one that fails under
+    the load is left out with the reason, not the bench."""
+
+
+PEER_CONCURRENCY = (1, 16)
+
+
+def _measure(
+    case: Case, conc: int, args: argparse.Namespace, tmp: Path, runs: dict[tuple[str, int], Runs]
 ) -> None:
-    """The floor relay and the proxy against the same upstream in one run, and the #21 goals."""
-    cases: list[tuple[str, str, dict[str, object], int | None]] = [
-        ("direct", ends.chat(ends.upstream), CHAT_BODY, None),
-        ("floor relay", ends.chat(ends.floor), CHAT_BODY, floor_pid),
-        ("passthrough", ends.chat(ends.proxy), CHAT_BODY, proxy_pid),
-        ("module (execute)", ends.module, MODULE_BODY, proxy_pid),
+    cpu0 = tree_cpu_seconds(case.pid) if case.pid else 0.0
+    res = wrk(case.url, case.body, conc, args.duration, tmp, case.headers)
+    entry = runs.setdefault((case.name, conc), Runs([], []))
+    entry.results.append(res)
+    if case.pid:
+        entry.cpu_ms.append((tree_cpu_seconds(case.pid) - cpu0) * 1000 / max(res.requests, 1))
+
+
+def relay_section(
+    ends: Endpoints,
+    floor_pid: int,
+    proxy_pid: int,
+    args: argparse.Namespace,
+    tmp: Path,
+    peers: Sequence[Peer] = (),
+) -> None:
+    """The floor relay and the proxy (and ``peers``) against the same upstream in one run, and the
+    #21 goals."""
+    cases = [
+        Case("direct", ends.chat(ends.upstream), CHAT_BODY, None),
+        Case("floor relay", ends.chat(ends.floor), CHAT_BODY, floor_pid),
+        Case("passthrough", ends.chat(ends.proxy), CHAT_BODY, proxy_pid),
+        *(Case(p.name, p.url, CHAT_BODY, p.process.pid, p.headers, peer=True) for p in peers),
     ]
-    for _, url, body, _pid in cases[1:]:
-        wrk(url, body, 4, 2, tmp)  # warm-up: imports, pools, caches
+    if not args.peers_only:
+        cases.append(Case("module (execute)", ends.module, MODULE_BODY, proxy_pid))
+    for case in cases[1:]:
+        wrk(case.url, case.body, 4, 2, tmp, case.headers)  # warm-up: imports, pools, caches
     runs: dict[tuple[str, int], Runs] = {}
+    failed: set[str] = set()
     for round_no in range(ROUNDS):
         order = cases if round_no % 2 == 0 else cases[::-1]
         for conc in args.concurrency:
-            for name, url, body, pid in order:
-                cpu0 = cpu_seconds(pid) if pid else 0.0
-                res = wrk(url, body, conc, args.duration, tmp)
-                entry = runs.setdefault((name, conc), Runs([], []))
-                entry.results.append(res)
-                if pid:
-                    entry.cpu_ms.append((cpu_seconds(pid) - cpu0) * 1000 / max(res.requests, 1))
+            for case in order:
+                if case.peer and (conc not in PEER_CONCURRENCY or case.name in failed):
+                    continue
+                try:
+                    _measure(case, conc, args, tmp, runs)
+                except (RuntimeError, subprocess.CalledProcessError) as exc:
+                    if not case.peer:
+                        raise
+                    print(f"peers: {case.name} left out: {exc}")
+                    failed.add(case.name)
     print(
         f"{'case':<22}{'conc':>5}{'direct p50':>12}{'p50':>9}{'overhead p50':>14}{'p99':>9}"
         f"{'rps':>9}{'vs direct':>11}{'cpu ms/req':>12}"
     )
     for conc in args.concurrency:
         base = runs[("direct", conc)]
-        for name, *_ in cases[1:]:
-            run = runs[(name, conc)]
+        for case in cases[1:]:
+            run = runs.get((case.name, conc))
+            if run is None or case.name in failed:
+                continue
             print(
-                f"{name:<22}{conc:>5}{base.p50:>12.3f}{run.p50:>9.3f}{run.p50 - base.p50:>14.3f}"
+                f"{case.name:<22}{conc:>5}{base.p50:>12.3f}{run.p50:>9.3f}{run.p50 - base.p50:>14.3f}"
                 f"{run.p99:>9.3f}{run.rps:>9.0f}{run.rps / base.rps:>11.3f}{run.cpu:>12.3f}"
             )
-    ttfb_ms = {name: [] for name in ("direct", "floor relay", "passthrough")}  # type: dict[str, list[float]]
+    streamed = [c for c in cases if c.name != "module (execute)" and c.name not in failed]
+    ttfb_ms: dict[str, list[float]] = {case.name: [] for case in streamed}
     for _ in range(5):
-        for name, port in (
-            ("direct", ends.upstream),
-            ("floor relay", ends.floor),
-            ("passthrough", ends.proxy),
-        ):
-            ttfb_ms[name] += asyncio.run(ttfb(ends.chat(port), 1, 80))
+        for case in streamed:
+            ttfb_ms[case.name] += asyncio.run(ttfb(case.url, 1, 80, case.headers))
     direct_ttfb = pct(ttfb_ms["direct"], 50)
-    for name in ("floor relay", "passthrough"):
-        p50 = pct(ttfb_ms[name], 50)
-        print(f"{'stream TTFB ' + name:<26}{1:>1}{direct_ttfb:>12.3f}{p50:>9.3f}{p50 - direct_ttfb:>14.3f}")
+    for case in streamed[1:]:
+        p50 = pct(ttfb_ms[case.name], 50)
+        label = f"stream TTFB {case.name}"
+        print(f"{label:<26}{1:>1}" if len(label) < 26 else f"{label} 1", end="")
+        print(f"{direct_ttfb:>12.3f}{p50:>9.3f}{p50 - direct_ttfb:>14.3f}")
+    print_peers([c.name for c in streamed[1:]], runs, ttfb_ms)
     rss = {"floor relay": rss_mb(floor_pid), "proxy": rss_mb(proxy_pid)}
     print(f"RSS after load: floor relay {rss['floor relay']:.1f} MB, proxy {rss['proxy']:.1f} MB")
-    print_goals(runs, args.concurrency, pct(ttfb_ms["passthrough"], 50) - direct_ttfb, rss["proxy"])
+    if not args.peers_only:
+        print_goals(runs, args.concurrency, pct(ttfb_ms["passthrough"], 50) - direct_ttfb, rss["proxy"])
+
+
+def print_peers(names: list[str], runs: dict[tuple[str, int], Runs], ttfb_ms: dict[str, list[float]]) -> None:
+    """The README's comparison: each server's overhead over direct at c=1 and its throughput at
+    c=16 as a share of direct's, from this run's rows above."""
+    if ("direct", 1) not in runs or ("direct", 16) not in runs:
+        return
+    direct_ttfb = pct(ttfb_ms["direct"], 50)
+    print(
+        f"{'comparison (same run)':<22}{'overhead p50 c=1 ms':>21}{'rps c=16 / direct':>19}"
+        f"{'cpu ms/req c=16':>17}{'TTFB overhead ms':>18}"
+    )
+    for name in names:
+        one, sixteen = runs.get((name, 1)), runs.get((name, 16))
+        if one is None or sixteen is None:
+            continue
+        label = "cognitive-proxy" if name == "passthrough" else name
+        print(
+            f"{label:<22}{one.p50 - runs[('direct', 1)].p50:>21.3f}"
+            f"{sixteen.rps / runs[('direct', 16)].rps:>19.3f}{sixteen.cpu:>17.3f}"
+            f"{pct(ttfb_ms[name], 50) - direct_ttfb:>18.3f}"
+        )
 
 
 def print_goals(
@@ -1489,7 +1571,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", help="wrk connections (default 1 16 64; --peers: 1 16)"
+    )
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     parser.add_argument("--feedback", action="store_true", help="only the feedback micro-benchmark")
@@ -1514,6 +1598,12 @@ def main() -> int:
     parser.add_argument(
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="only the relay section with Portkey's and LiteLLM's gateways beside the floor and the proxy"
+        " (make peers installs them)",
+    )
     parser.add_argument("--workers-bench", action="store_true", help="only serve --workers 1 against 2 (wrk)")
     parser.add_argument(
         "--ablation",
@@ -1529,6 +1619,9 @@ def main() -> int:
         "--soak", action="store_true", help="only the soak: bounds filled, CPU per request over time"
     )
     args = parser.parse_args()
+    args.peers_only = args.peers
+    if args.concurrency is None:
+        args.concurrency = list(PEER_CONCURRENCY) if args.peers else [1, 16, 64]
     if args.soak:
         return run_soak()
     if args.compose:
@@ -1606,11 +1699,20 @@ def main() -> int:
             )
             try:
                 wait_port(floor_port)
-                relay_section(Endpoints(up_port, floor_port, proxy_port), floor.pid, proxy.pid, args, tmpdir)
+                ends = Endpoints(up_port, floor_port, proxy_port)
+                if args.relay:
+                    relay_section(ends, floor.pid, proxy.pid, args, tmpdir)
+                    return 0
+                sys.path.insert(0, str(ROOT))
+                from tests.perf.peers import running_peers
+
+                ports = iter(free_port, None)
+                with running_peers(up_port, ports, tmpdir, CHAT_BODY) as peers:
+                    relay_section(ends, floor.pid, proxy.pid, args, tmpdir, peers)
             finally:
                 floor.terminate()
                 floor.wait(timeout=30)
-            if args.relay:
+            if args.peers:
                 return 0
             instructions_section(up_port, tmpdir)
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"

@@ -86,6 +86,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -618,10 +619,75 @@ async def first_delta(url: str, body: dict[str, object], marker: bytes, total: i
     return samples
 
 
-def stream_section(up_port: int, proxy_port: int, total: int = 300) -> None:
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each (a loaded machine), stopped on leaving."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.terminate()
+            loop.wait(timeout=30)
+
+
+def stream_section(up_port: int, proxy_port: int, tmp: Path, busy: int = 0, total: int = 300) -> None:
     """Time to first delta of a streamed module answer (execute, SSE) against the time to the
     provider's first frame holding a ``data.rationale`` token, measured directly, at c=1. The
-    direct and proxied runs alternate in rounds so that both see the same machine load."""
+    direct and proxied runs alternate in rounds so that both see the same machine load. Then
+    where the time goes (``stream_breakdown``). ``busy``: that many spinning processes beside."""
+    with busy_loops(busy):
+        if busy:
+            print(f"stream: {busy} busy loop(s) running beside (load)")
+        _stream_ttfd(up_port, proxy_port, total)
+        stream_breakdown(up_port, tmp, total)
+
+
+def stream_breakdown(up_port: int, tmp: Path, total: int) -> None:
+    """The proxy's time from a streamed module call's arrival to its first delta written, step by
+    step: a proxy started with ``ttfd_probe.py`` (timestamps at each step, written at exit) serves
+    ``total`` calls at c=1; per step, the p50 of its time since the step before, over the calls."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf.ttfd_probe import STEPS
+
+    policy = tmp / "probe-policy.yaml"
+    policy.write_text(bench_policy(up_port))
+    marks_file, port = tmp / "ttfd-marks.jsonl", free_port()
+    probe = str(Path(__file__).with_name("ttfd_probe.py"))
+    command = [sys.executable, probe, str(marks_file), *serve_command(policy, port)[3:]]
+    log = (tmp / "probe.log").open("wb")
+    proxy = subprocess.Popen(command, cwd=ROOT, stderr=log)
+    url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
+    try:
+        wait_port(port)
+        asyncio.run(first_delta(url, MODULE_BODY, b"event: chunk", 50))  # warm-up
+        client = asyncio.run(first_delta(url, MODULE_BODY, b"event: chunk", total))
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=60)
+        log.close()
+    calls = [json.loads(line) for line in marks_file.read_text().splitlines()][50:]
+    names = [name for name, _ in STEPS]
+    complete = [c for c in calls if all(name in c for name in names)]
+    if not complete:
+        print(f"stream breakdown: no call passed every step ({len(calls)} calls)", file=sys.stderr)
+        return
+    order = sorted(names, key=lambda name: statistics.median(c[name] - c["arrive"] for c in complete))
+    print(f"{'TTFD breakdown (module stream, c=1)':<60}{'at p50 ms':>10}{'step p50 ms':>12}")
+    what = dict(STEPS)
+    for before, name in itertools.pairwise(order):
+        at = statistics.median((c[name] - c["arrive"]) / 1e6 for c in complete)
+        step = statistics.median((c[name] - c[before]) / 1e6 for c in complete)
+        print(f"{'  ' + what[name]:<60}{at:>10.3f}{step:>12.3f}")
+    inside = [(c["delta_written"] - c["arrive"]) / 1e6 for c in complete]
+    print(
+        f"in the proxy, arrival -> first delta written: p50 {pct(inside, 50):.3f} ms, "
+        f"p99 {pct(inside, 99):.3f} ms ({len(complete)} calls); "
+        f"the client saw TTFD p50 {pct(client, 50):.3f} ms"
+    )
+
+
+def _stream_ttfd(up_port: int, proxy_port: int, total: int) -> None:
     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
     module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
     asyncio.run(first_delta(module, MODULE_BODY, b"event: chunk", 50))  # warm-up
@@ -1250,13 +1316,109 @@ def _serve_workers(policy: Path, port: int, workers: int, log: IO[bytes]) -> sub
     return proxy
 
 
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine so far (``/proc/stat``)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds of this process's waited-for children (each wrk run)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _requests_per_pid(parent: int) -> dict[int, float]:
+    """``cognitive_requests_total`` per worker pid, from the multiprocess metric files the
+    supervisor ``parent`` gave its workers (``/dev/shm`` or the temporary directory); {} when
+    there are none (one worker keeps its metrics in memory)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from proxy.supervisor import METRICS_DIR_BASES, METRICS_DIR_PREFIX
+
+    counts: dict[int, float] = {}
+    for base in (*METRICS_DIR_BASES, tempfile.gettempdir()):
+        for path in Path(base).glob(f"{METRICS_DIR_PREFIX}{parent}-*/counter_*.db"):
+            pid = int(path.stem.removeprefix("counter_"))
+            values = MmapedDict.read_all_values_from_file(str(path))  # type: ignore[no-untyped-call]  # untyped library
+            for key, value, _, _ in values:
+                if json.loads(key)[1] == "cognitive_requests_total":
+                    counts[pid] = counts.get(pid, 0.0) + value
+    return counts
+
+
+@dataclass
+class WorkersRun:
+    """One wrk run against ``serve --workers N``: what it served and what it cost whom."""
+
+    result: WrkResult
+    worker_cpu_ms: dict[int, float]
+    """CPU ms per request of each worker process (its CPU time / the requests it served)."""
+    worker_share: dict[int, float]
+    """Each worker's share of the requests."""
+    proxy_cpu_ms: float
+    """All the proxy's processes (the supervisor too) per request."""
+    machine: dict[str, float]
+    """Shares of the machine's CPU capacity (cores x wall time) during the run."""
+
+
+def _workers_run(
+    proxy: subprocess.Popen[bytes], port: int, upstream_pid: int, workers: int, duration: int, tmp: Path
+) -> WorkersRun:
+    pids = _proxy_pids(proxy.pid)
+    workers_pids = pids[1:] if workers > 1 else pids
+    cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+    served0 = _requests_per_pid(proxy.pid)
+    up0, wrk0, (busy0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
+    res = wrk(
+        f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmp
+    )
+    busy1, total1 = _machine_jiffies()
+    capacity = (total1 - total0) / CLOCK_TICKS
+    spent = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
+    up, wrk_cpu = cpu_seconds(upstream_pid) - up0, _children_cpu_seconds() - wrk0
+    served = _requests_per_pid(proxy.pid)
+    per_worker = (
+        {pid: served.get(pid, 0.0) - served0.get(pid, 0.0) for pid in workers_pids}
+        if workers > 1
+        else {pids[0]: float(res.requests)}
+    )
+    total_served = sum(per_worker.values()) or 1.0
+    proxy_cpu = sum(spent.values())
+    busy = (busy1 - busy0) / CLOCK_TICKS
+    machine = {
+        "proxy": proxy_cpu / capacity,
+        "wrk": wrk_cpu / capacity,
+        "upstream": up / capacity,
+        "other": max(busy - proxy_cpu - wrk_cpu - up, 0.0) / capacity,
+        "idle": 1 - busy / capacity,
+    }
+    return WorkersRun(
+        res,
+        {pid: spent[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
+        {pid: n / total_served for pid, n in per_worker.items()},
+        proxy_cpu * 1000 / max(res.requests, 1),
+        machine,
+    )
+
+
 def workers_bench(duration: int, rounds: int = 2) -> None:
     """``serve --workers 1`` against ``--workers 2`` in front of the same no-delay upstream:
     passthrough chat at c=64 (wrk), in alternating rounds (both proxies run throughout, so both
     see the same machine load): requests/s, the CPU of all the proxy's processes per request
-    and a /metrics scrape after the load; then what summing metrics over workers costs:
-    prometheus-client's multiprocess files (what ``--workers`` uses) against per-worker
-    registries a parent would scrape and add up (``ports``; HTTP round trips not counted)."""
+    and a /metrics scrape after the load; per worker process, its CPU time per request it served
+    and its share of the requests (how evenly SO_REUSEPORT spread wrk's connections); the shares
+    of the machine's CPU the proxy, wrk, the upstream and everything else took. Then what summing
+    metrics over workers costs: prometheus-client's multiprocess files (what ``--workers`` uses)
+    against per-worker registries a parent would scrape and add up (``ports``; HTTP round trips
+    not counted).
+
+    Why per-request CPU: on a machine whose cores wrk and the upstream share, the second worker
+    cannot show its throughput; if each worker's CPU per request stays what one worker's is, the
+    workers do not contend and throughput scales with the free cores."""
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return
@@ -1277,23 +1439,38 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
                 wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 2, tmpdir)  # warm-up
             direct = wrk(f"http://127.0.0.1:{up_port}/v1/chat/completions", CHAT_BODY, 64, duration, tmpdir)
             print(f"workers: direct upstream at c={WORKERS_BENCH_CONCURRENCY}: {direct.rps:.0f} rps")
-            print(f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}")
-            rps: dict[int, list[float]] = {1: [], 2: []}
+            print(
+                f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}"
+                f"  {'per worker: cpu ms/req (share of requests)':<44}"
+                f"{'machine CPU: proxy / wrk / upstream / other / idle'}"
+            )
+            runs: dict[int, list[WorkersRun]] = {1: [], 2: []}
             for _ in range(rounds):
                 for workers, (proxy, port) in proxies.items():
-                    pids = _proxy_pids(proxy.pid)
-                    cpu0 = sum(cpu_seconds(pid) for pid in pids)
-                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                    res = wrk(url, CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmpdir)
-                    cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu0) * 1000 / max(res.requests, 1)
-                    rps[workers].append(res.rps)
-                    print(
-                        f"{workers:<9}{res.rps:>9.0f}{res.p50_ms:>9.2f}{res.p99_ms:>9.2f}{cpu_ms:>12.3f}"
-                        f"{_scrape_ms(port):>11.2f}"
+                    run = _workers_run(proxy, port, upstream.pid, workers, duration, tmpdir)
+                    runs[workers].append(run)
+                    each = ", ".join(
+                        f"{run.worker_cpu_ms[pid]:.3f} ({run.worker_share[pid]:.0%})"
+                        for pid in run.worker_cpu_ms
                     )
-            ratio = statistics.median(rps[2]) / statistics.median(rps[1])
+                    shares = " / ".join(f"{v:.0%}" for v in run.machine.values())
+                    print(
+                        f"{workers:<9}{run.result.rps:>9.0f}{run.result.p50_ms:>9.2f}{run.result.p99_ms:>9.2f}"
+                        f"{run.proxy_cpu_ms:>12.3f}{_scrape_ms(port):>11.2f}  {each:<44}{shares}"
+                    )
+            ratio = statistics.median(r.result.rps for r in runs[2]) / statistics.median(
+                r.result.rps for r in runs[1]
+            )
+            per_req = {
+                n: statistics.median(statistics.fmean(r.worker_cpu_ms.values()) for r in runs[n])
+                for n in runs
+            }
+            free = statistics.median(r.machine["idle"] for r in runs[2])
             print(
-                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds) on {os.cpu_count()} CPUs"
+                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds), {os.cpu_count()} CPUs; "
+                f"CPU per request per worker {per_req[1]:.3f} ms with 1, {per_req[2]:.3f} ms with 2 "
+                f"({per_req[2] / per_req[1]:.2f}x: flat means no contention between workers); "
+                f"idle CPU left during the 2-worker runs {free:.0%}"
             )
         finally:
             for proxy, _ in proxies.values():
@@ -1582,6 +1759,9 @@ def main() -> int:
     parser.add_argument(
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
     )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="with --stream: this many busy loops beside (a loaded machine)"
+    )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     parser.add_argument(
         "--shadow", action="store_true", help="only client latency with shadow judging off and on"
@@ -1669,7 +1849,7 @@ def main() -> int:
             wait_port(proxy_port)
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
             if args.stream:
-                stream_section(up_port, proxy_port)
+                stream_section(up_port, proxy_port, tmpdir, args.busy)
                 return 0
             if args.context:
                 context_bench(tmpdir, up_port)
@@ -1716,7 +1896,7 @@ def main() -> int:
                 return 0
             instructions_section(up_port, tmpdir)
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
-            stream_section(up_port, proxy_port)
+            stream_section(up_port, proxy_port, tmpdir)
             context_bench(tmpdir, up_port)
             shadow_bench(tmpdir, up_port)
             redis_paths_bench()

@@ -130,11 +130,11 @@ def install() -> None:
 
     text = ChunkEmitter.text
 
-    def emitter_text(self: ChunkEmitter, piece: str) -> None:
-        before = len(self.session.events)
-        text(self, piece)
-        if len(self.session.events) > before:
+    def emitter_text(self: ChunkEmitter, piece: str) -> bool:
+        appended = text(self, piece)
+        if appended:
             mark("delta_appended")
+        return appended
 
     ChunkEmitter.text = emitter_text  # type: ignore[method-assign]
 

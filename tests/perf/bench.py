@@ -15,7 +15,10 @@ is measured with a small asyncio client. It prints p50/p99 latency, the overhead
 requests/s, the ratio to direct, CPU milliseconds per request (process CPU time / requests) for
 the floor and the proxy, their RSS after the load, and issue #21's goals as ratios of this run
 (``--relay`` runs only this part). Everything shares the machine's cores: read ratios, not
-absolute numbers.
+absolute numbers. In the full run the same section also measures other gateways (``peers.py``:
+Portkey's, LiteLLM's; installed by ``make peers``, left out with the reason when missing) at c=1 and
+c=16 in the same rounds, and prints a comparison: overhead p50 at c=1, throughput at c=16 as a
+share of direct (``--peers`` runs only this part).
 
 Then the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) while
 ``LARGE_BODIES`` bodies of ``LARGE_BODY_BYTES`` are sent at once, for two shapes: many small
@@ -25,7 +28,9 @@ keys (costly once parsed) and one long string. ``--memory-only`` runs just that 
 The streaming section measures a streamed module answer's time to first delta chunk (``POST
 /execute`` with ``Accept: text/event-stream``) against the time to the provider's first frame
 holding a ``data.rationale`` token, fetched directly, at concurrency 1 (``--stream`` runs only
-that section, no wrk needed). Goal: overhead <= 2 ms p50.
+that section, no wrk needed). Goal: overhead <= 2 ms p50. Then where the proxy's time goes, step
+by step, from a proxy started with ``ttfd_probe.py``; ``--busy N`` runs N spinning processes
+beside the section (a loaded machine).
 
 ``--context`` runs only the context-protocol section (also part of the full run): the result
 cache's hit latency p50 at concurrency 1 through a proxy on the benchmark's own
@@ -64,8 +69,9 @@ passthrough request of the proxy with one part of its per-request work switched 
 
 ``--workers-bench`` runs only the workers section (last in the full run): ``serve --workers 1``
 against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
-proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
-against per-worker registries).
+proxy's processes and the ratio, each worker's CPU per request and share of the requests, and
+the machine's CPU by consumer (the proxy, wrk, the upstream, interrupts, other processes); then
+what summing metrics over workers costs (multiprocess files against per-worker registries).
 
 ``--retries`` runs only the retry section (no wrk; also in the full run, before the workers):
 the success rate at 30% independent 503s on both providers of a rung, 16 clients, every default,
@@ -1316,11 +1322,13 @@ def _serve_workers(policy: Path, port: int, workers: int, log: IO[bytes]) -> sub
     return proxy
 
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) CPU jiffies of the whole machine so far (``/proc/stat``)."""
+def _machine_jiffies() -> tuple[int, int, int]:
+    """(busy, kernel interrupts, total) CPU jiffies of the whole machine so far (``/proc/stat``):
+    interrupts (irq, softirq: loopback TCP is processed there) are charged to no process."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+    total = sum(fields[:8])  # guest time is counted in user time already
+    return total - idle, fields[5] + fields[6], total
 
 
 def _children_cpu_seconds() -> float:
@@ -1362,7 +1370,8 @@ class WorkersRun:
     proxy_cpu_ms: float
     """All the proxy's processes (the supervisor too) per request."""
     machine: dict[str, float]
-    """Shares of the machine's CPU capacity (cores x wall time) during the run."""
+    """Shares of the machine's CPU capacity (cores x wall time) during the run: the proxy, wrk, the
+    upstream, kernel interrupts (loopback TCP), every other process, idle."""
 
 
 def _workers_run(
@@ -1372,11 +1381,11 @@ def _workers_run(
     workers_pids = pids[1:] if workers > 1 else pids
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     served0 = _requests_per_pid(proxy.pid)
-    up0, wrk0, (busy0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
+    up0, wrk0, (busy0, irq0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
     res = wrk(
         f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmp
     )
-    busy1, total1 = _machine_jiffies()
+    busy1, irq1, total1 = _machine_jiffies()
     capacity = (total1 - total0) / CLOCK_TICKS
     spent = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
     up, wrk_cpu = cpu_seconds(upstream_pid) - up0, _children_cpu_seconds() - wrk0
@@ -1388,12 +1397,13 @@ def _workers_run(
     )
     total_served = sum(per_worker.values()) or 1.0
     proxy_cpu = sum(spent.values())
-    busy = (busy1 - busy0) / CLOCK_TICKS
+    busy, irq = (busy1 - busy0) / CLOCK_TICKS, (irq1 - irq0) / CLOCK_TICKS
     machine = {
         "proxy": proxy_cpu / capacity,
         "wrk": wrk_cpu / capacity,
         "upstream": up / capacity,
-        "other": max(busy - proxy_cpu - wrk_cpu - up, 0.0) / capacity,
+        "interrupts": irq / capacity,
+        "other": max(busy - irq - proxy_cpu - wrk_cpu - up, 0.0) / capacity,
         "idle": 1 - busy / capacity,
     }
     return WorkersRun(
@@ -1442,7 +1452,7 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
             print(
                 f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}"
                 f"  {'per worker: cpu ms/req (share of requests)':<44}"
-                f"{'machine CPU: proxy / wrk / upstream / other / idle'}"
+                f"{'machine CPU: proxy / wrk / upstream / interrupts / other processes / idle'}"
             )
             runs: dict[int, list[WorkersRun]] = {1: [], 2: []}
             for _ in range(rounds):

@@ -9,7 +9,7 @@ HOST   ?= $(or $(COGPROXY_HOST),127.0.0.1)
 # the review console's listener (/review/, /healthz, /readyz, /metrics): the next port by default
 ADMIN_PORT ?= $(or $(COGPROXY_ADMIN_PORT),$(shell expr $(PORT) + 1))
 
-.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients phoenix conformance bench mutation dashboard-pictures console-pictures clean
+.PHONY: run test test-fast lint install redis-server doc-tools browser node-clients phoenix conformance bench peers mutation dashboard-pictures console-pictures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,8 +87,27 @@ mutation: install redis-server
 	$(BIN)/mutmut run --max-children 1
 	$(BIN)/python tests/mutation_score.py
 
-## bench: the proxy's overhead against the upstream (needs wrk: apt-get install -y wrk)
-bench: install redis-server
+## peers: the gateways `make bench` measures beside the proxy (tests/perf/peers.py), pinned: Portkey's
+## (npm, run with node) and LiteLLM's proxy (PyPI, a venv of its own); each one that cannot be installed
+## (no npm, no network) is left out of the bench's peers section with the reason printed
+PEERS_DIR        := .venv-peers
+PORTKEY_VERSION  := 1.15.2
+LITELLM_VERSION  := 1.108.7
+peers: $(PEERS_DIR)/node/.portkey-$(PORTKEY_VERSION) $(PEERS_DIR)/.litellm-$(LITELLM_VERSION)
+
+$(PEERS_DIR)/node/.portkey-$(PORTKEY_VERSION):
+	@if command -v npm >/dev/null; then mkdir -p $(PEERS_DIR)/node && \
+		{ npm install --prefix $(PEERS_DIR)/node --no-audit --no-fund --silent @portkey-ai/gateway@$(PORTKEY_VERSION) && \
+		touch $@ || echo "@portkey-ai/gateway could not be installed: the bench leaves Portkey out"; }; \
+	else echo "npm not found: the bench leaves Portkey out"; fi
+
+$(PEERS_DIR)/.litellm-$(LITELLM_VERSION):
+	@{ test -x $(PEERS_DIR)/bin/python || $(PYTHON) -m venv $(PEERS_DIR); } && \
+		{ $(PEERS_DIR)/bin/python -m pip install --quiet 'litellm[proxy]==$(LITELLM_VERSION)' && touch $@; } || \
+		echo "litellm[proxy] could not be installed: the bench leaves LiteLLM out"
+
+## bench: the proxy's overhead against the upstream (needs wrk: apt-get install -y wrk), beside the floor relay and peers
+bench: install redis-server peers
 	@command -v wrk >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get install -y -qq wrk; }
 	$(BIN)/python tests/perf/bench.py
 
@@ -109,4 +128,4 @@ conformance: install
 	$(BIN)/cogproxy conformance
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info mutants
+	rm -rf $(VENV) $(PEERS_DIR) .pytest_cache .mypy_cache .ruff_cache *.egg-info mutants

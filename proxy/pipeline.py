@@ -67,8 +67,9 @@ class Listener(Protocol):
     def attempt(self) -> None:
         """A provider attempt starts: text seen so far (a failed try) is void."""
 
-    def text(self, piece: str) -> None:
-        """A piece of the model's answer, as the provider streams it."""
+    def text(self, piece: str) -> bool:
+        """A piece of the model's answer, as the provider streams it; True when it became a delta
+        of a streamed field (the caller sees it)."""
 
     def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
         """The answer just seen is set aside: ``stage`` is ``escalating`` or ``reasking``."""

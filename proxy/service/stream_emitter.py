@@ -47,13 +47,15 @@ class ChunkEmitter:
             self._dirty = False
         self._differ.reset()
 
-    def text(self, piece: str) -> None:
+    def text(self, piece: str) -> bool:
+        appended = False
         for field, delta, accumulated in self._differ.feed(piece):
             if self._on_first_delta is not None:
                 self._on_first_delta(time.perf_counter() - self._started)
                 self._on_first_delta = None
             self.session.append(delta_chunk(self._next_seq(), field, delta, accumulated))
-            self._dirty = True
+            self._dirty = appended = True
+        return appended
 
     def retrying(self, stage: str, from_rung: str, to_rung: str, reason: str) -> None:
         self.session.append(progress_chunk(self._next_seq(), stage, from_rung, to_rung, reason))

@@ -128,8 +128,11 @@ class Session:
     async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
         if index >= len(self.events) and not self.done:
             changed = self._changed
+            # ``asyncio.timeout``, not ``wait_for`` (a task of its own): the reader runs on the
+            # loop's next turn after an append, so a producer that yields once lets it write (#35).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await changed.wait()
         return self.events[index:], self.done
 
     def chunk_at(self, seq: int) -> dict[str, Any] | None:

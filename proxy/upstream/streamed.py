@@ -8,6 +8,7 @@ run on it exactly as for a call that did not stream.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,9 +42,10 @@ async def stream_completion(
     model: str,
     ctx: CallInfo,
     timeout: float,
-    on_text: Callable[[str], None],
+    on_text: Callable[[str], bool],
 ) -> dict[str, Any]:
-    """``provider.stream`` joined into a ``chat.completion``; ``on_text`` gets each content piece.
+    """``provider.stream`` joined into a ``chat.completion``; ``on_text`` gets each content piece
+    and says whether it became a delta the caller sees (after the first, the loop turns once).
 
     A stream that ends without ``[DONE]`` or a finish reason is a failure (``malformed``): the
     router may fail it over like any other, and the text seen so far is not an answer.
@@ -54,6 +56,7 @@ async def stream_completion(
     finish: str | None = None
     usage: dict[str, Any] | None = None
     done = False
+    delivered = False
     buffer = b""
     chunks = provider.stream(payload, model, ctx, timeout)
     try:
@@ -75,7 +78,12 @@ async def stream_completion(
                         if not pieces:
                             first_token(time.perf_counter() - started)
                         pieces.append(text)
-                        on_text(text)
+                        if on_text(text) and not delivered:
+                            # One turn of the loop: the stream's follower writes the first delta
+                            # now, not once the rest of this read is parsed (#35: a read often
+                            # holds several frames).
+                            delivered = True
+                            await asyncio.sleep(0)
                     if isinstance(choice.get("finish_reason"), str):
                         finish = choice["finish_reason"]
     finally:

@@ -15,7 +15,10 @@ is measured with a small asyncio client. It prints p50/p99 latency, the overhead
 requests/s, the ratio to direct, CPU milliseconds per request (process CPU time / requests) for
 the floor and the proxy, their RSS after the load, and issue #21's goals as ratios of this run
 (``--relay`` runs only this part). Everything shares the machine's cores: read ratios, not
-absolute numbers.
+absolute numbers. In the full run the same section also measures other gateways (``peers.py``:
+Portkey's, LiteLLM's; installed by ``make peers``, left out with the reason when missing) at c=1 and
+c=16 in the same rounds, and prints a comparison: overhead p50 at c=1, throughput at c=16 as a
+share of direct (``--peers`` runs only this part).
 
 Then the memory section: the proxy's baseline RSS, then its peak RSS (VmHWM) while
 ``LARGE_BODIES`` bodies of ``LARGE_BODY_BYTES`` are sent at once, for two shapes: many small
@@ -25,7 +28,9 @@ keys (costly once parsed) and one long string. ``--memory-only`` runs just that 
 The streaming section measures a streamed module answer's time to first delta chunk (``POST
 /execute`` with ``Accept: text/event-stream``) against the time to the provider's first frame
 holding a ``data.rationale`` token, fetched directly, at concurrency 1 (``--stream`` runs only
-that section, no wrk needed). Goal: overhead <= 2 ms p50.
+that section, no wrk needed). Goal: overhead <= 2 ms p50. Then where the proxy's time goes, step
+by step, from a proxy started with ``ttfd_probe.py``; ``--busy N`` runs N spinning processes
+beside the section (a loaded machine).
 
 ``--context`` runs only the context-protocol section (also part of the full run): the result
 cache's hit latency p50 at concurrency 1 through a proxy on the benchmark's own
@@ -72,8 +77,9 @@ passthrough request of the proxy with one part of its per-request work switched 
 
 ``--workers-bench`` runs only the workers section (last in the full run): ``serve --workers 1``
 against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
-proxy's processes and the ratio; then what summing metrics over workers costs (multiprocess files
-against per-worker registries).
+proxy's processes and the ratio, each worker's CPU per request and share of the requests, and
+the machine's CPU by consumer (the proxy, wrk, the upstream, interrupts, other processes); then
+what summing metrics over workers costs (multiprocess files against per-worker registries).
 
 ``--retries`` runs only the retry section (no wrk; also in the full run, before the workers):
 the success rate at 30% independent 503s on both providers of a rung, 16 clients, every default,
@@ -94,6 +100,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -105,10 +112,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from tests.perf.peers import Peer
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -291,11 +301,19 @@ def _ms(text: str) -> float:
     return float(match[1]) * _UNITS[match[2]]
 
 
-def wrk(url: str, body: dict[str, object], connections: int, duration: int, script_dir: Path) -> WrkResult:
+def wrk(
+    url: str,
+    body: dict[str, object],
+    connections: int,
+    duration: int,
+    script_dir: Path,
+    headers: dict[str, str] | None = None,
+) -> WrkResult:
     script = script_dir / "post.lua"
+    sets = "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items())
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = [[{json.dumps(body)}]]\n"
+        f"{sets}wrk.body = [[{json.dumps(body)}]]\n"
     )
     threads = min(connections, 2)
     out = subprocess.run(
@@ -317,6 +335,12 @@ def wrk(url: str, body: dict[str, object], connections: int, duration: int, scri
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its children (a peer's workers), those alive now."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return cpu_seconds(pid) + sum(tree_cpu_seconds(int(child)) for child in children)
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -376,7 +400,7 @@ def memory_section(url: str, pid: int) -> None:
         )
 
 
-async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
+async def ttfb(url: str, concurrency: int, total: int, headers: dict[str, str] | None = None) -> list[float]:
     """Time to the first streamed byte, in ms, over ``total`` requests ``concurrency`` at a time."""
     import aiohttp
 
@@ -388,7 +412,7 @@ async def ttfb(url: str, concurrency: int, total: int) -> list[float]:
         async def worker() -> None:
             for _ in queue:
                 start = time.perf_counter()
-                async with session.post(url, json=STREAM_BODY) as resp:
+                async with session.post(url, json=STREAM_BODY, headers=headers) as resp:
                     await resp.content.readany()
                     samples.append((time.perf_counter() - start) * 1000)
                     await resp.read()
@@ -442,56 +466,121 @@ ROUNDS = 2
 other round), so machine drift hits the floor and the proxy alike."""
 
 
-def relay_section(
-    ends: Endpoints, floor_pid: int, proxy_pid: int, args: argparse.Namespace, tmp: Path
+@dataclass(frozen=True)
+class Case:
+    """One row of the relay section: a server (``pid``, None for the upstream itself) and a call."""
+
+    name: str
+    url: str
+    body: dict[str, object]
+    pid: int | None
+    headers: dict[str, str] | None = None
+    peer: bool = False
+    """Another gateway (``peers.py``): measured at ``PEER_CONCURRENCY`` only; one that fails under
+    the load is left out with the reason, not the bench."""
+
+
+PEER_CONCURRENCY = (1, 16)
+
+
+def _measure(
+    case: Case, conc: int, args: argparse.Namespace, tmp: Path, runs: dict[tuple[str, int], Runs]
 ) -> None:
-    """The floor relay and the proxy against the same upstream in one run, and the #21 goals."""
-    cases: list[tuple[str, str, dict[str, object], int | None]] = [
-        ("direct", ends.chat(ends.upstream), CHAT_BODY, None),
-        ("floor relay", ends.chat(ends.floor), CHAT_BODY, floor_pid),
-        ("passthrough", ends.chat(ends.proxy), CHAT_BODY, proxy_pid),
-        ("module (execute)", ends.module, MODULE_BODY, proxy_pid),
+    cpu0 = tree_cpu_seconds(case.pid) if case.pid else 0.0
+    res = wrk(case.url, case.body, conc, args.duration, tmp, case.headers)
+    entry = runs.setdefault((case.name, conc), Runs([], []))
+    entry.results.append(res)
+    if case.pid:
+        entry.cpu_ms.append((tree_cpu_seconds(case.pid) - cpu0) * 1000 / max(res.requests, 1))
+
+
+def relay_section(
+    ends: Endpoints,
+    floor_pid: int,
+    proxy_pid: int,
+    args: argparse.Namespace,
+    tmp: Path,
+    peers: Sequence[Peer] = (),
+) -> None:
+    """The floor relay and the proxy (and ``peers``) against the same upstream in one run, and the
+    #21 goals."""
+    cases = [
+        Case("direct", ends.chat(ends.upstream), CHAT_BODY, None),
+        Case("floor relay", ends.chat(ends.floor), CHAT_BODY, floor_pid),
+        Case("passthrough", ends.chat(ends.proxy), CHAT_BODY, proxy_pid),
+        *(Case(p.name, p.url, CHAT_BODY, p.process.pid, p.headers, peer=True) for p in peers),
     ]
-    for _, url, body, _pid in cases[1:]:
-        wrk(url, body, 4, 2, tmp)  # warm-up: imports, pools, caches
+    if not args.peers_only:
+        cases.append(Case("module (execute)", ends.module, MODULE_BODY, proxy_pid))
+    for case in cases[1:]:
+        wrk(case.url, case.body, 4, 2, tmp, case.headers)  # warm-up: imports, pools, caches
     runs: dict[tuple[str, int], Runs] = {}
+    failed: set[str] = set()
     for round_no in range(ROUNDS):
         order = cases if round_no % 2 == 0 else cases[::-1]
         for conc in args.concurrency:
-            for name, url, body, pid in order:
-                cpu0 = cpu_seconds(pid) if pid else 0.0
-                res = wrk(url, body, conc, args.duration, tmp)
-                entry = runs.setdefault((name, conc), Runs([], []))
-                entry.results.append(res)
-                if pid:
-                    entry.cpu_ms.append((cpu_seconds(pid) - cpu0) * 1000 / max(res.requests, 1))
+            for case in order:
+                if case.peer and (conc not in PEER_CONCURRENCY or case.name in failed):
+                    continue
+                try:
+                    _measure(case, conc, args, tmp, runs)
+                except (RuntimeError, subprocess.CalledProcessError) as exc:
+                    if not case.peer:
+                        raise
+                    print(f"peers: {case.name} left out: {exc}")
+                    failed.add(case.name)
     print(
         f"{'case':<22}{'conc':>5}{'direct p50':>12}{'p50':>9}{'overhead p50':>14}{'p99':>9}"
         f"{'rps':>9}{'vs direct':>11}{'cpu ms/req':>12}"
     )
     for conc in args.concurrency:
         base = runs[("direct", conc)]
-        for name, *_ in cases[1:]:
-            run = runs[(name, conc)]
+        for case in cases[1:]:
+            run = runs.get((case.name, conc))
+            if run is None or case.name in failed:
+                continue
             print(
-                f"{name:<22}{conc:>5}{base.p50:>12.3f}{run.p50:>9.3f}{run.p50 - base.p50:>14.3f}"
+                f"{case.name:<22}{conc:>5}{base.p50:>12.3f}{run.p50:>9.3f}{run.p50 - base.p50:>14.3f}"
                 f"{run.p99:>9.3f}{run.rps:>9.0f}{run.rps / base.rps:>11.3f}{run.cpu:>12.3f}"
             )
-    ttfb_ms = {name: [] for name in ("direct", "floor relay", "passthrough")}  # type: dict[str, list[float]]
+    streamed = [c for c in cases if c.name != "module (execute)" and c.name not in failed]
+    ttfb_ms: dict[str, list[float]] = {case.name: [] for case in streamed}
     for _ in range(5):
-        for name, port in (
-            ("direct", ends.upstream),
-            ("floor relay", ends.floor),
-            ("passthrough", ends.proxy),
-        ):
-            ttfb_ms[name] += asyncio.run(ttfb(ends.chat(port), 1, 80))
+        for case in streamed:
+            ttfb_ms[case.name] += asyncio.run(ttfb(case.url, 1, 80, case.headers))
     direct_ttfb = pct(ttfb_ms["direct"], 50)
-    for name in ("floor relay", "passthrough"):
-        p50 = pct(ttfb_ms[name], 50)
-        print(f"{'stream TTFB ' + name:<26}{1:>1}{direct_ttfb:>12.3f}{p50:>9.3f}{p50 - direct_ttfb:>14.3f}")
+    for case in streamed[1:]:
+        p50 = pct(ttfb_ms[case.name], 50)
+        label = f"stream TTFB {case.name}"
+        print(f"{label:<26}{1:>1}" if len(label) < 26 else f"{label} 1", end="")
+        print(f"{direct_ttfb:>12.3f}{p50:>9.3f}{p50 - direct_ttfb:>14.3f}")
+    print_peers([c.name for c in streamed[1:]], runs, ttfb_ms)
     rss = {"floor relay": rss_mb(floor_pid), "proxy": rss_mb(proxy_pid)}
     print(f"RSS after load: floor relay {rss['floor relay']:.1f} MB, proxy {rss['proxy']:.1f} MB")
-    print_goals(runs, args.concurrency, pct(ttfb_ms["passthrough"], 50) - direct_ttfb, rss["proxy"])
+    if not args.peers_only:
+        print_goals(runs, args.concurrency, pct(ttfb_ms["passthrough"], 50) - direct_ttfb, rss["proxy"])
+
+
+def print_peers(names: list[str], runs: dict[tuple[str, int], Runs], ttfb_ms: dict[str, list[float]]) -> None:
+    """The README's comparison: each server's overhead over direct at c=1 and its throughput at
+    c=16 as a share of direct's, from this run's rows above."""
+    if ("direct", 1) not in runs or ("direct", 16) not in runs:
+        return
+    direct_ttfb = pct(ttfb_ms["direct"], 50)
+    print(
+        f"{'comparison (same run)':<22}{'overhead p50 c=1 ms':>21}{'rps c=16 / direct':>19}"
+        f"{'cpu ms/req c=16':>17}{'TTFB overhead ms':>18}"
+    )
+    for name in names:
+        one, sixteen = runs.get((name, 1)), runs.get((name, 16))
+        if one is None or sixteen is None:
+            continue
+        label = "cognitive-proxy" if name == "passthrough" else name
+        print(
+            f"{label:<22}{one.p50 - runs[('direct', 1)].p50:>21.3f}"
+            f"{sixteen.rps / runs[('direct', 16)].rps:>19.3f}{sixteen.cpu:>17.3f}"
+            f"{pct(ttfb_ms[name], 50) - direct_ttfb:>18.3f}"
+        )
 
 
 def print_goals(
@@ -545,10 +634,75 @@ async def first_delta(url: str, body: dict[str, object], marker: bytes, total: i
     return samples
 
 
-def stream_section(up_port: int, proxy_port: int, total: int = 300) -> None:
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each (a loaded machine), stopped on leaving."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.terminate()
+            loop.wait(timeout=30)
+
+
+def stream_section(up_port: int, proxy_port: int, tmp: Path, busy: int = 0, total: int = 300) -> None:
     """Time to first delta of a streamed module answer (execute, SSE) against the time to the
     provider's first frame holding a ``data.rationale`` token, measured directly, at c=1. The
-    direct and proxied runs alternate in rounds so that both see the same machine load."""
+    direct and proxied runs alternate in rounds so that both see the same machine load. Then
+    where the time goes (``stream_breakdown``). ``busy``: that many spinning processes beside."""
+    with busy_loops(busy):
+        if busy:
+            print(f"stream: {busy} busy loop(s) running beside (load)")
+        _stream_ttfd(up_port, proxy_port, total)
+        stream_breakdown(up_port, tmp, total)
+
+
+def stream_breakdown(up_port: int, tmp: Path, total: int) -> None:
+    """The proxy's time from a streamed module call's arrival to its first delta written, step by
+    step: a proxy started with ``ttfd_probe.py`` (timestamps at each step, written at exit) serves
+    ``total`` calls at c=1; per step, the p50 of its time since the step before, over the calls."""
+    sys.path.insert(0, str(ROOT))
+    from tests.perf.ttfd_probe import STEPS
+
+    policy = tmp / "probe-policy.yaml"
+    policy.write_text(bench_policy(up_port))
+    marks_file, port = tmp / "ttfd-marks.jsonl", free_port()
+    probe = str(Path(__file__).with_name("ttfd_probe.py"))
+    command = [sys.executable, probe, str(marks_file), *serve_command(policy, port)[3:]]
+    log = (tmp / "probe.log").open("wb")
+    proxy = subprocess.Popen(command, cwd=ROOT, stderr=log)
+    url = f"http://127.0.0.1:{port}/v1/modules/code-reviewer/execute"
+    try:
+        wait_port(port)
+        asyncio.run(first_delta(url, MODULE_BODY, b"event: chunk", 50))  # warm-up
+        client = asyncio.run(first_delta(url, MODULE_BODY, b"event: chunk", total))
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=60)
+        log.close()
+    calls = [json.loads(line) for line in marks_file.read_text().splitlines()][50:]
+    names = [name for name, _ in STEPS]
+    complete = [c for c in calls if all(name in c for name in names)]
+    if not complete:
+        print(f"stream breakdown: no call passed every step ({len(calls)} calls)", file=sys.stderr)
+        return
+    order = sorted(names, key=lambda name: statistics.median(c[name] - c["arrive"] for c in complete))
+    print(f"{'TTFD breakdown (module stream, c=1)':<60}{'at p50 ms':>10}{'step p50 ms':>12}")
+    what = dict(STEPS)
+    for before, name in itertools.pairwise(order):
+        at = statistics.median((c[name] - c["arrive"]) / 1e6 for c in complete)
+        step = statistics.median((c[name] - c[before]) / 1e6 for c in complete)
+        print(f"{'  ' + what[name]:<60}{at:>10.3f}{step:>12.3f}")
+    inside = [(c["delta_written"] - c["arrive"]) / 1e6 for c in complete]
+    print(
+        f"in the proxy, arrival -> first delta written: p50 {pct(inside, 50):.3f} ms, "
+        f"p99 {pct(inside, 99):.3f} ms ({len(complete)} calls); "
+        f"the client saw TTFD p50 {pct(client, 50):.3f} ms"
+    )
+
+
+def _stream_ttfd(up_port: int, proxy_port: int, total: int) -> None:
     direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
     module = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
     asyncio.run(first_delta(module, MODULE_BODY, b"event: chunk", 50))  # warm-up
@@ -1367,13 +1521,113 @@ def _serve_workers(policy: Path, port: int, workers: int, log: IO[bytes]) -> sub
     return proxy
 
 
+def _machine_jiffies() -> tuple[int, int, int]:
+    """(busy, kernel interrupts, total) CPU jiffies of the whole machine so far (``/proc/stat``):
+    interrupts (irq, softirq: loopback TCP is processed there) are charged to no process."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is counted in user time already
+    return total - idle, fields[5] + fields[6], total
+
+
+def _children_cpu_seconds() -> float:
+    """CPU seconds of this process's waited-for children (each wrk run)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _requests_per_pid(parent: int) -> dict[int, float]:
+    """``cognitive_requests_total`` per worker pid, from the multiprocess metric files the
+    supervisor ``parent`` gave its workers (``/dev/shm`` or the temporary directory); {} when
+    there are none (one worker keeps its metrics in memory)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    from proxy.supervisor import METRICS_DIR_BASES, METRICS_DIR_PREFIX
+
+    counts: dict[int, float] = {}
+    for base in (*METRICS_DIR_BASES, tempfile.gettempdir()):
+        for path in Path(base).glob(f"{METRICS_DIR_PREFIX}{parent}-*/counter_*.db"):
+            pid = int(path.stem.removeprefix("counter_"))
+            values = MmapedDict.read_all_values_from_file(str(path))  # type: ignore[no-untyped-call]  # untyped library
+            for key, value, _, _ in values:
+                if json.loads(key)[1] == "cognitive_requests_total":
+                    counts[pid] = counts.get(pid, 0.0) + value
+    return counts
+
+
+@dataclass
+class WorkersRun:
+    """One wrk run against ``serve --workers N``: what it served and what it cost whom."""
+
+    result: WrkResult
+    worker_cpu_ms: dict[int, float]
+    """CPU ms per request of each worker process (its CPU time / the requests it served)."""
+    worker_share: dict[int, float]
+    """Each worker's share of the requests."""
+    proxy_cpu_ms: float
+    """All the proxy's processes (the supervisor too) per request."""
+    machine: dict[str, float]
+    """Shares of the machine's CPU capacity (cores x wall time) during the run: the proxy, wrk, the
+    upstream, kernel interrupts (loopback TCP), every other process, idle."""
+
+
+def _workers_run(
+    proxy: subprocess.Popen[bytes], port: int, upstream_pid: int, workers: int, duration: int, tmp: Path
+) -> WorkersRun:
+    pids = _proxy_pids(proxy.pid)
+    workers_pids = pids[1:] if workers > 1 else pids
+    cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+    served0 = _requests_per_pid(proxy.pid)
+    up0, wrk0, (busy0, irq0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
+    res = wrk(
+        f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmp
+    )
+    busy1, irq1, total1 = _machine_jiffies()
+    capacity = (total1 - total0) / CLOCK_TICKS
+    spent = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
+    up, wrk_cpu = cpu_seconds(upstream_pid) - up0, _children_cpu_seconds() - wrk0
+    served = _requests_per_pid(proxy.pid)
+    per_worker = (
+        {pid: served.get(pid, 0.0) - served0.get(pid, 0.0) for pid in workers_pids}
+        if workers > 1
+        else {pids[0]: float(res.requests)}
+    )
+    total_served = sum(per_worker.values()) or 1.0
+    proxy_cpu = sum(spent.values())
+    busy, irq = (busy1 - busy0) / CLOCK_TICKS, (irq1 - irq0) / CLOCK_TICKS
+    machine = {
+        "proxy": proxy_cpu / capacity,
+        "wrk": wrk_cpu / capacity,
+        "upstream": up / capacity,
+        "interrupts": irq / capacity,
+        "other": max(busy - irq - proxy_cpu - wrk_cpu - up, 0.0) / capacity,
+        "idle": 1 - busy / capacity,
+    }
+    return WorkersRun(
+        res,
+        {pid: spent[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
+        {pid: n / total_served for pid, n in per_worker.items()},
+        proxy_cpu * 1000 / max(res.requests, 1),
+        machine,
+    )
+
+
 def workers_bench(duration: int, rounds: int = 2) -> None:
     """``serve --workers 1`` against ``--workers 2`` in front of the same no-delay upstream:
     passthrough chat at c=64 (wrk), in alternating rounds (both proxies run throughout, so both
     see the same machine load): requests/s, the CPU of all the proxy's processes per request
-    and a /metrics scrape after the load; then what summing metrics over workers costs:
-    prometheus-client's multiprocess files (what ``--workers`` uses) against per-worker
-    registries a parent would scrape and add up (``ports``; HTTP round trips not counted)."""
+    and a /metrics scrape after the load; per worker process, its CPU time per request it served
+    and its share of the requests (how evenly SO_REUSEPORT spread wrk's connections); the shares
+    of the machine's CPU the proxy, wrk, the upstream and everything else took. Then what summing
+    metrics over workers costs: prometheus-client's multiprocess files (what ``--workers`` uses)
+    against per-worker registries a parent would scrape and add up (``ports``; HTTP round trips
+    not counted).
+
+    Why per-request CPU: on a machine whose cores wrk and the upstream share, the second worker
+    cannot show its throughput; if each worker's CPU per request stays what one worker's is, the
+    workers do not contend and throughput scales with the free cores."""
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return
@@ -1394,23 +1648,38 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
                 wrk(f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, 4, 2, tmpdir)  # warm-up
             direct = wrk(f"http://127.0.0.1:{up_port}/v1/chat/completions", CHAT_BODY, 64, duration, tmpdir)
             print(f"workers: direct upstream at c={WORKERS_BENCH_CONCURRENCY}: {direct.rps:.0f} rps")
-            print(f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}")
-            rps: dict[int, list[float]] = {1: [], 2: []}
+            print(
+                f"{'workers':<9}{'rps':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu ms/req':>12}{'scrape ms':>11}"
+                f"  {'per worker: cpu ms/req (share of requests)':<44}"
+                f"{'machine CPU: proxy / wrk / upstream / interrupts / other processes / idle'}"
+            )
+            runs: dict[int, list[WorkersRun]] = {1: [], 2: []}
             for _ in range(rounds):
                 for workers, (proxy, port) in proxies.items():
-                    pids = _proxy_pids(proxy.pid)
-                    cpu0 = sum(cpu_seconds(pid) for pid in pids)
-                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                    res = wrk(url, CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmpdir)
-                    cpu_ms = (sum(cpu_seconds(pid) for pid in pids) - cpu0) * 1000 / max(res.requests, 1)
-                    rps[workers].append(res.rps)
-                    print(
-                        f"{workers:<9}{res.rps:>9.0f}{res.p50_ms:>9.2f}{res.p99_ms:>9.2f}{cpu_ms:>12.3f}"
-                        f"{_scrape_ms(port):>11.2f}"
+                    run = _workers_run(proxy, port, upstream.pid, workers, duration, tmpdir)
+                    runs[workers].append(run)
+                    each = ", ".join(
+                        f"{run.worker_cpu_ms[pid]:.3f} ({run.worker_share[pid]:.0%})"
+                        for pid in run.worker_cpu_ms
                     )
-            ratio = statistics.median(rps[2]) / statistics.median(rps[1])
+                    shares = " / ".join(f"{v:.0%}" for v in run.machine.values())
+                    print(
+                        f"{workers:<9}{run.result.rps:>9.0f}{run.result.p50_ms:>9.2f}{run.result.p99_ms:>9.2f}"
+                        f"{run.proxy_cpu_ms:>12.3f}{_scrape_ms(port):>11.2f}  {each:<44}{shares}"
+                    )
+            ratio = statistics.median(r.result.rps for r in runs[2]) / statistics.median(
+                r.result.rps for r in runs[1]
+            )
+            per_req = {
+                n: statistics.median(statistics.fmean(r.worker_cpu_ms.values()) for r in runs[n])
+                for n in runs
+            }
+            free = statistics.median(r.machine["idle"] for r in runs[2])
             print(
-                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds) on {os.cpu_count()} CPUs"
+                f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds), {os.cpu_count()} CPUs; "
+                f"CPU per request per worker {per_req[1]:.3f} ms with 1, {per_req[2]:.3f} ms with 2 "
+                f"({per_req[2] / per_req[1]:.2f}x: flat means no contention between workers); "
+                f"idle CPU left during the 2-worker runs {free:.0%}"
             )
         finally:
             for proxy, _ in proxies.values():
@@ -1688,7 +1957,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", help="wrk connections (default 1 16 64; --peers: 1 16)"
+    )
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parse", action="store_true", help="only the parse micro-benchmark")
     parser.add_argument("--feedback", action="store_true", help="only the feedback micro-benchmark")
@@ -1696,6 +1967,9 @@ def main() -> int:
     parser.add_argument("--limits", action="store_true", help="only the limit-check micro-benchmark")
     parser.add_argument(
         "--stream", action="store_true", help="only the streamed-module TTFD section (no wrk)"
+    )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="with --stream: this many busy loops beside (a loaded machine)"
     )
     parser.add_argument("--context", action="store_true", help="only the context-protocol section")
     parser.add_argument(
@@ -1718,6 +1992,12 @@ def main() -> int:
     parser.add_argument(
         "--relay", action="store_true", help="only the floor-relay vs proxy section and its goals"
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="only the relay section with Portkey's and LiteLLM's gateways beside the floor and the proxy"
+        " (make peers installs them)",
+    )
     parser.add_argument("--workers-bench", action="store_true", help="only serve --workers 1 against 2 (wrk)")
     parser.add_argument(
         "--ablation",
@@ -1733,6 +2013,9 @@ def main() -> int:
         "--soak", action="store_true", help="only the soak: bounds filled, CPU per request over time"
     )
     args = parser.parse_args()
+    args.peers_only = args.peers
+    if args.concurrency is None:
+        args.concurrency = list(PEER_CONCURRENCY) if args.peers else [1, 16, 64]
     if args.soak:
         return run_soak()
     if args.compose:
@@ -1783,7 +2066,7 @@ def main() -> int:
             wait_port(proxy_port)
             through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
             if args.stream:
-                stream_section(up_port, proxy_port)
+                stream_section(up_port, proxy_port, tmpdir, args.busy)
                 return 0
             if args.context:
                 context_bench(tmpdir, up_port)
@@ -1813,15 +2096,24 @@ def main() -> int:
             )
             try:
                 wait_port(floor_port)
-                relay_section(Endpoints(up_port, floor_port, proxy_port), floor.pid, proxy.pid, args, tmpdir)
+                ends = Endpoints(up_port, floor_port, proxy_port)
+                if args.relay:
+                    relay_section(ends, floor.pid, proxy.pid, args, tmpdir)
+                    return 0
+                sys.path.insert(0, str(ROOT))
+                from tests.perf.peers import running_peers
+
+                ports = iter(free_port, None)
+                with running_peers(up_port, ports, tmpdir, CHAT_BODY) as peers:
+                    relay_section(ends, floor.pid, proxy.pid, args, tmpdir, peers)
             finally:
                 floor.terminate()
                 floor.wait(timeout=30)
-            if args.relay:
+            if args.peers:
                 return 0
             instructions_section(up_port, tmpdir)
             memory_section(through, proxy.pid)  # after the relay section: its RSS is "after load"
-            stream_section(up_port, proxy_port)
+            stream_section(up_port, proxy_port, tmpdir)
             context_bench(tmpdir, up_port)
             shadow_bench(tmpdir, up_port, upstream.pid)
             redis_paths_bench()

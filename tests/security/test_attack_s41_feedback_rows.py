@@ -100,3 +100,50 @@ async def test_a_row_whose_client_field_or_key_is_not_utf8_is_skipped_not_a_trac
         "--json",
     )
     assert simulated.returncode == 0, simulated.stderr[-600:]
+
+
+def row_of_tier(module: str, tier: str) -> bytes:
+    """A judged answer of the demo policy's cheap rung, stored under ``tier``."""
+    row = [
+        module,
+        tier,
+        "offline/small",
+        0.8,
+        0.8,
+        "accept",
+        0.7,
+        EXPIRES,
+        "l",
+        [],
+        "correct",
+        1.0,
+        1,
+        None,
+        None,
+    ]
+    return orjson.dumps(row)
+
+
+@pytest.mark.parametrize("command", ["simulate", "tune"])
+async def test_an_answer_of_a_tier_the_candidate_lacks_is_left_out_not_a_traceback(
+    module_keys: tuple[str, Any], command: str
+) -> None:
+    """Finding (medium): ``policy simulate|tune --from redis://`` looked a stored answer's tier up
+    in the candidate policy (``Policy.thresholds_for``: ``tiers[tier]``) and died with a KeyError
+    traceback when the candidate had no such tier: not only a hand-written row, also the plain
+    case of a running policy with a tier of its own (``legal``) and a candidate that renames or
+    drops it, the very change ``simulate`` is for. Expected: such answers are left out and
+    counted with those whose target is on no rung; the rest are replayed."""
+    module, client = module_keys
+    await client.hset(f"{KEY_PREFIX}{module}-good", "key-aaaaaaaaaaaaaaaa", row_of_tier(module, "decision"))
+    await client.hset(f"{KEY_PREFIX}{module}-gone", "key-aaaaaaaaaaaaaaaa", row_of_tier(module, "legal"))
+    extra = ["--target-accuracy", "0.9"] if command == "tune" else []
+    done = cli(
+        "policy", command, "--policy", "policies/demo.yaml", "--from", REDIS_URL, "--module", module, *extra
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-600:]
+    if command == "simulate":
+        assert done.returncode == 0, done.stderr[-600:]
+        assert done.stdout.startswith("1 judged answers replayed (1 left out"), done.stdout
+    else:  # one verdict vouches for no threshold (exit 1, documented): the tier's is counted
+        assert "# 1 verdicts left out" in done.stdout, done.stdout

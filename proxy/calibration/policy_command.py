@@ -176,7 +176,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     usage = Usage(args.tokens_in, args.tokens_out)
     suggestions = suggest(policy, records, args.target_accuracy, args.delta, pooled=args.module is None)
     if suggestions.unplaced:
-        print(f"# {suggestions.unplaced} verdicts left out: their targets are on no rung of the policy")
+        print(
+            f"# {suggestions.unplaced} verdicts left out: "
+            "their targets are on no rung of the policy, or their tiers not in it"
+        )
     block: dict[str, dict[str, object]] = {}
     for row in suggestions.rows:
         group, tuned, current = row.group, row.tuned, row.current

@@ -67,9 +67,12 @@ class Placed:
 
 
 def place(policy: Policy, records: Sequence[AnswerRecord]) -> Placed:
+    """Each record on the first rung of ``policy`` listing its target; unplaced when none does,
+    or when ``policy`` has no tier of the record's name (a tier renamed or dropped since: no
+    thresholds to decide it on)."""
     placed, unplaced = [], []
     for r in records:
-        rung = rung_of(policy, f"{r.provider}/{r.model}")
+        rung = rung_of(policy, f"{r.provider}/{r.model}") if r.tier in policy.tiers else None
         if rung is None:
             unplaced.append(r)
         else:

@@ -112,7 +112,10 @@ def simulate(candidate: Policy, records: Sequence[AnswerRecord], usage: Usage) -
 def render(sim: Simulation, usage: Usage) -> str:
     lines = [f"{sim.answers} judged answers replayed"]
     if sim.unplaced:
-        lines[0] += f" ({sim.unplaced} left out: their targets are on no rung of the candidate)"
+        lines[0] += (
+            f" ({sim.unplaced} left out: "
+            "their targets are on no rung of the candidate, or their tiers not in it)"
+        )
     if sim.without_risk:
         lines.append(f"{sim.without_risk} stored no risk (older records): decided on confidence alone")
     if sim.without_path:

@@ -22,8 +22,9 @@ SESSION_FIELD = "session_id"
 MAX_ID_CHARS = 128
 """Ids are names, not data: 128 characters hold a UUID, a ULID or a hash with room to spare, and
 keep every key short."""
-ID_PATTERN = re.compile(rf"^[A-Za-z0-9._~-]{{1,{MAX_ID_CHARS}}}$")
-"""No ``:`` or ``*`` (key separators and patterns), no whitespace or control characters."""
+ID_PATTERN = re.compile(rf"^[A-Za-z0-9._~-]{{1,{MAX_ID_CHARS}}}\Z")
+"""No ``:`` or ``*`` (key separators and patterns), no whitespace or control characters (``\\Z``:
+``$`` also matches before a final newline)."""
 KEY_PREFIX = "cogproxy:ctx"
 NAMESPACE_HEX = 32
 """128 bits of the SHA-256 of the client key: enough that two keys never share a namespace."""

@@ -486,7 +486,10 @@ class RedisFeedbackStore:
             log.warning("proxy.redis_unavailable", error=str(exc), store="feedback")
             shared = {}
         for client, raw in shared.items():
-            name = _text(client)
+            try:
+                name = _text(client)
+            except UnicodeDecodeError:  # no client name this proxy writes: not a record
+                continue
             record = self._valid(raw, name, trace_id)
             if record is not None:
                 found.setdefault(name, record)
@@ -526,14 +529,13 @@ async def scan_records(
     client: Any = redis_client(options, "scan")
     try:
         async for key in client.scan_iter(match=KEY_PREFIX + "*", count=SCAN_COUNT, _type="hash"):
-            trace_id = _text(key).removeprefix(KEY_PREFIX)
             for name, raw in (await client.hgetall(key)).items():
-                record = _loaded(partial(from_redis, raw, _text(name), trace_id), _text(key), skipped)
+                record = _loaded(partial(_from_hash, key, name, raw), _shown(key), skipped)
                 if record is not None and record.expires > clock():
                     yield record
         async for key in client.scan_iter(match=LEGACY_PREFIX + "*", count=SCAN_COUNT, _type="string"):
             raw = await client.get(key)
-            record = None if raw is None else _loaded(partial(AnswerRecord.loads, raw), _text(key), skipped)
+            record = None if raw is None else _loaded(partial(AnswerRecord.loads, raw), _shown(key), skipped)
             if record is not None and record.expires > clock():
                 yield record
     finally:
@@ -541,7 +543,19 @@ async def scan_records(
 
 
 def _text(name: bytes | str) -> str:
+    """A key or field name as text; UnicodeDecodeError (a ValueError) when it is not UTF-8."""
     return name.decode() if isinstance(name, bytes) else name
+
+
+def _shown(name: bytes | str) -> str:
+    """A key as a log line names it, whatever its bytes."""
+    return name.decode(errors="backslashreplace") if isinstance(name, bytes) else name
+
+
+def _from_hash(key: bytes | str, name: bytes | str, raw: bytes | str) -> AnswerRecord:
+    """``from_redis`` of the field ``name`` of the hash ``key``: a key or field name that is not
+    UTF-8 (no name this proxy writes) raises like any other row that is not a record."""
+    return from_redis(raw, _text(name), _text(key).removeprefix(KEY_PREFIX))
 
 
 def _log_skipped(key: str) -> None:

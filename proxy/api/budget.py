@@ -128,7 +128,7 @@ BUDGET = web.AppKey("body_budget", BodyBudget)
 RESERVATION = web.RequestKey("body_reservation", Reservation)
 
 
-def reserve(request: web.Request) -> Reservation:
-    """Give the request a reservation; the caller releases it when the handler is done."""
-    reservation = request[RESERVATION] = Reservation(request.app[BUDGET])
+def reserve(request: web.Request, app: web.Application) -> Reservation:
+    """Give the request (of ``app``) a reservation; the caller releases it when the handler is done."""
+    reservation = request[RESERVATION] = Reservation(app[BUDGET])
     return reservation

@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope, route_of_request
+from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope
 from proxy.api.app_keys import METRICS, RUNTIME, SETTINGS, TRACING
-from proxy.api.browser_guard import BROWSER_GUARD, check_browser
+from proxy.api.browser_guard import BROWSER_GUARD, check_headers
 from proxy.api.budget import reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
@@ -131,8 +131,10 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Every step of a request around its handler; every failure leaves as an OpenAI error body."""
     try:
         check_target_form(request)
-        route = route_of(request)
-        row = route_of_request(request)
+        resource = request.match_info.route.resource
+        # One lookup for both: the row (route_of_request) and the metric label (route_of).
+        row = None if resource is None else request.app[ROUTE_INDEX].get(resource)
+        route = "unmatched" if row is None else resource.canonical  # type: ignore[union-attr]
         if otel.ON and (row is None or not row.probe):  # probes: polled, never traced
             tracing = request.app[TRACING]
             if tracing is not None:
@@ -184,9 +186,11 @@ async def _observed(
     started = time.perf_counter()
     record = RequestRecord()
     request[RECORD_KEY] = record
+    app = request.app  # a property: read once
+    metrics = app[METRICS]
     status = 500
     try:
-        response = await _admitted(request, handler, row)
+        response = await _admitted(request, app, handler, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -199,7 +203,7 @@ async def _observed(
         total = time.perf_counter() - started
         route = record.route or route
         overhead = max(0.0, total - record.upstream_s)
-        request.app[METRICS].observe_request(route, record.module, status, record.outcome, overhead)
+        metrics.observe_request(route, record.module, status, record.outcome, overhead)
         request_line(
             "proxy.request",
             {
@@ -244,18 +248,19 @@ async def expect_continue(request: web.Request) -> None:
         request.writer.output_size = 0  # the answer's own body has not started
 
 
-async def _admitted(request: web.Request, handler: Handler, route: Route | None) -> web.StreamResponse:
+async def _admitted(
+    request: web.Request, app: web.Application, handler: Handler, route: Route | None
+) -> web.StreamResponse:
     """The browser guard, the route's scope, then the handler holding a body-budget reservation;
     a method the route's row does not list is refused just before the handler would run."""
-    app = request.app
     settings = app[SETTINGS]
     if app[BROWSER_GUARD]:
-        check_browser(request)
+        check_headers(settings, request.headers)  # check_browser, with the settings at hand
     authenticate(request, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
         raise unknown_expectation()
-    reservation = reserve(request)
+    reservation = reserve(request, app)
     try:
         check_method(request, route)
         return await handler(request)

@@ -19,7 +19,7 @@ from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
-from proxy.api.limits import admit, caller, estimate_body_tokens, settle
+from proxy.api.limits import ADMISSION, admit, caller, estimate_body_tokens, settle
 from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
@@ -217,6 +217,8 @@ class _Route:
     targets: tuple[Target, ...]
     started: float
     """``time.monotonic()`` when the request was taken up: the deadlines count from it."""
+    app: web.Application
+    """``request.app`` (a property), read once."""
 
     def log_try(self, attempt: Try) -> None:
         self.request[RECORD_KEY].upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
@@ -234,7 +236,7 @@ class _Route:
         """``bounded``: the operation bounds each attempt itself (``Provider.relay``); ``span``:
         how a traced attempt is described."""
         policy = self.runtime.policy
-        return self.request.app[ROUTER].call(
+        return self.app[ROUTER].call(
             self.targets,
             self.runtime.providers,
             operation,
@@ -249,10 +251,16 @@ class _Route:
     async def account(self, target: Target, usage: Mapping[str, Any], output_s: float) -> None:
         """Tokens, cost, output speed, and the settlement of the request's limits."""
         request, policy = self.request, self.runtime.policy
-        metrics = request.app[METRICS]
+        metrics = self.app[METRICS]
         record_usage(metrics, policy, target, usage, output_s)
-        usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
-        settle(request, total_tokens(usage), usd)
+        # Unpriced and unlimited (the defaults): no client label to look up, no tokens to add.
+        usd = (
+            0.0
+            if policy.price_of(target.name) is None
+            else record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
+        )
+        if request[ADMISSION] is not None:
+            settle(request, total_tokens(usage), usd)
 
 
 async def _passthrough(
@@ -274,7 +282,7 @@ async def _passthrough(
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
-    route = _Route(request, runtime, targets, time.monotonic())
+    route = _Route(request, runtime, targets, time.monotonic(), request.app)
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)

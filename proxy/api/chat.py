@@ -20,7 +20,7 @@ from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
 from proxy.api.limits import ADMISSION, admit, caller, estimate_body_tokens, settle
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY, RequestRecord
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
 from proxy.api.relay_answer import serve
@@ -219,9 +219,11 @@ class _Route:
     """``time.monotonic()`` when the request was taken up: the deadlines count from it."""
     app: web.Application
     """``request.app`` (a property), read once."""
+    record: RequestRecord
+    """``request[RECORD_KEY]``, read once."""
 
     def log_try(self, attempt: Try) -> None:
-        self.request[RECORD_KEY].upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
+        self.record.upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
         if attempt.error is not None and not attempt.skipped:
             log.info(
                 "proxy.upstream_failed",
@@ -282,7 +284,7 @@ async def _passthrough(
         )
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
-    route = _Route(request, runtime, targets, time.monotonic(), request.app)
+    route = _Route(request, runtime, targets, time.monotonic(), request.app, request[RECORD_KEY])
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)
@@ -297,7 +299,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> we
     except RungFailed as exc:
         return failed_call(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
-    route.request[RECORD_KEY].fields["target"] = routed.target.name
+    route.record.fields["target"] = routed.target.name
     return web.Response(
         body=routed.value.body,
         headers={
@@ -310,7 +312,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> we
 async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> web.StreamResponse:
     """A streamed completion: relayed chunk by chunk within the idle and stream bounds."""
     request, policy = route.request, route.runtime.policy
-    timeouts, record = policy.timeouts, request[RECORD_KEY]
+    timeouts, record = policy.timeouts, route.record
     asked = time.perf_counter()
     try:
         opened = await route(

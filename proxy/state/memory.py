@@ -42,7 +42,10 @@ class MemoryBreakerStore:
         self._targets: dict[str, _Target] = {}
 
     def _get(self, target: str) -> _Target:
-        return self._targets.setdefault(target, _Target())
+        found = self._targets.get(target)  # not setdefault: it would build a _Target every call
+        if found is None:
+            found = self._targets[target] = _Target()
+        return found
 
     async def state(self, target: str) -> BreakerState:
         t = self._targets.get(target)

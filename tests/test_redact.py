@@ -90,22 +90,22 @@ def test_a_str_subclass_key_is_judged_like_a_str() -> None:
 
 @pytest.fixture
 def empty_verdicts() -> Iterator[dict[str, bool]]:
-    saved = dict(redact._KEY_VERDICTS)
-    redact._KEY_VERDICTS.clear()
-    yield redact._KEY_VERDICTS
-    redact._KEY_VERDICTS.clear()
-    redact._KEY_VERDICTS.update(saved)
+    saved = dict(redact.KEY_VERDICTS)
+    redact.KEY_VERDICTS.clear()
+    yield redact.KEY_VERDICTS
+    redact.KEY_VERDICTS.clear()
+    redact.KEY_VERDICTS.update(saved)
 
 
 def test_verdicts_are_remembered_up_to_the_bound_then_judged_afresh(empty_verdicts: dict[str, bool]) -> None:
-    for i in range(redact._KEY_VERDICTS_MAX - 1):
+    for i in range(redact.KEY_VERDICTS_MAX - 1):
         is_secret_key(f"field_{i}")
     is_secret_key("api_key")
-    assert len(empty_verdicts) == redact._KEY_VERDICTS_MAX == 4096
+    assert len(empty_verdicts) == redact.KEY_VERDICTS_MAX == 4096
     assert empty_verdicts["api_key"] is True and empty_verdicts["field_0"] is False
     assert is_secret_key("access_token") is True  # not remembered, still judged
     assert is_secret_key("another") is False
-    assert len(empty_verdicts) == redact._KEY_VERDICTS_MAX
+    assert len(empty_verdicts) == redact.KEY_VERDICTS_MAX
 
 
 def test_scrub_replaces_credential_valued_keys_and_masks_strings() -> None:

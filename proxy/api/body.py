@@ -85,7 +85,8 @@ async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
         raise _too_large(limit)
     reservation = request[RESERVATION]
     reserved = declared or 0
-    await reservation.grow(copies * reserved)
+    if not reservation.grow_now(copies * reserved):  # room now (the usual case): no await
+        await reservation.grow(copies * reserved)
     content = request.content
     if content.is_eof():  # the whole body came with the head (most do): take it without a read loop
         whole = content.read_nowait()
@@ -117,9 +118,12 @@ async def read_json(request: web.Request) -> tuple[bytes, Any]:
     copies = READ_COPIES + PARSED_COPIES
     raw = await read_body(request, copies)
     body = inflate(request, raw)
+    reservation = request[RESERVATION]
     if len(body) > len(raw):  # the inflated copy is held and parsed too
-        await request[RESERVATION].grow(copies * (len(body) - len(raw)))
-    await request[RESERVATION].grow(values_cost(body))
+        await reservation.grow(copies * (len(body) - len(raw)))
+    parsed = values_cost(body)
+    if not reservation.grow_now(parsed):
+        await reservation.grow(parsed)
     try:
         return raw, orjson.loads(body)
     except orjson.JSONDecodeError as exc:

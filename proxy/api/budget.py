@@ -83,6 +83,13 @@ class BodyBudget:
                 ) from None
             raise
 
+    def acquire_now(self, size: int) -> bool:
+        """``acquire`` when ``size`` fits now and nobody waits: True; False: await ``acquire``."""
+        if self._waiters or self.in_use + size > self.capacity:
+            return False
+        self.in_use += size
+        return True
+
     def release(self, size: int) -> None:
         self.in_use -= size
         self._wake()
@@ -118,6 +125,16 @@ class Reservation:
             await self.budget.acquire(size)
             self.held += size
 
+    def grow_now(self, size: int) -> bool:
+        """``grow`` without awaiting when the budget has room now: True; False: await ``grow``
+        (which waits its turn, or refuses)."""
+        if size <= 0:
+            return True
+        if self.held + size > self.budget.capacity or not self.budget.acquire_now(size):
+            return False
+        self.held += size
+        return True
+
     def release(self) -> None:
         held, self.held = self.held, 0
         if held:
@@ -128,7 +145,7 @@ BUDGET = web.AppKey("body_budget", BodyBudget)
 RESERVATION = web.RequestKey("body_reservation", Reservation)
 
 
-def reserve(request: web.Request) -> Reservation:
-    """Give the request a reservation; the caller releases it when the handler is done."""
-    reservation = request[RESERVATION] = Reservation(request.app[BUDGET])
+def reserve(request: web.Request, app: web.Application) -> Reservation:
+    """Give the request (of ``app``) a reservation; the caller releases it when the handler is done."""
+    reservation = request[RESERVATION] = Reservation(app[BUDGET])
     return reservation

@@ -19,8 +19,8 @@ from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
-from proxy.api.limits import admit, caller, estimate_body_tokens, settle
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.limits import ADMISSION, admit, caller, estimate_body_tokens, settle
+from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY, RequestRecord
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
 from proxy.api.relay_answer import serve
@@ -219,9 +219,13 @@ class _Route:
     targets: tuple[Target, ...]
     started: float
     """``time.monotonic()`` when the request was taken up: the deadlines count from it."""
+    app: web.Application
+    """``request.app`` (a property), read once."""
+    record: RequestRecord
+    """``request[RECORD_KEY]``, read once."""
 
     def log_try(self, attempt: Try) -> None:
-        self.request[RECORD_KEY].upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
+        self.record.upstream_s += attempt.latency_ms / 1000 + attempt.waited_s
         if attempt.error is not None and not attempt.skipped:
             log.info(
                 "proxy.upstream_failed",
@@ -236,7 +240,7 @@ class _Route:
         """``bounded``: the operation bounds each attempt itself (``Provider.relay``); ``span``:
         how a traced attempt is described."""
         policy = self.runtime.policy
-        return self.request.app[ROUTER].call(
+        return self.app[ROUTER].call(
             self.targets,
             self.runtime.providers,
             operation,
@@ -251,10 +255,16 @@ class _Route:
     async def account(self, target: Target, usage: Mapping[str, Any], output_s: float) -> None:
         """Tokens, cost, output speed, and the settlement of the request's limits."""
         request, policy = self.request, self.runtime.policy
-        metrics = request.app[METRICS]
+        metrics = self.app[METRICS]
         record_usage(metrics, policy, target, usage, output_s)
-        usd = record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
-        settle(request, total_tokens(usage), usd)
+        # Unpriced and unlimited (the defaults): no client label to look up, no tokens to add.
+        usd = (
+            0.0
+            if policy.price_of(target.name) is None
+            else record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
+        )
+        if request[ADMISSION] is not None:
+            settle(request, total_tokens(usage), usd)
 
 
 async def _passthrough(
@@ -271,7 +281,7 @@ async def _passthrough(
     ensure_encodable(body)
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
-    route = _Route(request, runtime, targets, time.monotonic())
+    route = _Route(request, runtime, targets, time.monotonic(), request.app, request[RECORD_KEY])
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)
@@ -286,7 +296,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> we
     except RungFailed as exc:
         return failed_call(exc)
     await route.account(routed.target, routed.value.usage, time.perf_counter() - asked)
-    route.request[RECORD_KEY].fields["target"] = routed.target.name
+    route.record.fields["target"] = routed.target.name
     return web.Response(
         body=routed.value.body,
         headers={
@@ -299,7 +309,7 @@ async def _relay_plain(route: _Route, body: dict[str, Any], ctx: CallInfo) -> we
 async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> web.StreamResponse:
     """A streamed completion: relayed chunk by chunk within the idle and stream bounds."""
     request, policy = route.request, route.runtime.policy
-    timeouts, record = policy.timeouts, request[RECORD_KEY]
+    timeouts, record = policy.timeouts, route.record
     asked = time.perf_counter()
     held = None if active() is None else HeldSpan()  # traced: the attempt's span lasts the stream
     try:

@@ -201,7 +201,10 @@ def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) ->
     """Called on ``on_response_prepare``: every answer to an admitted request tells its windows (in
     place of a provider's: the client is held to the proxy's limits, the provider's are the
     proxy's own account's)."""
-    admission = request.get(ADMISSION)
+    try:  # request.get is Mapping.get: two Python frames and the same KeyError on a miss
+        admission = request[ADMISSION]
+    except KeyError:
+        return
     if admission is not None:
         response.headers.update(ratelimit_headers(admission))
 

@@ -17,8 +17,9 @@ in-process registry (no files, nothing copied).
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -474,6 +475,49 @@ SHARE_INTERVAL_S = 1.0
 """How often a worker copies its scrape-time gauges into the shared files."""
 
 
+
+Amount = Callable[[float], None]
+"""A remembered child's ``inc`` or ``observe``."""
+
+
+def counting(child: Counter) -> Amount:
+    """A counter child's ``inc`` without ``Counter.inc``'s checks on every call (is it a child,
+    is the amount negative, an exemplar): its value's own ``inc``, under the value's lock. For
+    amounts that cannot be negative (counts, durations, prices)."""
+    inc: Amount = cast(Any, child)._value.inc
+    return inc
+
+
+def observing(child: Histogram) -> Amount:
+    """A histogram child's ``observe``, as ``Histogram.observe`` counts it (the sum, then the first
+    bucket whose bound is >= the amount; a NaN in no bucket), without its per-call checks and its
+    walk over the bounds (``bisect``, in C)."""
+    raw = cast(Any, child)
+    add_to_sum: Amount = raw._sum.inc
+    buckets: tuple[Amount, ...] = tuple(bucket.inc for bucket in raw._buckets)
+    bounds: tuple[float, ...] = tuple(raw._upper_bounds)
+
+    def observe(amount: float) -> None:
+        add_to_sum(amount)
+        if amount == amount:  # not NaN: bisect would put it in the first bucket
+            buckets[bisect_left(bounds, amount)](1)
+
+    return observe
+
+
+class Hot:
+    """A remembered child (``Metrics.child``): ``inc(amount)`` of a counter, ``observe(amount)``
+    of a histogram, each without prometheus-client's per-call checks (``counting``,
+    ``observing``)."""
+
+    __slots__ = ("inc", "observe")
+
+    def __init__(self, child: Counter | Histogram) -> None:
+        if isinstance(child, Histogram):
+            self.observe = observing(child)
+        else:
+            self.inc = counting(child)
+
 class Metrics:
     """Every metric the proxy exports, on its own registry (built from the tables above)."""
 
@@ -556,17 +600,17 @@ class Metrics:
             self._live = [(gauge, gauge) for gauge in (getattr(self, attr) for attr, *_ in GAUGES)]
 
         # labels() takes a lock and validates on every call; the hot path keeps its children.
-        self._request_children: dict[tuple[str, str, int, str], tuple[Any, Any]] = {}
-        self._upstream_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._request_children: dict[tuple[str, str, int, str], tuple[Amount, Amount]] = {}
+        self._upstream_children: dict[tuple[str, str, str], tuple[Amount, Amount]] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Hot] = {}
 
-    def child(self, metric: Counter | Histogram | Gauge, *labels: str) -> Any:
-        """``metric.labels(*labels)``, remembered. Label values are bounded (``target_labels``,
-        client labels), so the cache is too."""
+    def child(self, metric: Counter | Histogram, *labels: str) -> Hot:
+        """``metric.labels(*labels)``, remembered, as a ``Hot`` child. Label values are bounded
+        (``target_labels``, client labels), so the cache is too."""
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*labels)
+            found = self._children[key] = Hot(metric.labels(*labels))
         return found
 
     def observe_request(self, route: str, module: str, status: int, outcome: str, overhead_s: float) -> None:
@@ -576,22 +620,22 @@ class Metrics:
         children = self._request_children.get(key)
         if children is None:
             children = self._request_children[key] = (
-                self.requests.labels(route, module, str(status), outcome),
-                self.overhead.labels(route),
+                counting(self.requests.labels(route, module, str(status), outcome)),
+                observing(self.overhead.labels(route)),
             )
-        children[0].inc()
-        children[1].observe(overhead_s)
+        children[0](1)
+        children[1](overhead_s)
 
     def observe_upstream(self, provider: str, model: str, outcome: str, seconds: float) -> None:
         key = (provider, model, outcome)
         children = self._upstream_children.get(key)
         if children is None:
             children = self._upstream_children[key] = (
-                self.upstream_requests.labels(provider, model, outcome),
-                self.upstream_latency.labels(provider, model),
+                counting(self.upstream_requests.labels(provider, model, outcome)),
+                observing(self.upstream_latency.labels(provider, model)),
             )
-        children[0].inc()
-        children[1].observe(seconds)
+        children[0](1)
+        children[1](seconds)
 
     def watch_redis(self, up: Callable[[], bool]) -> None:
         """``cognitive_redis_up``: 1 while Redis answers (only with ``--redis-url``)."""

@@ -44,16 +44,14 @@ def record_usage(
 ) -> None:
     """``cognitive_tokens_total`` of one answer; with ``output_s`` (the time its completion took
     to arrive) also its output speed, ``cognitive_output_tokens_per_second``."""
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     provider, model = target_labels(policy, target)
-    for kind, name in _USAGE_KINDS:
-        count = usage.get(name)
-        if type(count) is int and count > 0:
-            metrics.child(metrics.tokens, provider, model, kind).inc(count)
-            if output_s and kind == "completion":
-                metrics.child(metrics.output_tps, provider, model).observe(count / output_s)
-
-
-_USAGE_KINDS = (("prompt", "prompt_tokens"), ("completion", "completion_tokens"))
+    if type(prompt) is int and prompt > 0:
+        metrics.child(metrics.tokens, provider, model, "prompt").inc(prompt)
+    if type(completion) is int and completion > 0:
+        metrics.child(metrics.tokens, provider, model, "completion").inc(completion)
+        if output_s:
+            metrics.child(metrics.output_tps, provider, model).observe(completion / output_s)
 
 
 def total_tokens(usage: Mapping[str, Any]) -> int:

@@ -42,7 +42,10 @@ class MemoryBreakerStore:
         self._targets: dict[str, _Target] = {}
 
     def _get(self, target: str) -> _Target:
-        return self._targets.setdefault(target, _Target())
+        found = self._targets.get(target)  # not setdefault: it would build a _Target every call
+        if found is None:
+            found = self._targets[target] = _Target()
+        return found
 
     async def state(self, target: str) -> BreakerState:
         t = self._targets.get(target)
@@ -74,8 +77,24 @@ class MemoryBreakerStore:
             self._count(t, outcome, now, policy)
         return BreakerState(t.epoch, t.open_until)
 
+    def closed_epoch(self, target: str) -> int | None:
+        """The epoch of ``target``'s breaker while it is closed; None while it is open or half-open."""
+        t = self._targets.get(target)
+        if t is None:
+            return 0
+        return t.epoch if t.open_until <= 0.0 else None
+
+    def count_success(self, target: str, epoch: int, now: float, policy: BreakerPolicy) -> None:
+        """``record`` of a success admitted while the breaker was closed (not a trial), without
+        its ``Outcome`` and state objects: a success never moves a breaker, it is only counted."""
+        t = self._get(target)
+        if epoch == t.epoch and t.open_until <= 0.0:
+            self._bucket(t, now, policy)[0] += 1
+            t.consecutive = 0
+
     @staticmethod
-    def _count(t: _Target, outcome: Outcome, now: float, policy: BreakerPolicy) -> None:
+    def _bucket(t: _Target, now: float, policy: BreakerPolicy) -> list[int]:
+        """The [successes, failures] of ``now``'s bucket of the window."""
         width = policy.window_s / WINDOW_BUCKETS
         bucket = math.floor(now / width)
         counts = t.buckets.get(bucket)
@@ -83,6 +102,11 @@ class MemoryBreakerStore:
             for old in [b for b in t.buckets if b <= bucket - WINDOW_BUCKETS]:
                 del t.buckets[old]
             counts = t.buckets[bucket] = [0, 0]
+        return counts
+
+    @staticmethod
+    def _count(t: _Target, outcome: Outcome, now: float, policy: BreakerPolicy) -> None:
+        counts = MemoryBreakerStore._bucket(t, now, policy)
         counts[1 if outcome.failed else 0] += 1
         t.consecutive = t.consecutive + 1 if outcome.failed else 0
         if not outcome.failed:

@@ -149,6 +149,22 @@ class Breakers:
             return Ticket("trial", state.epoch)
         return Ticket("open", state.epoch, trial_ttl)  # a trial is under way: its outcome is near
 
+    def admit_closed(self, target: str) -> Ticket | None:
+        """``admit`` without awaiting, for a breaker of this replica alone (no shared store) that is
+        closed: the usual case. None: ``admit`` it (a shared store to read, or not closed)."""
+        if self.store is not None:
+            return None
+        epoch = self._local.closed_epoch(target)
+        return None if epoch is None else Ticket("closed", epoch)
+
+    def record_success(self, target: str, ticket: Ticket, policy: BreakerPolicy) -> bool:
+        """``record`` of a success without awaiting, when admitted closed (not a trial): counted in
+        the window, which a success never moves (so nothing to publish). False: ``record`` it."""
+        if ticket.admission != "closed":
+            return False
+        self._local.count_success(target, ticket.epoch, self._clock(), policy)
+        return True
+
     async def _claim(self, target: str, now: float, ttl: float, slots: int) -> bool:
         """A half-open trial, claimed here and then (its open published first) in the shared store."""
         state = await self._local.state(target)

@@ -261,7 +261,9 @@ class Router:
 
     async def _target(self, run: _RungCall[T], target: Target) -> Routed[T] | None:
         """Try ``target`` (retrying it while the policy allows); None: go on to the next one."""
-        ticket = await self._admit(target, run.failover, run.deadline)
+        ticket = self.breakers.admit_closed(target.state_key) or await self._admit(
+            target, run.failover, run.deadline
+        )
         if ticket.admission == "open":
             skipped = ProviderError(
                 "circuit_open", f"{target.state_key}: circuit breaker open", retry_after=ticket.retry_in
@@ -313,7 +315,8 @@ class Router:
             run.on_try(Try(target, elapsed * 1000, retry=retrying, waited_s=waited))
             if self.observer is not None:
                 self.observer.attempt(target, elapsed, None)
-            await self._record(run.rung, target, ticket, run.failover, failed=False)
+            if not self.breakers.record_success(target.state_key, ticket, run.failover.breaker):
+                await self._record(run.rung, target, ticket, run.failover, failed=False)
             return Routed(value, target)
 
     async def _failed(

@@ -198,6 +198,34 @@ def test_the_request_line_is_the_line_structlog_writes(json_sink: Callable[[str]
     assert ours["note"] == f"Bearer {REDACTED}" and ours["trace_id"] == "trace-1"
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},  # a plain line: written without the per-field redaction pass, as the same bytes
+        {"note": "Bearer abcdefghijk"},
+        {"detail": {"api_key": "x", "ok": 1}},
+        {"ids": ["sk-abcdefghijkl"]},
+        {"token": "abc"},
+        {"odd": "tab\there", "wide": "a\u2003b"},
+        {"level": "mine"},
+    ],
+)
+def test_the_request_line_redacts_as_structlog_does(
+    json_sink: Callable[[str], io.BytesIO], extra: dict[str, Any]
+) -> None:
+    """Whatever the fields, the request line is structlog's line: same keys, same order, same
+    redaction (a plain line is written without the per-field pass, which would change nothing)."""
+    sink = json_sink("info")
+    fields: dict[str, Any] = {"method": "POST", "status": 200, "upstream_ms": 1.5, "target": "up/m", **extra}
+    bind_request("0123456789abcdef0123456789abcdef", "/v1/chat/completions")
+    structlog.get_logger("proxy").info("proxy.request", **fields)
+    request_line("proxy.request", dict(fields))
+    theirs, ours = lines_of(sink)
+    assert list(ours) == list(theirs)
+    assert {**ours, "timestamp": None} == {**theirs, "timestamp": None}
+    assert "sk-abcdefghijkl" not in json.dumps(ours) and "abcdefghijk" not in json.dumps(ours)
+
+
 def test_quiet_request_lines_are_debug_lines(json_sink: Callable[[str], io.BytesIO]) -> None:
     sink = json_sink("info")
     request_line("proxy.request", {"route_kind": "probe"}, quiet=True)

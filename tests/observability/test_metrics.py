@@ -247,3 +247,27 @@ async def test_a_provider_failure_is_an_outcome_not_a_reject(
     assert (
         m.value("cognitive_requests_total", module="code-reviewer", status="503", outcome="unanswered") == 1
     )
+
+
+def test_remembered_children_count_as_prometheus_client_does() -> None:
+    """``Metrics.child`` (and the request and upstream children) skip prometheus-client's per-call
+    checks: the exposition is the one ``inc`` and ``observe`` write, on a bound and past the last."""
+    from prometheus_client import generate_latest
+
+    from proxy.observability.metrics import Metrics
+
+    ours, theirs = Metrics(), Metrics()
+    amounts = [0.0, 0.001, 0.005, 0.0051, 0.25, 1.0, 7.5, 1e9, float("inf"), float("nan")]
+    for amount in amounts:
+        ours.child(ours.upstream_latency, "up", "m").observe(amount)
+        theirs.upstream_latency.labels("up", "m").observe(amount)
+        ours.observe_request("/v1/chat/completions", "none", 200, "none", amount)
+        theirs.requests.labels("/v1/chat/completions", "none", "200", "none").inc()
+        theirs.overhead.labels("/v1/chat/completions").observe(amount)
+    ours.child(ours.tokens, "up", "m", "prompt").inc(12)
+    theirs.tokens.labels("up", "m", "prompt").inc(12)
+
+    def samples(metrics: Metrics) -> list[bytes]:  # but the times the series were created
+        return [line for line in generate_latest(metrics.registry).splitlines() if b"_created" not in line]
+
+    assert samples(ours) == samples(theirs)

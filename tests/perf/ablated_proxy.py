@@ -40,6 +40,14 @@ async def _record_nothing(self: Breakers, *args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _closed_ticket(self: Breakers, target: str) -> Ticket:
+    return Ticket("closed", 0)
+
+
+def _recorded(self: Breakers, *args: Any) -> bool:
+    return True
+
+
 async def _account_nothing(self: Any, target: Target, usage: Any, output_s: float) -> None:
     return None
 
@@ -67,11 +75,16 @@ def _replacements() -> dict[str, list[tuple[object, str, object]]]:
     return {
         "log": [(middleware, "request_line", _nothing)],
         "metrics": [(Metrics, "observe_request", _nothing), (Metrics, "observe_upstream", _nothing)],
-        "breaker": [(Breakers, "admit", _admit_closed), (Breakers, "record", _record_nothing)],
+        "breaker": [
+            (Breakers, "admit", _admit_closed),
+            (Breakers, "record", _record_nothing),
+            (Breakers, "admit_closed", _closed_ticket),
+            (Breakers, "record_success", _recorded),
+        ],
         "edge": [
             (middleware, "check_target_form", _nothing),
             (middleware, "bind_trace", _bind_constant),
-            (middleware, "check_browser", _nothing),
+            (middleware, "check_headers", _nothing),
         ],
         "account": [(chat._Route, "account", _account_nothing)],
         "router": [(Router, "call", _first_target)],

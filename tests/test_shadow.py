@@ -1,8 +1,9 @@
 """Verdicts without humans (``feedback.shadow``): a real proxy in front of the fake upstream, the
 cheap rung answering the client, the strong rung judging in the background.
 
-The sampling rule is restated here (SHA-256 of the trace id as a fraction below the rate) so a
-change to it fails these tests rather than silently following it.
+The sampling rule is restated here (an 8-byte BLAKE2b of the trace id keyed with the SHA-256 of
+the policy's ``seed``, as a fraction below the rate) so a change to it fails these tests rather
+than silently following it.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ def shadow_policy(fake: FakeUpstream, **shadow: Any) -> dict[str, Any]:
     )
 
 
-def in_sample(trace_id: str, rate: float) -> bool:
-    return int.from_bytes(hashlib.sha256(trace_id.encode()).digest()[:8], "big") / 2**64 < rate
+SEED = "a seed the clients never see"
+
+
+def in_sample(trace_id: str, rate: float, seed: str = SEED) -> bool:
+    key = hashlib.sha256(seed.encode()).digest()
+    digest = hashlib.blake2b(trace_id.encode(), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "big") / 2**64 < rate
 
 
 async def execute(session: aiohttp.ClientSession, px: RunningProxy, trace: str) -> tuple[int, bytes]:
@@ -143,7 +149,8 @@ async def test_a_rate_judges_exactly_the_sampled_trace_ids(
     traces = [f"seeded-{i}" for i in range(40)]
     chosen = {t for t in traces if in_sample(t, 0.3)}
     assert 5 < len(chosen) < 20  # the seed gives a proper subset
-    async with proxy_with(shadow_policy(fake_upstream, rate=0.3)) as px, aiohttp.ClientSession() as session:
+    policy = shadow_policy(fake_upstream, rate=0.3, seed=SEED)
+    async with proxy_with(policy) as px, aiohttp.ClientSession() as session:
         for trace in traces:
             assert (await execute(session, px, trace))[0] == 200
         await eventually(
@@ -153,6 +160,31 @@ async def test_a_rate_judges_exactly_the_sampled_trace_ids(
         sources = {t: (r.source if (r := await store.get(ANONYMOUS, t)) else None) for t in traces}
         assert {t for t, s in sources.items() if s == "shadow"} == chosen
         assert fake_upstream.count(model="strong") == len(chosen)
+
+
+async def test_a_client_cannot_choose_trace_ids_the_judge_samples(
+    proxy_with: ProxyWith, fake_upstream: FakeUpstream
+) -> None:
+    """Clients choose trace ids (X-Request-Id). Sampled by an unkeyed hash, a client tried ids
+    until one fell in the sample and got every answer judged at rate 0.05 (found in an attack
+    pass). Keyed with a key drawn at start (no ``seed``), ids chosen against the unkeyed rule, or
+    against a seed the proxy does not use, are sampled like any others: about 5% of them."""
+    fake_upstream.set_default_reply("cheap", envelope(0.9))
+    fake_upstream.set_default_reply("strong", envelope(0.95))
+
+    def unkeyed(trace: str) -> bool:
+        return int.from_bytes(hashlib.sha256(trace.encode()).digest()[:8], "big") / 2**64 < 0.05
+
+    candidates = (f"chosen-{i}" for i in range(100_000))
+    picked = [t for t in candidates if unkeyed(t) and in_sample(t, 0.05, "a seed the client guessed")][:40]
+    assert len(picked) == 40
+    async with proxy_with(shadow_policy(fake_upstream, rate=0.05)) as px, aiohttp.ClientSession() as session:
+        for trace in picked:
+            assert (await execute(session, px, trace))[0] == 200
+        judge, activity = px.app[SHADOW], px.app[CLIENT_ACTIVITY]
+        await until(lambda: activity.in_flight == 0 and judge.pending == 0, "the judge's queue drained")
+        # Binomial(40, 0.05): more than 12 happens with probability below 1e-6.
+        assert judge.started <= 12, judge.started
 
 
 async def test_the_daily_budget_stops_judging_and_counts_the_skips(

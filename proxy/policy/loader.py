@@ -234,6 +234,7 @@ def _shadow(raw: dict[str, Any]) -> ShadowPolicy:
     return ShadowPolicy(
         rate=float(raw.get("rate", defaults.rate)),
         judge_rung=raw.get("judge_rung", defaults.judge_rung),
+        seed=raw.get("seed", defaults.seed),
         budget_usd_per_day=float(raw.get("budget_usd_per_day", defaults.budget_usd_per_day)),
         modules=tuple(raw.get("modules", defaults.modules)),
     )

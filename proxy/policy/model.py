@@ -226,9 +226,13 @@ class ShadowPolicy:
     module's decision fields is recorded as a verdict with ``source: shadow``."""
 
     rate: float = 0.0
-    """Share of eligible answers judged (0: off), sampled by trace id."""
+    """Share of eligible answers judged (0: off), sampled by a keyed hash of the trace id."""
     judge_rung: str | None = None
     """The rung that judges (None: the ladder's top rung)."""
+    seed: str | None = None
+    """Keys the sample (the same answers judged on every replica, reproducibly); None: a key of
+    each process's own, drawn at start. Clients choose trace ids: one that knew the key could
+    choose which of its answers are judged."""
     budget_usd_per_day: float = 1.0
     """The judge's spend per UTC day, all replicas together with ``--redis-url``; past it answers
     are not judged (``cognitive_shadow_skipped_total{reason="over_budget"}``)."""

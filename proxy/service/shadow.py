@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -68,11 +69,20 @@ SHADOW_CALLER = Caller(SHADOW, ClientIdentity(SHADOW))
 _FRACTION = 2**64
 
 
-def sampled(trace_id: str, rate: float) -> bool:
-    """Whether ``trace_id``'s answer is in the judged share: the first 8 bytes of its SHA-256, as
-    a fraction of 2^64, below ``rate`` (the same choice on every replica, and reproducible)."""
-    digest = hashlib.sha256(trace_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / _FRACTION < rate
+def sample_key(seed: str | None) -> bytes:
+    """The key of the sample: from the policy's ``seed`` (the same on every replica), else drawn
+    at random. Clients choose trace ids (``X-Request-Id``, ``traceparent``): with an unkeyed hash,
+    one could try ids until it found one in the sample and send every call with it."""
+    if seed is None:
+        return secrets.token_bytes(32)
+    return hashlib.sha256(seed.encode()).digest()
+
+
+def sampled(trace_id: str, rate: float, key: bytes) -> bool:
+    """Whether ``trace_id``'s answer is in the judged share: its 8-byte BLAKE2b keyed with ``key``,
+    as a fraction of 2^64, below ``rate``."""
+    digest = hashlib.blake2b(trace_id.encode(), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "big") / _FRACTION < rate
 
 
 def judge_rung(
@@ -214,11 +224,18 @@ class ShadowJudge:
         self._judged_by: tuple[Policy, dict[tuple[str, int], Policy]] | None = None
         self.started = 0
         """Judgements started (a test reads it)."""
+        self._sample_key: tuple[str | None, bytes] = (None, b"")
 
     @property
     def pending(self) -> int:
         """Judgements queued or running."""
         return len(self._queue) + self._busy
+
+    def _key(self, seed: str | None) -> bytes:
+        """The sample's key for ``seed``, derived once per seed (a reload may change it)."""
+        if self._sample_key[0] != seed or not self._sample_key[1]:
+            self._sample_key = (seed, sample_key(seed))
+        return self._sample_key[1]
 
     def consider(
         self, call: ModuleCall, services: Services, answer: ModuleAnswer, record: AnswerRecord | None
@@ -227,7 +244,10 @@ class ShadowJudge:
         client's request) has ended; returns at once."""
         policy, module = call.runtime.policy, call.module
         judge = judge_rung(policy, module, answer, record)
-        if judge is None or record is None or not sampled(record.trace_id, policy.feedback.shadow.rate):
+        shadow = policy.feedback.shadow
+        if judge is None or record is None:
+            return
+        if not sampled(record.trace_id, shadow.rate, self._key(shadow.seed)):
             return
         self.activity.watching = True
         if len(self._queue) >= MAX_PENDING:  # full already: nothing kept for it

@@ -902,7 +902,8 @@ def _shadow_policy(up_port: int, rate: float) -> str:
         "version: 1\n"
         f"providers:\n  up: {{kind: openai, base_url: 'http://127.0.0.1:{up_port}/v1'}}\n"
         "ladder:\n  - {name: fast, targets: [up/m]}\n  - {name: strong, targets: [up/judge]}\n"
-        f"feedback: {{max_entries: 1000, shadow: {{rate: {rate}, judge_rung: strong}}}}\n"
+        f"feedback: {{max_entries: 1000, shadow: {{rate: {rate}, judge_rung: strong, "
+        f"seed: {SHADOW_SEED!r}}}}}\n"
     )
 
 
@@ -966,10 +967,14 @@ async def _sequential_traced(url: str, body: dict[str, object], traces: list[str
     return out
 
 
-def _in_sample(trace: str, rate: float) -> bool:
-    from proxy.service.shadow import sampled
+SHADOW_SEED = "the bench's shadow sample"
+"""The policies' ``feedback.shadow.seed``: the bench knows which of its calls are judged."""
 
-    return sampled(trace, rate)
+
+def _in_sample(trace: str, rate: float) -> bool:
+    from proxy.service.shadow import sample_key, sampled
+
+    return sampled(trace, rate, sample_key(SHADOW_SEED))
 
 
 @dataclass

@@ -61,12 +61,15 @@ async def admit(
     configured); raise the 429 when it does not fit. Returns the rung a downgraded module call is
     capped at (over budget with ``on_budget: downgrade``)."""
 
+    if not policy.limits.active:  # the default: what _admit does then, without reading the app
+        request[ADMISSION] = None
+        return None
+
     def keep(admission: Admission | None) -> None:
         request[ADMISSION] = admission
 
-    return await _admit(
-        request.app[LIMITER], request.app[METRICS], policy, caller(request), estimate, keep, downgradable
-    )
+    app = request.app  # a property: read once
+    return await _admit(app[LIMITER], app[METRICS], policy, caller(request), estimate, keep, downgradable)
 
 
 async def _admit(

@@ -174,7 +174,11 @@ async def _state_ctx(app: web.Application) -> AsyncIterator[None]:
     if settings.redis:
         outbox = _outbox(app, settings.redis)
         feedback_store = RedisFeedbackStore(settings.redis, outbox, on_capped=metrics.feedback_capped.inc)
-        context = RedisContextStore(settings.redis, outbox)
+        context = RedisContextStore(
+            settings.redis,
+            outbox,
+            on_mark_wait=lambda result, waited: metrics.context_mark_wait.labels(result).observe(waited),
+        )
     app[FEEDBACK] = feedback_store
     judge_session = app[JUDGE_SESSION]
     shadow = app[SHADOW] = ShadowJudge(

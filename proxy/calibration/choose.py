@@ -36,8 +36,9 @@ FITTERS: dict[str, Callable[[Sequence[Point]], CalibrationMap]] = {
 
 
 def as_yaml(kind: str, mapping: CalibrationMap) -> dict[str, object]:
-    """The policy's ``calibration.<target>`` entry (a temperature map as ``temperature: T``)."""
-    if kind == "temperature":
+    """The policy's ``calibration.<target>`` entry (a temperature map as ``temperature: T``, or
+    as its Platt form ``a = 1/T, b = 0`` when it is flat above ``upto``)."""
+    if kind == "temperature" and mapping.upto is None:
         return {"temperature": round(1 / mapping.a, 6)}
     return mapping.as_yaml()
 

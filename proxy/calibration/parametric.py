@@ -71,14 +71,21 @@ def _newton(points: Sequence[Point], a: float, b: float, fit_a: bool, fit_b: boo
     return a, b
 
 
+def _top(points: Sequence[Point]) -> float | None:
+    """The highest confidence seen: a fitted curve past it is extrapolation, and a logistic one
+    climbs fast there (logit(1) is clamped to ~13.8), so the map stays flat above it."""
+    seen = [p.x for p in points if p.weight > 0]
+    return max(seen) if seen and max(seen) < 1 - EPS else None
+
+
 def fit_platt(points: Sequence[Point]) -> CalibrationMap:
     a, b = _newton(points, 1.0, 0.0, fit_a=True, fit_b=True)
     if a < A_MIN:  # convex loss: the admissible optimum lies on the boundary a = A_MIN
         a, b = _newton(points, A_MIN, 0.0, fit_a=False, fit_b=True)
         a = A_MIN
-    return CalibrationMap(a=a, b=b)
+    return CalibrationMap(a=a, b=b, upto=_top(points))
 
 
 def fit_temperature(points: Sequence[Point]) -> CalibrationMap:
     a, _ = _newton(points, 1.0, 0.0, fit_a=True, fit_b=False)
-    return CalibrationMap(a=max(a, A_MIN))
+    return CalibrationMap(a=max(a, A_MIN), upto=_top(points))

@@ -413,6 +413,14 @@ HISTOGRAMS: tuple[tuple[str, str, str, tuple[str, ...], tuple[float, ...]], ...]
         CONFIDENCE_BUCKETS,
     ),
     (
+        "context_mark_wait",
+        "cognitive_context_mark_wait_seconds",
+        "A session call's wait for another replica's session writes still in flight (its pending-"
+        "write marks): seen (gone within the context timeout) or not_seen (the call went on).",
+        ("result",),
+        OVERHEAD_BUCKETS,
+    ),
+    (
         "ttft",
         "cognitive_ttft_seconds",
         "Streams: time from the request to the first byte from the provider.",
@@ -588,6 +596,7 @@ class Metrics:
     overhead: Histogram
     stream_ttfd: Histogram
     confidence_calibrated: Histogram
+    context_mark_wait: Histogram
     ttft: Histogram
     output_tps: Histogram
     inflight_body_bytes: Gauge

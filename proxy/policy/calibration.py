@@ -6,7 +6,8 @@ reported confidence never routes worse than a lower one. Three shapes, one per t
 * ``points``: piecewise-linear through ``(reported, calibrated)`` points, flat outside them
   (what ``cogproxy calibration fit`` proposes: isotonic regression is a step function, and its
   block means joined linearly stay monotone);
-* ``platt``: ``sigmoid(a * logit(p) + b)`` with ``a > 0``;
+* ``platt``: ``sigmoid(a * logit(p) + b)`` with ``a > 0``; flat above ``upto`` when given (a
+  fitted map: the highest confidence it saw, past which a logistic curve is extrapolation);
 * ``temperature``: ``sigmoid(logit(p) / T)`` (Platt with ``a = 1/T``, ``b = 0``).
 """
 
@@ -28,10 +29,14 @@ class CalibrationMap:
     ys: tuple[float, ...] = ()
     a: float = 1.0
     b: float = 0.0
+    upto: float | None = None
+    """Platt: the map is flat above this reported confidence (None: not bounded)."""
 
     def __call__(self, p: float) -> float:
         if self.xs:
             return _interpolate(self.xs, self.ys, p)
+        if self.upto is not None and p > self.upto:
+            p = self.upto
         q = min(max(p, EPS), 1 - EPS)
         z = self.a * math.log(q / (1 - q)) + self.b
         return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
@@ -40,7 +45,10 @@ class CalibrationMap:
         """The policy's ``calibration.<target>`` entry for this map."""
         if self.xs:
             return {"points": [[round(x, 4), round(y, 4)] for x, y in zip(self.xs, self.ys, strict=True)]}
-        return {"platt": {"a": round(self.a, 6), "b": round(self.b, 6)}}
+        platt: dict[str, float] = {"a": round(self.a, 6), "b": round(self.b, 6)}
+        if self.upto is not None:
+            platt["upto"] = round(self.upto, 4)
+        return {"platt": platt}
 
 
 def _interpolate(xs: tuple[float, ...], ys: tuple[float, ...], p: float) -> float:
@@ -77,7 +85,10 @@ def parse_map(raw: dict[str, object]) -> CalibrationMap:
     if "platt" in raw:
         platt = raw["platt"]
         assert isinstance(platt, dict)
-        return CalibrationMap(a=float(platt["a"]), b=float(platt["b"]))
+        upto = platt.get("upto")
+        return CalibrationMap(
+            a=float(platt["a"]), b=float(platt["b"]), upto=None if upto is None else float(upto)
+        )
     temperature = raw["temperature"]
     assert isinstance(temperature, (int, float))
     return CalibrationMap(a=1 / float(temperature))

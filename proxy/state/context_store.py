@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -69,7 +69,17 @@ class RedisContextStore:
     Redis writes. Only writes a read waits for (``wait``: the session's context) are kept pending,
     one per key, bounded by the outbox's bound; a result-cache entry is not (a miss does no harm)."""
 
-    def __init__(self, options: RedisOptions, outbox: RedisOutbox, *, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        options: RedisOptions,
+        outbox: RedisOutbox,
+        *,
+        clock: Clock = time.monotonic,
+        on_mark_wait: Callable[[str, float], None] | None = None,
+    ) -> None:
+        """``on_mark_wait(result, seconds)``: a read waited on another replica's marks, ``seen``
+        gone within the bound or ``not_seen`` (the proxy's ``cognitive_context_mark_wait_seconds``)."""
+        self._on_mark_wait = on_mark_wait
         self._redis: Any = redis_client(options, "context")
         self._outbox = outbox
         self._health = options.health("context", clock)
@@ -122,7 +132,8 @@ class RedisContextStore:
         waiting = {member for member in alive if member not in self._own}
         if not waiting:
             return None
-        deadline = self._clock() + self._ack_wait_s
+        began = self._clock()
+        deadline = began + self._ack_wait_s
         pause, values = POLL_FIRST_S, None
         while waiting and self._clock() < deadline:
             await asyncio.sleep(min(pause, max(0.0, deadline - self._clock())))
@@ -139,6 +150,8 @@ class RedisContextStore:
             values = read
         if waiting:
             log.info("proxy.context_write_not_seen", waited_s=self._ack_wait_s, marks=len(waiting))
+        if self._on_mark_wait is not None:
+            self._on_mark_wait("not_seen" if waiting else "seen", self._clock() - began)
         return values
 
     def _deadline_ms(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -35,7 +36,10 @@ def test_temperature_recovers_the_temperature() -> None:
     points = population(lambda c: sigmoid(logit(c) / 2.5), 20000, seed=2)
     fitted = fit_temperature(points)
     assert 1 / fitted.a == pytest.approx(2.5, abs=0.15) and fitted.b == 0.0
-    assert as_yaml("temperature", fitted) == {"temperature": pytest.approx(1 / fitted.a)}
+    assert as_yaml("temperature", replace(fitted, upto=None)) == {"temperature": pytest.approx(1 / fitted.a)}
+    bounded = as_yaml("temperature", fitted)  # flat above the highest confidence seen: its Platt form
+    top = round(fitted.upto or 0, 4)
+    assert bounded == {"platt": {"a": pytest.approx(fitted.a, abs=1e-6), "b": 0.0, "upto": top}}
 
 
 def test_a_confidence_that_tells_nothing_fits_a_nearly_flat_admissible_platt_map() -> None:
@@ -73,3 +77,24 @@ def test_counter_bins_become_unit_verdicts() -> None:
     units = observations([Point(0.95, 0.5, 40), Point(0.75, 0.75, 20), Point(0.3, 1.0)])
     assert len(units) == 61 and sum(p.y for p in units) == 20 + 15 + 1
     assert math.isclose(sum(p.x for p in units), 40 * 0.95 + 20 * 0.75 + 0.3)
+
+
+@pytest.mark.parametrize("fit", [fit_platt, fit_temperature])
+def test_a_fitted_parametric_map_does_not_extrapolate_past_the_confidences_it_saw(fit: object) -> None:
+    """A model right ``c - 0.3`` of the time, seen at confidences up to 0.95 (the top bin of the
+    counters the proxy fits from): a logistic curve through them climbed to 0.99 at a reported
+    1.0 (logit(1.0) is clamped to ~13.8, far past logit(0.95) ~2.9), so the commonest answer of
+    an overconfident model, "1.0", was accepted by the exec tier (found as a flaky end-to-end
+    test). A fitted map is flat past its highest confidence, and says so in its YAML."""
+    assert callable(fit)
+    rng = random.Random(7)
+    tops = (0.55, 0.65, 0.75, 0.85, 0.95)
+    points = [Point(x, float(rng.random() < x - 0.3)) for x in tops for _ in range(400)]
+    fitted = fit(points)
+    assert fitted(1.0) == pytest.approx(fitted(0.95)) and fitted(1.0) < 0.8
+    kind = "platt" if fit is fit_platt else "temperature"
+    written = as_yaml(kind, fitted)
+    assert written["platt"]["upto"] == 0.95  # type: ignore[index]
+    doc = {**MINIMAL, "calibration": {"p/small": written}}
+    again = parse_policy(doc).calibration["p/small"]
+    assert again(1.0) == pytest.approx(fitted(0.95), abs=1e-4)

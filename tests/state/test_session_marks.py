@@ -72,3 +72,44 @@ async def test_a_replica_does_not_wait_for_its_own_marks(redis_db: Any) -> None:
     finally:
         await store.aclose()
         await outbox.aclose()
+
+
+async def test_a_wait_on_another_replicas_mark_is_measured_whether_it_was_seen_or_not(redis_db: Any) -> None:
+    """What a reader waited on another replica's marks reaches ``on_mark_wait`` (the proxy's
+    ``cognitive_context_mark_wait_seconds{result}``): ``seen`` when the mark went within the
+    bound, ``not_seen`` when the bound ran out first; a read with no other mark reports nothing."""
+    writer_outbox = RedisOutbox(RedisOptions(URL))  # not started: the writer's mark stays
+    writer = RedisContextStore(RedisOptions(URL), writer_outbox)
+    waits: list[tuple[str, float]] = []
+    reader_outbox = RedisOutbox(RedisOptions(URL))
+    reader = RedisContextStore(
+        RedisOptions(URL), reader_outbox, on_mark_wait=lambda result, s: waits.append((result, s))
+    )
+    identity = Identity("0123456789abcdef0123456789abcdef", "marks-3")
+    key = identity.key("marks-3", "session_state")
+    try:
+        alone = ReadThrough(reader)
+        mark = alone.plan_mark(identity)
+        assert mark is not None
+        read = await reader.read_marked([key], mark)
+        assert await reader.wait_for_writes([key], mark, frozenset()) is None and waits == []
+
+        held = ReadThrough(writer)
+        held.plan_mark(identity)
+        await held.fetch([key])  # the writer's mark, never removed
+        read = await reader.read_marked([key], mark)
+        alive = frozenset((read[mark.key] or b"").decode().split())
+        await reader.wait_for_writes([key], mark, alive)
+        assert [result for result, _ in waits] == ["not_seen"] and waits[0][1] > 0
+
+        read = await reader.read_marked([key], mark)  # the writer's mark still alive
+        alive = frozenset((read[mark.key] or b"").decode().split())
+        writer_outbox.start()  # now the writer's release is delivered while the reader waits
+        held.release()
+        await reader.wait_for_writes([key], mark, alive)
+        assert [result for result, _ in waits] == ["not_seen", "seen"]
+    finally:
+        await reader.aclose()
+        await writer.aclose()
+        await reader_outbox.aclose()
+        await writer_outbox.aclose()

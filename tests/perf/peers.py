@@ -129,6 +129,10 @@ def _answers(peer: Peer, body: dict[str, object]) -> str:
         return str(exc)[:200]
 
 
+LISTEN_POLL_S = 0.2
+"""How often a starting peer's port is tried."""
+
+
 def _listening(port: int, process: subprocess.Popen[bytes], timeout: float) -> bool:
     import socket
 
@@ -137,7 +141,7 @@ def _listening(port: int, process: subprocess.Popen[bytes], timeout: float) -> b
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return True
-        time.sleep(0.2)
+        time.sleep(LISTEN_POLL_S)  # a poll of the condition, not a wait for it
     return False
 
 

@@ -44,10 +44,13 @@ WORKERS = ("--workers", "2")
 ENV = {UPSTREAM_KEY_ENV: UPSTREAM_KEY}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 POLL_ROUNDS = 400
+"""Connections held open before giving up on reaching both workers once both listen: each lands on
+a worker the kernel picks by hashing the connection, so 400 misses in a row is ~2^-400."""
 POLL_TIMEOUT_S = 20.0
-"""Workers start, copy their gauges and reload on their own clocks: waited for up to 20 s."""
-"""Fresh connections tried before giving up on seeing every worker: each lands on a worker the
-kernel picks by hashing the connection, so 400 misses in a row with two workers is ~2^-400."""
+"""Workers start, copy their gauges and reload on their own clocks: waited for up to 20 s. Fresh
+connections land on a worker the kernel picks by hashing the connection, among the workers
+listening by then: a count of tries (400 once) could run out before a loaded machine's second
+worker had bound the port."""
 
 
 def write_policy(tmp_path: Path, fake: FakeUpstream) -> Path:
@@ -135,7 +138,8 @@ async def test_two_workers_serve_the_port_and_their_counters_add_up(tmp_path: Pa
         before = total(await scrape(served.url), "cognitive_requests_total", route="/readyz")
         seen: set[int] = set()
         asked = 0
-        while len(seen) < 2 and asked < POLL_ROUNDS:
+        deadline = asyncio.get_running_loop().time() + POLL_TIMEOUT_S
+        while len(seen) < 2 and asyncio.get_running_loop().time() < deadline:
             seen.add(await answered_by(served.url))
             asked += 1
         assert len(seen) == 2 and all(running(pid) for pid in seen)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_client import RedisOptions
 from tests.policy.test_loader import MINIMAL
 from tests.prometheus_e2e import free_port
+from tests.support.cli import cogproxy as run_cogproxy
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
@@ -25,13 +25,7 @@ REDIS_URL = redis_url(15)
 
 
 def cogproxy(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "calibration", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cogproxy("calibration", *args)
 
 
 Judged = tuple[float, bool]

@@ -22,6 +22,7 @@ from proxy.state.redis_client import RedisOptions
 from tests.calibration.test_tune import overconfident
 from tests.paths import MODULES, ROOT
 from tests.policy.test_loader import MINIMAL
+from tests.support.cli import cogproxy as run_cogproxy
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
@@ -30,13 +31,7 @@ PRICED: dict[str, Any] = {**MINIMAL, "prices": {"p/big": {"input_per_mtok": 10, 
 
 
 def cogproxy(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", "policy", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cogproxy("policy", *args)
 
 
 def answer(module: str, i: int, target: str, confidence: float, decision: str, correct: bool) -> AnswerRecord:

@@ -4,8 +4,6 @@ redis-server (never a Redis the test did not start)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,7 +13,7 @@ import orjson
 import pytest
 
 from proxy.state.feedback import KEY_PREFIX
-from tests.paths import ROOT
+from tests.support.cli import cogproxy
 from tests.support.redis_db import fresh_db
 from tests.support.redis_server import redis_url
 
@@ -23,23 +21,15 @@ REDIS_URL = redis_url(15)
 EXPIRES = int(time.time()) + 86_400
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
+cli = cogproxy
 
 
-def judged_row(module: str) -> bytes:
+def judged_row(module: str, tier: str = "decision", target: str = "p/x") -> bytes:
     """A packed judged record as ``AnswerRecord.packed`` writes it."""
     row = [
         module,
-        "decision",
-        "p/x",
+        tier,
+        target,
         0.8,
         0.8,
         "accept",
@@ -104,24 +94,7 @@ async def test_a_row_whose_client_field_or_key_is_not_utf8_is_skipped_not_a_trac
 
 def row_of_tier(module: str, tier: str) -> bytes:
     """A judged answer of the demo policy's cheap rung, stored under ``tier``."""
-    row = [
-        module,
-        tier,
-        "offline/small",
-        0.8,
-        0.8,
-        "accept",
-        0.7,
-        EXPIRES,
-        "l",
-        [],
-        "correct",
-        1.0,
-        1,
-        None,
-        None,
-    ]
-    return orjson.dumps(row)
+    return judged_row(module, tier, "offline/small")
 
 
 @pytest.mark.parametrize("command", ["simulate", "tune"])

@@ -252,13 +252,13 @@ async def _admit(call: ModuleCall, context: CallerContext) -> int | None:
     pending = store.pending(reads)  # before the read is sent: what it cannot see yet
     try:
         top_rung = await call.limits.admit(policy, call.value, reads, pending, mark)
+        prefetched = call.limits.prefetched
+        if prefetched is not None and prefetched.keys == reads and isinstance(store, ReadThrough):
+            store.hold(prefetched)
+            await store.wait_for_writes()  # the client may leave meanwhile
     except BaseException:  # refused (429) or cancelled: no write will follow the mark
         _release(context)
         raise
-    prefetched = call.limits.prefetched
-    if prefetched is not None and prefetched.keys == reads and isinstance(store, ReadThrough):
-        store.hold(prefetched)
-        await store.wait_for_writes()
     return top_rung
 
 

@@ -6,12 +6,16 @@ lives (every other replica's calls of the session would wait on it)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
+import pytest
 
+import proxy.state.redis_client as redis_client
 from proxy.api.app_keys import OUTBOX
 from tests.context.helpers import FIX, REVIEWER, reviewer_answer
 from tests.fake_upstream import FakeUpstream, Fault
@@ -21,6 +25,8 @@ from tests.support.redis_server import redis_url
 
 DB = 15
 LIMITS = {"global": {"rpm": 100000, "tpm": 100000000}}
+WAIT_S = 30.0
+"""The context timeout in the test of a wait on another replica's mark: the client leaves first."""
 
 
 async def _marks_left(px: RunningProxy, redis_db: Any, session: str) -> int:
@@ -96,3 +102,42 @@ async def test_a_client_that_leaves_mid_call_leaves_no_mark(
 
             await eventually(answered, "the upstream answered")
         assert await _marks_left(px, redis_db, session) == 0
+
+
+async def test_a_client_that_leaves_while_waiting_on_another_replicas_mark_leaves_no_mark(
+    fake_upstream: FakeUpstream, tmp_path: Path, redis_db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call's own mark is added by the read that finds another replica's mark; the call then
+    waits for that mark (the context timeout, made long here) before the model is asked. A client
+    leaving in that wait (plain and streamed) must take its mark away too."""
+    monkeypatch.setattr(
+        redis_client, "TIMEOUTS_S", MappingProxyType({**redis_client.TIMEOUTS_S, "context": WAIT_S})
+    )
+    session = f"s41-{uuid.uuid4().hex[:8]}"
+    fake_upstream.set_default_reply("cheap", reviewer_answer(1, "review"))
+    async with running_proxy(
+        tmp_path, upstream_policy(fake_upstream, limits=LIMITS), redis_url=redis_url(DB)
+    ) as px:
+        gate = fake_upstream.hold()
+        first = asyncio.create_task(_execute(px.url, session))
+        await gate.reached.wait()
+        (key,) = [key async for key in redis_db.scan_iter(match=f"*:{session}:#writing")]
+        fake_upstream.gate = None
+        gate.release()
+        assert await first == 200
+        assert await _marks_left(px, redis_db, session) == 0
+        foreign = "another-replica:1"
+        await redis_db.zadd(key, {foreign: int((time.time() + 600) * 1000)})  # a call in flight elsewhere
+        for stream in (False, True):
+            call = asyncio.create_task(_execute(px.url, session, stream=stream))
+
+            async def waiting() -> int:
+                return int(await redis_db.zcard(key))
+
+            await eventually(waiting, "the call's mark added beside the other's", ready=lambda n: n == 2)
+            call.cancel()  # the client goes away while the call waits on the other replica's mark
+            await asyncio.gather(call, return_exceptions=True)
+            await _marks_left(px, redis_db, session)
+            await eventually(waiting, "the call's mark removed", ready=lambda n: n == 1)
+            assert await redis_db.zrange(key, 0, -1) == [foreign]
+        assert fake_upstream.count("/v1/chat/completions") == 1  # neither call reached the model

@@ -33,7 +33,9 @@ cluster one per master the batch wrote to, on that node's pipeline connection), 
 popped only when every WAIT counted N replicas. Otherwise it stays queued (``on_short``) and is
 resent after the backoff: the scripts skip what the master has, but a skip still refreshes its
 mark's TTL, a write that replicates, so the resend's WAIT covers the original write too (a replica
-applies the stream in order). Writes behind an unconfirmed batch wait, as during an outage. A
+applies the stream in order). Writes behind an unconfirmed batch wait, as during an outage: sent
+ahead, a later write would raise its slot's mark past a held one, and a held write the master then
+lost (failed over to a replica without it, restarted empty) would be skipped on resend. A
 context write's future completes once the master has it (read-your-writes needs no more): no
 request waits for a replica.
 

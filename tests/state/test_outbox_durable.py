@@ -15,7 +15,7 @@ from proxy.cli import build_parser, resolve_serve_options, serve_settings
 from proxy.settings import Settings
 from proxy.state.outbox import MARK_PREFIX, MARK_TTL_S, SCRIPTS, SKIPPED, KeyWrite, RedisOutbox, StreamWrite
 from proxy.state.redis_client import RedisOptions
-from tests.support.polling import until
+from tests.support.polling import eventually, until
 from tests.support.redis_pair import RedisPair, redis_pair
 from tests.support.redis_server import redis_url
 
@@ -140,4 +140,33 @@ async def test_a_skipped_resend_still_replicates_so_its_wait_covers_the_original
         assert await master.eval(SCRIPTS["set"], *call) == SKIPPED
         assert (await master.info("replication"))["master_repl_offset"] > before
     finally:
+        await master.aclose()
+
+
+async def test_held_records_a_restarted_master_lost_are_written_again(pair: RedisPair) -> None:
+    """A master that comes back without what it had applied (a restart without persistence),
+    before its replica confirmed: the held records are written to it again, each once. (Why the
+    records behind a held batch wait instead of going to the master: docs/deployment.md.)"""
+    stream = f"test:durable:{uuid.uuid4().hex}"
+    shortfalls: list[int] = []
+    outbox = durable_outbox(pair.url, shortfalls)
+    master: Any = aioredis.Redis(port=pair.master.port, decode_responses=True)
+    outbox.start()
+    pair.replica.pause()
+    try:
+        for n in range(3):
+            assert outbox.put(StreamWrite(stream, {"n": str(n)}, 1000))
+        await until(lambda: len(shortfalls) >= 1, "a batch fell short", timeout=DELIVERY_S)
+        assert await master.xlen(stream) == 3
+        marks = await master.keys(f"{MARK_PREFIX}*")
+        await master.delete(stream, *marks)  # what a restart without persistence leaves
+        await eventually(
+            lambda: master.xlen(stream), "the records again", ready=lambda n: n == 3, timeout=DELIVERY_S
+        )
+        pair.replica.resume()
+        await until(lambda: len(outbox) == 0, "the outbox popped the writes", timeout=DELIVERY_S)
+        assert [fields["n"] for _, fields in await master.xrange(stream)] == ["0", "1", "2"]  # once each
+    finally:
+        pair.replica.resume()
+        await outbox.aclose()
         await master.aclose()

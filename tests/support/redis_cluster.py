@@ -33,6 +33,8 @@ NODES = 2 * MASTERS
 NODE_TIMEOUT_MS = 1000
 """A master that does not answer for this long is failed over (Redis's default is 15 s)."""
 READY_TIMEOUT_S = 30.0
+WRITE_PAUSE_MS = 10_000
+"""The longest :meth:`Cluster.hold_writes_until_replicated` holds a master's writes."""
 
 
 def _cli_tls(certs: Certificates | None) -> tuple[str, ...]:
@@ -48,6 +50,15 @@ def _cli_tls(certs: Certificates | None) -> tuple[str, ...]:
         "--key",
         str(certs.client.key),
     )
+
+
+def _repl_offset(node: Node) -> int:
+    """The replication offset ``node`` reached (a master's: what it sent; a replica's: what it
+    applied); -1 when it does not answer."""
+    for line in node.cli("info", "replication").splitlines():
+        if line.startswith("master_repl_offset:"):
+            return int(line.partition(":")[2])
+    return -1
 
 
 @dataclass(slots=True)
@@ -162,6 +173,20 @@ class Cluster:
     def kill_master_of(self, key: str) -> Node:
         """Kill (SIGKILL) the master serving ``key``; its replica is promoted after ``NODE_TIMEOUT_MS``."""
         return self.kill(self.master_of(key))
+
+    def hold_writes_until_replicated(self, master: Node) -> None:
+        """Hold ``master``'s client writes (``CLIENT PAUSE WRITE``; it still answers reads and
+        replicates) until its replica has applied everything ``master`` acknowledged. A kill
+        right after then loses nothing Redis had acknowledged: Redis replicates asynchronously,
+        and a write a killed master acknowledged but had not yet sent is Redis's loss, which only
+        ``--redis-durable-replicas`` prevents (tests/api/test_redis_durable_failover.py)."""
+        replica = self.replica_of(master)
+        master.cli("client", "pause", str(WRITE_PAUSE_MS), "write")
+        wait_sync(
+            lambda: _repl_offset(replica) >= _repl_offset(master),
+            "the replica applying every write its master acknowledged",
+            timeout=WRITE_PAUSE_MS / 1000,
+        )
 
     def kill(self, node: Node) -> Node:
         """Kill (SIGKILL) ``node``; a master's replica is promoted after ``NODE_TIMEOUT_MS``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.perf.workers_cost import FILES, LONE, Control, Split, report
+from tests.perf.workers_cost import FILES, LONE, Control, Split, perf_counts, report
 
 RUN = Split(
     cpu_ms={1: 0.250, 2: 0.300},
@@ -37,11 +37,10 @@ def test_the_parts_of_the_rise_add_up_to_it() -> None:
     assert sum(parts.values()) == pytest.approx(RUN.cpu_ms[2] - RUN.cpu_ms[1])
 
 
-def test_scaling_estimate_counts_the_extra_instructions_then_the_controls_slowdown() -> None:
-    free, slowed = RUN.scaling(2)
-    flat = (0.200 * 1.1 + 0.050) / 0.250  # 1.08: only the extra work grows a request's CPU
-    assert free == pytest.approx(2 / flat)
-    assert slowed == pytest.approx(2 / (flat * 1.1))
+def test_efficiency_counts_the_extra_instructions_then_the_kernels_rise() -> None:
+    user_only, with_kernel = RUN.efficiency()
+    assert user_only == pytest.approx(0.250 / (0.200 * 1.1 + 0.050))  # 0.93
+    assert with_kernel == pytest.approx(0.250 / (0.200 * 1.1 + 0.060))  # 0.89
 
 
 def test_report_prints_each_configuration_and_the_split() -> None:
@@ -53,4 +52,16 @@ def test_report_prints_each_configuration_and_the_split() -> None:
     assert "(1.10x)" in text  # the control
     assert "instructions 1.100x, time per instruction 1.09x" in text
     assert "+50 us per request" in text
-    assert "1.85x one worker's throughput" in text
+    assert "0.93 x N one worker's throughput with the extra instructions, 0.89 x N" in text
+
+
+def test_perf_counts_adds_both_loop_waits_and_skips_what_was_not_counted() -> None:
+    output = (
+        "12000,,raw_syscalls:sys_enter,8001,100.00,,\n"
+        "300,,syscalls:sys_enter_epoll_wait,8001,100.00,,\n"
+        "200,,syscalls:sys_enter_epoll_pwait,8001,100.00,,\n"
+        "4000,,syscalls:sys_enter_getpid,8001,100.00,,\n"
+        "<not counted>,,syscalls:sys_enter_epoll_pwait,0,0.00,,\n"
+    )
+    assert perf_counts(output) == {"syscalls": 12000.0, "loop waits": 500.0, "getpid": 4000.0}
+    assert perf_counts("<not supported>,,raw_syscalls:sys_enter,0,0.00,,\n") == {}

@@ -1582,6 +1582,8 @@ class WorkersRun:
     """The kernel's part of ``worker_cpu_ms`` (system time: sockets, epoll)."""
     worker_share: dict[int, float]
     """Each worker's share of the requests."""
+    worker_syscalls: dict[int, dict[str, float]]
+    """Each worker's system calls and event-loop waits per request (``workers_cost.syscalls``)."""
     proxy_cpu_ms: float
     """All the proxy's processes (the supervisor too) per request."""
     machine: dict[str, float]
@@ -1592,15 +1594,22 @@ class WorkersRun:
 def _workers_run(
     proxy: subprocess.Popen[bytes], port: int, upstream_pid: int, workers: int, duration: int, tmp: Path
 ) -> WorkersRun:
+    from tests.perf import workers_cost
+
     pids = _proxy_pids(proxy.pid)
     workers_pids = pids[1:] if workers > 1 else pids
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     sys0 = {pid: _system_seconds(pid) for pid in pids}
     served0 = _requests_per_pid(proxy.pid)
     up0, wrk0, (busy0, irq0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
-    res = wrk(
-        f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmp
-    )
+    with workers_cost.syscalls(workers_pids) as calls:
+        res = wrk(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            CHAT_BODY,
+            WORKERS_BENCH_CONCURRENCY,
+            duration,
+            tmp,
+        )
     busy1, irq1, total1 = _machine_jiffies()
     capacity = (total1 - total0) / CLOCK_TICKS
     spent = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
@@ -1628,6 +1637,7 @@ def _workers_run(
         {pid: spent[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
         {pid: kernel[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
         {pid: n / total_served for pid, n in per_worker.items()},
+        {pid: {k: v / max(per_worker[pid], 1.0) for k, v in calls[pid].items()} for pid in calls},
         proxy_cpu * 1000 / max(res.requests, 1),
         machine,
     )
@@ -1717,6 +1727,17 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
                 n: statistics.median(statistics.fmean(r.worker_sys_ms.values()) for r in runs[n])
                 for n in runs
             }
+            calls = {
+                n: {
+                    kind: statistics.median(
+                        statistics.fmean(c.get(kind, 0.0) for c in r.worker_syscalls.values())
+                        for r in runs[n]
+                    )
+                    for kind in ("syscalls", "loop waits", "getpid")
+                }
+                for n in runs
+                if all(r.worker_syscalls for r in runs[n])
+            }
             free = statistics.median(r.machine["idle"] for r in runs[2])
             print(
                 f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds), {os.cpu_count()} CPUs; "
@@ -1725,6 +1746,14 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
                 f"the kernel {kernel_ms[1]:.3f} and {kernel_ms[2]:.3f} ms; "
                 f"idle CPU left during the 2-worker runs {free:.0%}"
             )
+            if len(calls) == 2:  # perf could trace both
+                print(
+                    f"workers: per request per worker, system calls {calls[1]['syscalls']:.1f} with 1, "
+                    f"{calls[2]['syscalls']:.1f} with 2; event-loop waits {calls[1]['loop waits']:.2f} and "
+                    f"{calls[2]['loop waits']:.2f} (fewer: more requests served per pass of the loop); "
+                    f"getpid (the metric files' fork check) {calls[1]['getpid']:.1f} and "
+                    f"{calls[2]['getpid']:.1f}"
+                )
             _workers_cost(per_req, kernel_ms, policy, tmpdir)
         finally:
             for proxy, _ in proxies.values():

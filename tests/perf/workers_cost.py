@@ -1,23 +1,25 @@
 """``make bench`` workers section, the load-independent part: why a worker's CPU per request rises
 when a second worker runs (issue #35).
 
-CPU time per request = instructions per request x time per instruction. Two measurements split
-the two factors:
+CPU time per request = instructions per request x time per instruction, plus the kernel's part.
+What splits them:
 
 * ``instructions``: user-space instructions per passthrough request under callgrind
   (``--trace-children=yes``, counted only while wrk runs at c=8; every process of the proxy), for
   ``serve --workers 1``, the same with its metrics in prometheus-client's multiprocess files, one
   worker of ``--workers 2`` started alone (worker mode: the files, SO_REUSEPORT, the parent
-  watch; no second worker) and ``--workers 2``. More instructions is
-  more work; machine load does not move the count.
+  watch; no second worker) and ``--workers 2``. More instructions is more work; machine load
+  does not move the count.
 * ``control``: a fixed CPU-bound piece of Python with no proxy (orjson and dict work on a chat
   body and an answer), its CPU seconds per unit alone against beside an identical process
   spinning on the other core at the same time, in alternating rounds: the machine's own slowdown
   of the same work when both cores are busy (shared caches and memory bandwidth, the host
   scheduling the two vCPUs).
+* ``syscalls``: during the wrk rounds, each worker's system calls, event-loop waits and
+  ``getpid`` calls (``perf stat`` on kernel tracepoints).
 
-``Split`` does the arithmetic: the user-space CPU per request the wrk rounds measured, divided
-by the instruction ratio, is the time-per-instruction ratio, set against the control's; the
+``Split`` does the arithmetic: the user-space CPU per request the wrk rounds measured, divided by
+the instruction ratio, is the time-per-instruction ratio, set against the control's; the
 kernel's part (system time), which callgrind does not see, is kept apart.
 """
 
@@ -27,6 +29,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -146,6 +150,55 @@ def control(units: int = CONTROL_UNITS, rounds: int = CONTROL_ROUNDS) -> Control
     return Control(statistics.median(alone), statistics.median(beside))
 
 
+SYSCALL_EVENTS = {
+    "raw_syscalls:sys_enter": "syscalls",
+    "syscalls:sys_enter_epoll_wait": "loop waits",
+    "syscalls:sys_enter_epoll_pwait": "loop waits",
+    "syscalls:sys_enter_getpid": "getpid",
+}
+"""Kernel tracepoints ``perf stat`` counts per process: every system call; the event loop's
+waits for readiness (one per pass of the loop; uvloop's libuv calls one of the two); and
+``getpid``, which prometheus-client's multiprocess values call on every update (a fork check)."""
+
+
+@contextlib.contextmanager
+def syscalls(pids: list[int]) -> Iterator[dict[int, dict[str, float]]]:
+    """System calls and loop waits of each of ``pids`` while the block runs (``perf stat`` on the
+    kernel's tracepoints: counted in the kernel, what the process does is not slowed); filled in
+    when the block ends, empty without ``perf`` or the permission to trace."""
+    counts: dict[int, dict[str, float]] = {}
+    if shutil.which("perf") is None:
+        yield counts
+        return
+    command = ["perf", "stat", "-x,", "-e", ",".join(SYSCALL_EVENTS), "-p"]
+    procs = {
+        pid: subprocess.Popen(
+            [*command, str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for pid in pids
+    }
+    try:
+        yield counts
+    finally:
+        for pid, proc in procs.items():
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+            counted = perf_counts(err)
+            if counted:
+                counts[pid] = counted
+
+
+def perf_counts(output: str) -> dict[str, float]:
+    """``perf stat -x,`` output, summed by ``SYSCALL_EVENTS``' names ({} if nothing was counted)."""
+    counts: dict[str, float] = {}
+    for line in output.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2] in SYSCALL_EVENTS and fields[0].isdigit():
+            name = SYSCALL_EVENTS[fields[2]]
+            counts[name] = counts.get(name, 0.0) + float(fields[0])
+    return counts
+
+
 def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -258,12 +311,14 @@ class Split:
             "the kernel (sockets, epoll)": self.kernel_ms[2] - self.kernel_ms[1],
         }
 
-    def scaling(self, cores: int) -> tuple[float, float]:
-        """Estimated throughput of ``cores`` workers on as many free cores, in single workers:
-        per-request CPU grown only by the extra instructions (cores that do not slow each
-        other, the kernel's part unchanged), and that times the control's slowdown."""
-        flat = (self.user_ms(1) * self.instruction_ratio + self.kernel_ms[1]) / self.cpu_ms[1]
-        return cores / flat, cores / (flat * self.control.ratio)
+    def efficiency(self) -> tuple[float, float]:
+        """Estimated throughput of N workers on N free cores, in units of N single workers: a
+        worker's CPU per request grown by its extra instructions only (cores that do not slow
+        each other, as the control shows; the kernel's part as with one worker), and grown by the
+        kernel's measured rise too (the metric files' system calls, fewer requests per pass of
+        the loop)."""
+        work = self.user_ms(1) * self.instruction_ratio
+        return self.cpu_ms[1] / (work + self.kernel_ms[1]), self.cpu_ms[1] / (work + self.kernel_ms[2])
 
 
 def report(split: Split) -> list[str]:
@@ -286,10 +341,10 @@ def report(split: Split) -> list[str]:
     lines.append(
         f"workers: the rise, {(split.cpu_ms[2] - split.cpu_ms[1]) * 1000:+.0f} us per request: {parts}"
     )
-    free, slowed = split.scaling(2)
+    user_only, with_kernel = split.efficiency()
     lines.append(
-        f"workers: estimate, 2 workers on 2 free cores: {free:.2f}x one worker's throughput if the cores "
-        f"do not slow each other, {slowed:.2f}x with the control's slowdown"
+        f"workers: estimate, N workers on N free cores: {user_only:.2f} x N one worker's throughput with "
+        f"the extra instructions, {with_kernel:.2f} x N with the kernel's rise too"
     )
     return lines
 

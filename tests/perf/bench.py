@@ -79,7 +79,11 @@ passthrough request of the proxy with one part of its per-request work switched 
 against ``--workers 2``, passthrough chat at c=64, requests/s, CPU per request over all the
 proxy's processes and the ratio, each worker's CPU per request and share of the requests, and
 the machine's CPU by consumer (the proxy, wrk, the upstream, interrupts, other processes); then
-what summing metrics over workers costs (multiprocess files against per-worker registries).
+why a worker's CPU per request moves (``workers_cost.py``, needs valgrind): instructions per
+request under callgrind of 1 worker, 1 worker with multiprocess metric files, one worker of two
+alone and 2 workers, a no-proxy control's CPU per unit alone and beside a twin, and the rise split
+into more instructions, slower instructions and the kernel; then what summing metrics over
+workers costs (multiprocess files against per-worker registries).
 
 ``--retries`` runs only the retry section (no wrk; also in the full run, before the workers):
 the success rate at 30% independent 503s on both providers of a rung, 16 clients, every default,
@@ -1571,6 +1575,11 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _system_seconds(pid: int) -> float:
+    """The kernel's part of ``cpu_seconds(pid)``."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[12]) / CLOCK_TICKS
+
+
 def _requests_per_pid(parent: int) -> dict[int, float]:
     """``cognitive_requests_total`` per worker pid, from the multiprocess metric files the
     supervisor ``parent`` gave its workers (``/dev/shm`` or the temporary directory); {} when
@@ -1597,8 +1606,12 @@ class WorkersRun:
     result: WrkResult
     worker_cpu_ms: dict[int, float]
     """CPU ms per request of each worker process (its CPU time / the requests it served)."""
+    worker_sys_ms: dict[int, float]
+    """The kernel's part of ``worker_cpu_ms`` (system time: sockets, epoll)."""
     worker_share: dict[int, float]
     """Each worker's share of the requests."""
+    worker_syscalls: dict[int, dict[str, float]]
+    """Each worker's system calls and event-loop waits per request (``workers_cost.syscalls``)."""
     proxy_cpu_ms: float
     """All the proxy's processes (the supervisor too) per request."""
     machine: dict[str, float]
@@ -1609,17 +1622,26 @@ class WorkersRun:
 def _workers_run(
     proxy: subprocess.Popen[bytes], port: int, upstream_pid: int, workers: int, duration: int, tmp: Path
 ) -> WorkersRun:
+    from tests.perf import workers_cost
+
     pids = _proxy_pids(proxy.pid)
     workers_pids = pids[1:] if workers > 1 else pids
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+    sys0 = {pid: _system_seconds(pid) for pid in pids}
     served0 = _requests_per_pid(proxy.pid)
     up0, wrk0, (busy0, irq0, total0) = cpu_seconds(upstream_pid), _children_cpu_seconds(), _machine_jiffies()
-    res = wrk(
-        f"http://127.0.0.1:{port}/v1/chat/completions", CHAT_BODY, WORKERS_BENCH_CONCURRENCY, duration, tmp
-    )
+    with workers_cost.syscalls(workers_pids) as calls:
+        res = wrk(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            CHAT_BODY,
+            WORKERS_BENCH_CONCURRENCY,
+            duration,
+            tmp,
+        )
     busy1, irq1, total1 = _machine_jiffies()
     capacity = (total1 - total0) / CLOCK_TICKS
     spent = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
+    kernel = {pid: _system_seconds(pid) - sys0[pid] for pid in pids}
     up, wrk_cpu = cpu_seconds(upstream_pid) - up0, _children_cpu_seconds() - wrk0
     served = _requests_per_pid(proxy.pid)
     per_worker = (
@@ -1641,10 +1663,31 @@ def _workers_run(
     return WorkersRun(
         res,
         {pid: spent[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
+        {pid: kernel[pid] * 1000 / max(n, 1.0) for pid, n in per_worker.items()},
         {pid: n / total_served for pid, n in per_worker.items()},
+        {pid: {k: v / max(per_worker[pid], 1.0) for k, v in calls[pid].items()} for pid in calls},
         proxy_cpu * 1000 / max(res.requests, 1),
         machine,
     )
+
+
+def _workers_cost(cpu_ms: dict[int, float], kernel_ms: dict[int, float], policy: Path, tmp: Path) -> None:
+    """Why a worker's CPU per request moved (``workers_cost``): instructions per request under
+    callgrind and the no-proxy control, set against the wrk rounds' ``cpu_ms`` and ``kernel_ms``
+    (per request per worker, by worker count); left out with the reason without valgrind."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("workers: instructions left out: valgrind is not installed (apt-get install -y valgrind)")
+        return
+    from tests.perf import workers_cost
+
+    def load(port: int, seconds: int) -> int:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        return wrk(url, CHAT_BODY, workers_cost.INSTRUCTIONS_CONCURRENCY, seconds, tmp).requests
+
+    rows = workers_cost.instructions(serve_command, free_port, load, policy, tmp)
+    split = workers_cost.Split(cpu_ms, kernel_ms, rows, workers_cost.control())
+    for line in workers_cost.report(split):
+        print(line)
 
 
 def workers_bench(duration: int, rounds: int = 2) -> None:
@@ -1660,7 +1703,8 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
 
     Why per-request CPU: on a machine whose cores wrk and the upstream share, the second worker
     cannot show its throughput; if each worker's CPU per request stays what one worker's is, the
-    workers do not contend and throughput scales with the free cores."""
+    workers do not contend and throughput scales with the free cores. Its user and kernel parts
+    are kept apart for ``_workers_cost``, which says what moved it."""
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return
@@ -1707,13 +1751,38 @@ def workers_bench(duration: int, rounds: int = 2) -> None:
                 n: statistics.median(statistics.fmean(r.worker_cpu_ms.values()) for r in runs[n])
                 for n in runs
             }
+            kernel_ms = {
+                n: statistics.median(statistics.fmean(r.worker_sys_ms.values()) for r in runs[n])
+                for n in runs
+            }
+            calls = {
+                n: {
+                    kind: statistics.median(
+                        statistics.fmean(c.get(kind, 0.0) for c in r.worker_syscalls.values())
+                        for r in runs[n]
+                    )
+                    for kind in ("syscalls", "loop waits", "getpid")
+                }
+                for n in runs
+                if all(r.worker_syscalls for r in runs[n])
+            }
             free = statistics.median(r.machine["idle"] for r in runs[2])
             print(
                 f"workers: rps ratio 2/1 = {ratio:.2f} (medians of {rounds} rounds), {os.cpu_count()} CPUs; "
                 f"CPU per request per worker {per_req[1]:.3f} ms with 1, {per_req[2]:.3f} ms with 2 "
-                f"({per_req[2] / per_req[1]:.2f}x: flat means no contention between workers); "
+                f"({per_req[2] / per_req[1]:.2f}x: flat means no contention between workers), of which "
+                f"the kernel {kernel_ms[1]:.3f} and {kernel_ms[2]:.3f} ms; "
                 f"idle CPU left during the 2-worker runs {free:.0%}"
             )
+            if len(calls) == 2:  # perf could trace both
+                print(
+                    f"workers: per request per worker, system calls {calls[1]['syscalls']:.1f} with 1, "
+                    f"{calls[2]['syscalls']:.1f} with 2; event-loop waits {calls[1]['loop waits']:.2f} and "
+                    f"{calls[2]['loop waits']:.2f} (fewer: more requests served per pass of the loop); "
+                    f"getpid (the metric files' fork check) {calls[1]['getpid']:.1f} and "
+                    f"{calls[2]['getpid']:.1f}"
+                )
+            _workers_cost(per_req, kernel_ms, policy, tmpdir)
         finally:
             for proxy, _ in proxies.values():
                 proxy.terminate()

@@ -26,7 +26,7 @@ class Scope(StrEnum):
     ADMIN = "admin"
     """An admin key, always (closed when no admin key is configured); a client key is refused."""
     CLIENT_OR_ADMIN = "client-or-admin"
-    """As ``CLIENT``, and an admin key too (the handler reads ``ADMIN_CALLER``)."""
+    """As ``CLIENT``, and an admin key too (the handler reads the edge's ``RequestRecord.admin_caller``)."""
     CONSOLE = "console"
     """A review console session: the cookie its login form sets for an admin key; a POST also
     needs the session's CSRF token (``proxy.api.console.guard``). No bearer key opens it."""
@@ -71,9 +71,6 @@ class Route:
 
 ROUTE_INDEX = web.AppKey("route_index", Mapping[web.AbstractResource, Route])
 """Each registered resource's row: what the edge checks a matched request against."""
-ADMIN_CALLER = web.RequestKey("admin_caller", bool)
-"""Set by the edge for every request: whether it presented an admin key on a route whose scope
-takes one (an admin key on ``/v1/feedback`` may judge any client's answer)."""
 
 
 def route_of_request(request: web.Request) -> Route | None:

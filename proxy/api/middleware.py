@@ -250,7 +250,8 @@ async def _observed(
     finally:
         total = time.perf_counter() - started
         route = record.route or route
-        overhead = max(0.0, total - record.upstream_s)
+        overhead = total - record.upstream_s
+        overhead = overhead if overhead > 0.0 else 0.0  # not max(): ~1.5 k instructions a call
         metrics.observe_request(route, record.module, status, record.outcome, overhead)
         request_line(
             "proxy.request",

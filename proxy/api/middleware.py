@@ -23,7 +23,7 @@ from aiohttp.http import HttpVersion11
 from proxy.api.access import ROUTE_INDEX, Route, check_method, check_scope
 from proxy.api.app_keys import CLIENT_ACTIVITY, METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_headers
-from proxy.api.budget import reserve
+from proxy.api.budget import Reservation, reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
@@ -57,6 +57,9 @@ class RequestRecord:
     it by ``caller.id``."""
     admin_caller: bool = False
     """Whether an admin key opened the request's route (``check_scope``)."""
+    reservation: Reservation | None = None
+    """The request's body-budget reservation (``proxy.api.budget``), taken by the edge before the
+    handler runs: what reads the body holds its bytes in."""
     admission: Admission | None = None
     """What the request was admitted against when limits are configured (``proxy.api.limits``):
     its ``x-ratelimit-*`` headers and the settlement after the answer."""
@@ -309,7 +312,7 @@ async def _admitted(
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
         raise unknown_expectation()
-    reservation = reserve(request, app)
+    reservation = record.reservation = reserve(app)
     try:
         check_method(request, route)
         return await handler(request)

@@ -119,7 +119,9 @@ def echo_trace_id(record: RequestRecord, response: web.StreamResponse) -> None:
 
 
 def bearer_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
+    header = request.headers.get("Authorization")
+    if not header:  # no key (a keyless proxy's every request): nothing to split
+        return None
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 

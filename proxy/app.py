@@ -38,7 +38,7 @@ from proxy.api.console import pages as console_pages
 from proxy.api.console.pages import TEMPLATES
 from proxy.api.errors import error_middleware
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import echo_trace_id, edge_middleware
+from proxy.api.middleware import RECORD_KEY, echo_trace_id, edge_middleware
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore
 from proxy.module.registry import ModuleRegistry
@@ -315,9 +315,13 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """The headers every answer of the API gets just before it is sent: one signal callback (a
-    coroutine per answer) for both."""
-    echo_trace_id(request, response)
-    limits.add_ratelimit_headers(request, response)
+    coroutine per answer) for both, on every answer the edge saw (it made the request's record)."""
+    try:  # request.get is Mapping.get: two Python frames and the same KeyError on a miss
+        record = request[RECORD_KEY]
+    except KeyError:
+        return
+    echo_trace_id(record, response)
+    limits.add_ratelimit_headers(record, response)
 
 
 def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web.Application:

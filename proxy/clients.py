@@ -55,14 +55,14 @@ class Caller:
         return self.identity.label
 
 
-_ANONYMOUS_CALLER = Caller(ANONYMOUS, ClientIdentity())
+ANONYMOUS_CALLER = Caller(ANONYMOUS, ClientIdentity())
 
 
 def caller_of(token: str | None, identities: Mapping[str, ClientIdentity], *, keyed: bool) -> Caller:
     """The identity rule: ``keyed`` (client keys are configured, so ``token`` is one of them)
     -> the key's identity; else the one anonymous caller, whatever ``token`` is."""
     if not keyed or not token:
-        return _ANONYMOUS_CALLER
+        return ANONYMOUS_CALLER
     identity = identities.get(token)
     if identity is not None and identity.name:
         return Caller(identity.name, identity)

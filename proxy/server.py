@@ -25,7 +25,7 @@ import asyncio
 import ctypes
 import gc
 import resource
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from http import HTTPStatus
 from types import MappingProxyType
@@ -41,6 +41,7 @@ from aiohttp.web_request import BaseRequest
 
 from proxy.api.app_keys import METRICS
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
+from proxy.api.middleware import edge_dispatch
 from proxy.observability.logging import log_lines
 from proxy.observability.metrics import Metrics
 from proxy.settings import Settings
@@ -287,11 +288,16 @@ class EdgeHandler(RequestHandler):
 
 
 class EdgeServer(web.Server):
-    """aiohttp's server making ``EdgeHandler`` connections."""
+    """aiohttp's server making ``EdgeHandler`` connections (serving ``handler``, else ``inner``'s)."""
 
-    def __init__(self, inner: web.Server, guard: ConnectionGuard) -> None:
+    def __init__(
+        self,
+        inner: web.Server,
+        guard: ConnectionGuard,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+    ) -> None:
         super().__init__(
-            inner.request_handler,
+            inner.request_handler if handler is None else handler,  # type: ignore[arg-type]
             request_factory=inner.request_factory,
             handler_cancellation=inner.handler_cancellation,
             loop=asyncio.get_running_loop(),
@@ -304,14 +310,15 @@ class EdgeServer(web.Server):
 
 
 class EdgeRunner(web.AppRunner):
-    """``AppRunner`` serving through ``EdgeServer``."""
+    """``AppRunner`` serving through ``EdgeServer``, the API's requests dispatched by
+    ``edge_dispatch``."""
 
     def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._guard = guard
 
     async def _make_server(self) -> web.Server:
-        return EdgeServer(await super()._make_server(), self._guard)
+        return EdgeServer(await super()._make_server(), self._guard, edge_dispatch(self.app))
 
 
 SERVER_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({"auto_decompress": False})

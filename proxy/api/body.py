@@ -9,8 +9,9 @@ import orjson
 from aiohttp import web
 
 from proxy.api.app_keys import SETTINGS
-from proxy.api.budget import PARSED_COPIES, READ_COPIES, RESERVATION, values_cost
+from proxy.api.budget import PARSED_COPIES, READ_COPIES, Reservation, values_cost
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
+from proxy.api.middleware import RECORD_KEY
 from proxy.jsonshape import MAX_FORWARDED_DEPTH, encodable
 
 # zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
@@ -69,13 +70,22 @@ def ensure_encodable(body: Any) -> None:
         )
 
 
+def reservation_of(request: web.Request) -> Reservation:
+    """The body-budget reservation the edge took for ``request`` (before its handler runs)."""
+    reservation = request[RECORD_KEY].reservation
+    assert reservation is not None, "the edge reserves before any handler reads a body"
+    return reservation
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(
         413, f"Request body too large: this proxy reads at most {limit} bytes", code="request_too_large"
     )
 
 
-async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
+async def read_body(
+    request: web.Request, copies: int = READ_COPIES, reservation: Reservation | None = None
+) -> bytes:
     """The whole request body, reserved in the body budget before it is buffered (``copies``
     times the declared length up front, then whatever arrives beyond it); 413 past
     ``--max-body-bytes``."""
@@ -83,7 +93,8 @@ async def read_body(request: web.Request, copies: int = READ_COPIES) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
-    reservation = request[RESERVATION]
+    if reservation is None:  # read_json hands its own: the record is read once
+        reservation = reservation_of(request)
     reserved = declared or 0
     if not reservation.grow_now(copies * reserved):  # room now (the usual case): no await
         await reservation.grow(copies * reserved)
@@ -116,9 +127,9 @@ async def read_json(request: web.Request) -> tuple[bytes, Any]:
     (inflated per ``Content-Encoding`` under the body limit), both reserved in the body budget
     first; 400 in OpenAI's format when the body is not JSON."""
     copies = READ_COPIES + PARSED_COPIES
-    raw = await read_body(request, copies)
+    reservation = reservation_of(request)
+    raw = await read_body(request, copies, reservation)
     body = inflate(request, raw)
-    reservation = request[RESERVATION]
     if len(body) > len(raw):  # the inflated copy is held and parsed too
         await reservation.grow(copies * (len(body) - len(raw)))
     parsed = values_cost(body)

@@ -142,10 +142,9 @@ class Reservation:
 
 
 BUDGET = web.AppKey("body_budget", BodyBudget)
-RESERVATION = web.RequestKey("body_reservation", Reservation)
 
 
-def reserve(request: web.Request, app: web.Application) -> Reservation:
-    """Give the request (of ``app``) a reservation; the caller releases it when the handler is done."""
-    reservation = request[RESERVATION] = Reservation(app[BUDGET])
-    return reservation
+def reserve(app: web.Application) -> Reservation:
+    """A reservation in ``app``'s budget for a request (the edge keeps it in the request's record);
+    the caller releases it when the handler is done."""
+    return Reservation(app[BUDGET])

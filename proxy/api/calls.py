@@ -12,7 +12,7 @@ from proxy.api.app_keys import CONTEXT_STORE, FEEDBACK, METRICS, REDACT_NAMES, R
 from proxy.api.errors import ApiError
 from proxy.api.limits import CallLimits
 from proxy.api.media import media_env
-from proxy.api.middleware import CALLER, CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import RECORD_KEY
 from proxy.context.identity import SESSION_HEADER, USER_HEADER
 from proxy.module.model import Module
 from proxy.pipeline import Listener, ModuleAnswer
@@ -21,10 +21,11 @@ from proxy.service.module_call import CallReport, ModuleCall, Requester, Service
 
 def requester_of(request: web.Request) -> Requester:
     headers = request.headers
+    record = request[RECORD_KEY]
     return Requester(
-        caller=request[CALLER],
-        client_key=request[CLIENT_KEY],
-        trace_id=request[TRACE_KEY],
+        caller=record.caller,
+        client_key=record.client_key,
+        trace_id=record.trace_id,
         session=headers.get(SESSION_HEADER, "").strip(),
         user=headers.get(USER_HEADER, "").strip(),
         cache_control=headers.get("Cache-Control", ""),

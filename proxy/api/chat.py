@@ -19,8 +19,8 @@ from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
 from proxy.api.failures import failed_call
 from proxy.api.frames import fingerprint, tool_call_id
-from proxy.api.limits import ADMISSION, admit, caller, estimate_body_tokens, settle
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY, RequestRecord
+from proxy.api.limits import admit, caller, estimate_body_tokens, settle
+from proxy.api.middleware import RECORD_KEY, RequestRecord
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
 from proxy.api.relay_answer import serve
@@ -263,7 +263,7 @@ class _Route:
             if policy.price_of(target.name) is None
             else record_cost(metrics, policy, NO_MODULE, target, usage, caller(request).label)
         )
-        if request[ADMISSION] is not None:
+        if self.record.admission is not None:
             settle(request, total_tokens(usage), usd)
 
 
@@ -280,8 +280,9 @@ async def _passthrough(
         )
     ensure_encodable(body)
     await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
-    ctx = CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY])
-    route = _Route(request, runtime, targets, time.monotonic(), request.app, request[RECORD_KEY])
+    record = request[RECORD_KEY]
+    ctx = CallInfo(trace_id=record.trace_id, client_key=record.client_key)
+    route = _Route(request, runtime, targets, time.monotonic(), request.app, record)
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)

@@ -17,7 +17,7 @@ from proxy.api.body import read_object
 from proxy.api.envelopes import answer_response, caller_error
 from proxy.api.errors import ApiError
 from proxy.api.frames import framer_for
-from proxy.api.middleware import RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import RECORD_KEY
 from proxy.api.modules import module_not_found
 from proxy.api.streaming import (
     BadRecovery,
@@ -53,11 +53,11 @@ async def execute(request: web.Request) -> web.StreamResponse:
     """``{"input": {...}, "_options": {...}, "_recovery": {...}}`` -> an envelope or a stream."""
     runtime = runtime_of(request)
     name = request.match_info["name"]
-    trace_id = request[TRACE_KEY]
+    record = request[RECORD_KEY]
+    trace_id = record.trace_id
     module = runtime.registry.get(name)
     if module is None:
         return module_not_found(name, runtime, request)
-    record = request[RECORD_KEY]
     record.module = module.name
     try:
         body = await read_object(request)

@@ -17,11 +17,10 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from proxy.api.access import ADMIN_CALLER
 from proxy.api.app_keys import FEEDBACK, METRICS, runtime_of
 from proxy.api.body import read_object
 from proxy.api.errors import ApiError, json_response
-from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_ID_PATTERN
+from proxy.api.middleware import RECORD_KEY, TRACE_ID_PATTERN
 from proxy.api.review_items import review_items
 from proxy.service.instrument import record_verdict
 from proxy.service.runtime import Runtime
@@ -97,14 +96,15 @@ async def _record_for(request: web.Request, asked: Verdict) -> AnswerRecord | No
     """The caller's own record of the trace id; for an admin key, the one client's record
     (``client`` names it when several carry the trace id)."""
     store = request.app[FEEDBACK]
-    if not request[ADMIN_CALLER]:  # set by the edge: the route's scope takes an admin key
+    record = request[RECORD_KEY]
+    if not record.admin_caller:  # set by the edge: the route's scope takes an admin key
         if asked.client is not None:
             raise ApiError(
                 400,
                 "client may be named by an admin key only: a client judges its own answers",
                 param="client",
             )
-        return await store.get(request[CALLER].id, asked.trace_id)
+        return await store.get(record.caller.id, asked.trace_id)
     return await admin_record(store, asked.trace_id, asked.client)
 
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from proxy.api.app_keys import METRICS, SETTINGS, runtime_of
 from proxy.api.errors import ApiError, json_response, retry_after_value
-from proxy.api.middleware import CALLER
+from proxy.api.middleware import RECORD_KEY, RequestRecord
 from proxy.clients import Caller
 from proxy.context.prefetch import Prefetched
 from proxy.context.store import Mark
@@ -24,7 +24,6 @@ from proxy.policy.model import Policy
 __all__ = ["LIMITER", "Limiter"]
 
 LIMITER = web.AppKey("quota", Limiter)
-ADMISSION = web.RequestKey[Admission | None]("admission")
 """Set by ``admit`` on every request it sees (None without active limits), so ``settle`` reads it
 without ``request.get``'s exception for a missing key."""
 BYTES_PER_TOKEN = 4
@@ -32,7 +31,7 @@ BYTES_PER_TOKEN = 4
 
 
 def caller(request: web.Request) -> Caller:
-    return request[CALLER]
+    return request[RECORD_KEY].caller
 
 
 def estimate_body_tokens(body: dict[str, Any]) -> int:
@@ -61,12 +60,12 @@ async def admit(
     configured); raise the 429 when it does not fit. Returns the rung a downgraded module call is
     capped at (over budget with ``on_budget: downgrade``)."""
 
-    if not policy.limits.active:  # the default: what _admit does then, without reading the app
-        request[ADMISSION] = None
+    if not policy.limits.active:  # the default: no admission to keep, nothing to read
         return None
+    record = request[RECORD_KEY]
 
     def keep(admission: Admission | None) -> None:
-        request[ADMISSION] = admission
+        record.admission = admission
 
     app = request.app  # a property: read once
     return await _admit(app[LIMITER], app[METRICS], policy, caller(request), estimate, keep, downgradable)
@@ -183,7 +182,7 @@ class CallLimits:
     def keep_admission(self, request: web.Request) -> None:
         """The request's admission, for its ``x-ratelimit-*`` headers (``add_ratelimit_headers``)."""
         if self.admitted:
-            request[ADMISSION] = self.admission
+            request[RECORD_KEY].admission = self.admission
 
 
 async def count_request(request: web.Request) -> None:
@@ -195,21 +194,17 @@ async def count_request(request: web.Request) -> None:
 def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
     """Settle what the request spent against the limits ``admit`` counted it in, in the background
     (the answer does not wait on Redis for it; the limiter awaits it at shutdown)."""
-    admission = request[ADMISSION]
+    admission = request[RECORD_KEY].admission
     if admission is not None:
         request.app[LIMITER].settle_later(admission, tokens, cost_usd)
 
 
-def add_ratelimit_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Called on ``on_response_prepare``: every answer to an admitted request tells its windows (in
-    place of a provider's: the client is held to the proxy's limits, the provider's are the
-    proxy's own account's)."""
-    try:  # request.get is Mapping.get: two Python frames and the same KeyError on a miss
-        admission = request[ADMISSION]
-    except KeyError:
-        return
-    if admission is not None:
-        response.headers.update(ratelimit_headers(admission))
+def add_ratelimit_headers(record: RequestRecord, response: web.StreamResponse) -> None:
+    """Called on ``on_response_prepare`` with the request's record: every answer to an admitted
+    request tells its windows (in place of a provider's: the client is held to the proxy's
+    limits, the provider's are the proxy's own account's)."""
+    if record.admission is not None:
+        response.headers.update(ratelimit_headers(record.admission))
 
 
 async def usage(request: web.Request) -> web.Response:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.api.budget import RESERVATION, Reservation
+from proxy.api.body import reservation_of
+from proxy.api.budget import Reservation
 from proxy.api.errors import ApiError
 from proxy.api.limits import caller
 from proxy.media.cache import ClientCache, MediaCache
@@ -58,4 +59,4 @@ class ReservationBudget:
 def media_env(request: web.Request, media: MediaPolicy) -> MediaEnv:
     cache = request.app[MEDIA_CACHES].for_policy(media)
     client = ClientCache(cache, caller(request).id) if cache is not None else None
-    return MediaEnv(ReservationBudget(request[RESERVATION]), client)
+    return MediaEnv(ReservationBudget(reservation_of(request)), client)

@@ -13,42 +13,56 @@ import asyncio
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from proxy.api.access import ADMIN_CALLER, ROUTE_INDEX, Route, check_method, check_scope
+from proxy.api.access import ROUTE_INDEX, Route, check_method, check_scope
 from proxy.api.app_keys import CLIENT_ACTIVITY, METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_headers
-from proxy.api.budget import reserve
+from proxy.api.budget import Reservation, reserve
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
-from proxy.clients import Caller, caller_of
+from proxy.clients import ANONYMOUS_CALLER, Caller, caller_of
+from proxy.limits.limiter import Admission
 from proxy.observability import tracing as otel
 from proxy.observability.logging import bind_request, request_line
 from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
 from proxy.observability.tracing import ServerSpan, Tracing, start_server_span
 from proxy.settings import Settings
 
-TRACE_KEY = web.RequestKey("trace_id", str)
 TRACE_HEADER = "X-Cognitive-Trace-Id"
-CLIENT_KEY = web.RequestKey[str | None]("client_key")
-"""The bearer token the client sent (None without one): set for every request a handler sees, so
-handlers read it with ``request[CLIENT_KEY]`` (``request.get`` of a missing key costs an exception).
-Only for forwarding it (``forward_client_key``); who the client is, is ``CALLER``."""
-CALLER = web.RequestKey("caller", Caller)
-"""Who the client is (``proxy.clients``' identity rule), set with ``CLIENT_KEY``: every feature that
-keeps something per client (limits, feedback records, stream sessions, context, caches) keys it
-by ``request[CALLER].id``."""
 
 
-@dataclass
+@dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
 class RequestRecord:
-    """Filled in by handlers, read once by ``observe_middleware`` for metrics and the log line."""
+    """The request's one state object (``request[RECORD_KEY]``), made by the edge before any step:
+    who the client is and the trace id (set by the edge, read by handlers), then what handlers fill
+    in, read once by ``_observed`` for metrics and the log line. One request key instead of one
+    per fact: each ``request[key] = value`` is a Python frame of aiohttp's (about 1.3 k
+    instructions)."""
 
+    trace_id: str = ""
+    """The request's trace id (``bind_trace``); empty until the edge bound it."""
+    client_key: str | None = None
+    """The bearer token the client sent (None without one). Only for forwarding it
+    (``forward_client_key``); who the client is, is ``caller``."""
+    caller: Caller = ANONYMOUS_CALLER
+    """Who the client is (``proxy.clients``' identity rule), set by the edge: every feature that
+    keeps something per client (limits, feedback records, stream sessions, context, caches) keys
+    it by ``caller.id``."""
+    admin_caller: bool = False
+    """Whether an admin key opened the request's route (``check_scope``)."""
+    reservation: Reservation | None = None
+    """The request's body-budget reservation (``proxy.api.budget``), taken by the edge before the
+    handler runs: what reads the body holds its bytes in."""
+    admission: Admission | None = None
+    """What the request was admitted against when limits are configured (``proxy.api.limits``):
+    its ``x-ratelimit-*`` headers and the settlement after the answer."""
     module: str = NO_MODULE
     outcome: str = OUTCOME_NONE
     upstream_s: float = 0.0
@@ -87,37 +101,40 @@ def trace_id_of(request: web.Request, span: ServerSpan | None = None) -> str:
     return os.urandom(TRACE_ID_BYTES).hex()
 
 
-def bind_trace(request: web.Request, route: str, span: ServerSpan | None = None) -> None:
+def bind_trace(
+    request: web.Request, record: RequestRecord, route: str, span: ServerSpan | None = None
+) -> None:
     """Bind the trace id to the request and to every log line of it (``echo_trace_id`` answers it).
     With tracing on, a request that brought no id of its own takes its server span's trace id."""
-    trace_id = trace_id_of(request, span)
-    request[TRACE_KEY] = trace_id
+    trace_id = record.trace_id = trace_id_of(request, span)
     bind_request(trace_id, route)
 
 
-def echo_trace_id(request: web.Request, response: web.StreamResponse) -> None:
-    """Called on ``on_response_prepare``: the one place the trace header is set, on every answer
-    the edge middleware saw (plain, streamed, envelopes, error bodies), overriding any upstream copy."""
-    try:  # request.get is Mapping.get: two Python frames and the same KeyError on a miss
-        trace_id = request[TRACE_KEY]
-    except KeyError:
-        return
-    response.headers[TRACE_HEADER] = trace_id
+def echo_trace_id(record: RequestRecord, response: web.StreamResponse) -> None:
+    """Called on ``on_response_prepare`` with the request's record: the one place the trace header
+    is set, on every answer the edge middleware saw (plain, streamed, envelopes, error bodies),
+    overriding any upstream copy."""
+    if record.trace_id:
+        response.headers[TRACE_HEADER] = record.trace_id
 
 
 def bearer_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
+    header = request.headers.get("Authorization")
+    if not header:  # no key (a keyless proxy's every request): nothing to split
+        return None
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def authenticate(request: web.Request, route: Route | None, settings: Settings) -> None:
+def authenticate(
+    request: web.Request, record: RequestRecord, route: Route | None, settings: Settings
+) -> None:
     """Who the caller is, and whether its key opens ``route`` (its row's scope, ``check_scope``)."""
-    token = request[CLIENT_KEY] = bearer_of(request)
+    token = record.client_key = bearer_of(request)
     # Identities come from the keys file with the keys; an embedder naming identities alone keys them too.
     keyed = bool(settings.api_keys or settings.client_identities)
-    request[CALLER] = caller_of(token, settings.client_identities, keyed=keyed)
-    request[ADMIN_CALLER] = check_scope(request, route, token, settings)
+    record.caller = caller_of(token, settings.client_identities, keyed=keyed)
+    record.admin_caller = check_scope(request, route, token, settings)
 
 
 def route_of(request: web.Request) -> str:
@@ -132,6 +149,7 @@ def route_of(request: web.Request) -> str:
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every step of a request around its handler; every failure leaves as an OpenAI error body."""
+    record = request[RECORD_KEY] = RequestRecord()
     try:
         check_target_form(request)
         resource = request.match_info.route.resource
@@ -141,13 +159,40 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if otel.ON and (row is None or not row.probe):  # probes: polled, never traced
             tracing = request.app[TRACING]
             if tracing is not None:
-                return await _traced(request, handler, route, row, tracing)
-        bind_trace(request, route)
-        return await _observed(request, handler, route, row)
+                return await _traced(request, record, handler, route, row, tracing)
+        bind_trace(request, record, route)
+        return await _observed(request, record, handler, route, row)
     except BaseException as exc:
         if route_of(request) in MODULE_ROUTES:
             return _module_refusal(request, api_error_of(request, exc))
         return error_answer(request, exc)
+
+
+def edge_dispatch(app: web.Application) -> Callable[[web.Request], Awaitable[web.StreamResponse]] | None:
+    """``app``'s requests as aiohttp's ``Application._handle`` serves them when ``edge_middleware``
+    is the app's one middleware: the path resolved in the app's router (the one route table), the
+    route's ``Expect`` handler, then the edge around the route's handler. Without aiohttp's
+    middleware chain, looked up per request (a cached-chain lookup, a ``partial`` called with a
+    keyword, and a middleware of its own restoring ``request.app`` for sub-applications, of which
+    the proxy mounts none): about 10 k instructions a request. None for any other application
+    (aiohttp's own dispatch serves it)."""
+    if list(app.middlewares) != [edge_middleware]:
+        return None
+    router = app.router
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        match_info = await router.resolve(request)
+        match_info.add_app(app)  # request.app, and the app whose on_response_prepare runs
+        match_info.freeze()
+        request._match_info = match_info  # what Application._handle sets: request.match_info
+        if request.headers.get(hdrs.EXPECT):
+            answered = await match_info.expect_handler(request)
+            await request.writer.drain()
+            if answered is not None:
+                return answered
+        return await edge_middleware(request, match_info.handler)
+
+    return dispatch
 
 
 def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
@@ -155,19 +200,24 @@ def _module_refusal(request: web.Request, error: ApiError) -> web.Response:
     current = request.app[RUNTIME].current
     module = current.registry.get(request.match_info.get("name", "")) if current is not None else None
     takes_media = module is not None and module.takes_media
-    return refusal_response(error, takes_media=takes_media, trace_id=request.get(TRACE_KEY))
+    return refusal_response(error, takes_media=takes_media, trace_id=request[RECORD_KEY].trace_id or None)
 
 
 async def _traced(
-    request: web.Request, handler: Handler, route: str, row: Route | None, tracing: Tracing
+    request: web.Request,
+    record: RequestRecord,
+    handler: Handler,
+    route: str,
+    row: Route | None,
+    tracing: Tracing,
 ) -> web.StreamResponse:
     """``_observed`` inside the request's server span (its status: what the client got, a refusal
     the outer handler answers included)."""
     span = start_server_span(tracing, request.method, route, request.path, request.scheme, request.headers)
     status = 500
     try:
-        bind_trace(request, route, span)
-        response = await _observed(request, handler, route, row)
+        bind_trace(request, record, route, span)
+        response = await _observed(request, record, handler, route, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -177,12 +227,11 @@ async def _traced(
         status = 499
         raise
     finally:
-        record = request.get(RECORD_KEY)
-        span.end(status, (record.route if record is not None else None) or route)
+        span.end(status, record.route or route)
 
 
 async def _observed(
-    request: web.Request, handler: Handler, route: str, row: Route | None
+    request: web.Request, record: RequestRecord, handler: Handler, route: str, row: Route | None
 ) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
     canonical log line per request (quiet for the probe routes: polled every few seconds)."""
@@ -191,12 +240,10 @@ async def _observed(
     activity = app[CLIENT_ACTIVITY]
     if activity.watching:  # the shadow judge waits for no client request in flight
         activity.enter()
-    record = RequestRecord()
-    request[RECORD_KEY] = record
     metrics = app[METRICS]
     status = 500
     try:
-        response = await _admitted(request, app, handler, row)
+        response = await _admitted(request, record, app, handler, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -208,7 +255,8 @@ async def _observed(
     finally:
         total = time.perf_counter() - started
         route = record.route or route
-        overhead = max(0.0, total - record.upstream_s)
+        overhead = total - record.upstream_s
+        overhead = overhead if overhead > 0.0 else 0.0  # not max(): ~1.5 k instructions a call
         metrics.observe_request(route, record.module, status, record.outcome, overhead)
         request_line(
             "proxy.request",
@@ -255,18 +303,18 @@ async def expect_continue(request: web.Request) -> None:
 
 
 async def _admitted(
-    request: web.Request, app: web.Application, handler: Handler, route: Route | None
+    request: web.Request, record: RequestRecord, app: web.Application, handler: Handler, route: Route | None
 ) -> web.StreamResponse:
     """The browser guard, the route's scope, then the handler holding a body-budget reservation;
     a method the route's row does not list is refused just before the handler would run."""
     settings = app[SETTINGS]
     if app[BROWSER_GUARD]:
         check_headers(settings, request.headers)  # check_browser, with the settings at hand
-    authenticate(request, route, settings)
+    authenticate(request, record, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
         raise unknown_expectation()
-    reservation = reserve(request, app)
+    reservation = record.reservation = reserve(app)
     try:
         check_method(request, route)
         return await handler(request)

@@ -10,7 +10,7 @@ from aiohttp import web
 from proxy.api.app_keys import Runtime, runtime_of
 from proxy.api.envelopes import not_installed_response, unavailable_response
 from proxy.api.errors import json_response
-from proxy.api.middleware import RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import RECORD_KEY
 from proxy.module.resolve import Unavailable
 from proxy.observability.metrics import (
     OTHER,
@@ -28,9 +28,9 @@ def module_not_found(name: str, runtime: Runtime, request: web.Request) -> web.R
     unavailable = runtime.registry.unavailable_module(name)
     if unavailable is not None:
         record.module, record.outcome = unavailable.module.name, OUTCOME_UNAVAILABLE
-        return unavailable_response(unavailable, request[TRACE_KEY])
+        return unavailable_response(unavailable, record.trace_id)
     record.module, record.outcome = OTHER, OUTCOME_UNKNOWN_MODULE
-    return not_installed_response(name, runtime.registry.names(), request[TRACE_KEY])
+    return not_installed_response(name, runtime.registry.names(), record.trace_id)
 
 
 def _unavailable_summary(unavailable: Unavailable) -> dict[str, Any]:

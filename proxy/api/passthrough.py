@@ -31,7 +31,7 @@ from proxy.api.errors import ApiError
 from proxy.api.failures import failed_relay
 from proxy.api.headers import connection_tokens, forwarded, returned_headers
 from proxy.api.limits import count_request
-from proxy.api.middleware import CLIENT_KEY, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import RECORD_KEY
 from proxy.api.offline_passthrough import answer_offline
 from proxy.api.relay_answer import serve
 from proxy.api.target import ClientTarget, parse_target, upstream_url
@@ -284,7 +284,7 @@ async def forward(request: web.Request, body: bytes | None = None) -> web.Stream
         request=request,
         outgoing=Outgoing(request.method, target, body if replay else None),
         session=request.app[SESSION],
-        ctx=CallInfo(trace_id=request[TRACE_KEY], client_key=request[CLIENT_KEY]),
+        ctx=CallInfo(trace_id=record.trace_id, client_key=record.client_key),
         idle_s=timeouts.idle_s,
     )
     started = time.perf_counter()

@@ -25,7 +25,7 @@ from proxy.api.calls import module_call, record_report, services_of
 from proxy.api.envelopes import answer_status, caller_error, refused_envelope
 from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.limits import CallLimits
-from proxy.api.middleware import CALLER, RECORD_KEY, TRACE_KEY
+from proxy.api.middleware import RECORD_KEY
 from proxy.api.output_mode import OutputMode
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
@@ -116,7 +116,7 @@ def start_stream(
     checked before (``input_refused``): the producer's pipeline does not check it again."""
     hub = request.app[STREAMS]
     metrics: Metrics = request.app[METRICS]
-    session = hub.create(request[CALLER].id, module.name)
+    session = hub.create(request[RECORD_KEY].caller.id, module.name)
     emitter = ChunkEmitter(
         session,
         streamable_fields(module),
@@ -303,12 +303,13 @@ async def resume(
     the session replays it from seq 1 with a W4012 warning."""
     hub = request.app[STREAMS]
     metrics = request.app[METRICS]
-    trace_id = request[TRACE_KEY]
+    record = request[RECORD_KEY]
+    trace_id = record.trace_id
     found = await hub.find(recovery.session_id)
     if found is None or found.module != module.name:
         metrics.stream_resumptions.labels("unknown").inc()
         return None
-    if not hub.same_client(found.client, request[CALLER].id):
+    if not hub.same_client(found.client, record.caller.id):
         metrics.stream_resumptions.labels("refused").inc()
         return caller_error(
             Code.PERMISSION_DENIED, "This stream session was started by another client", trace_id
@@ -351,9 +352,10 @@ def input_refused(request: web.Request, module: Module, value: Any, check: bool)
     refused = input_error(module, without_context(value), schema=check)
     if refused is None:
         return None
-    request[RECORD_KEY].outcome = OUTCOME_INVALID_INPUT
+    record = request[RECORD_KEY]
+    record.outcome = OUTCOME_INVALID_INPUT
     code = str(as_dict(refused.get("error")).get("code"))
-    return refused_envelope(refused, http_status(code, Origin.CALLER), request[TRACE_KEY])
+    return refused_envelope(refused, http_status(code, Origin.CALLER), record.trace_id)
 
 
 async def _start_and_follow(
@@ -378,7 +380,7 @@ async def _start_and_follow(
         await admit_call(call, services_of(request))  # a 429 before the stream starts
     finally:
         limits.keep_admission(request)
-    trace_id = request[TRACE_KEY]
+    trace_id = request[RECORD_KEY].trace_id
     started = start_stream(request, runtime, module, value, check, limits, history, tools)
     first = meta_chunk(started.session.id, trace_id=trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}

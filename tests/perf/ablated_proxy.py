@@ -66,8 +66,8 @@ async def _first_target(
     return Routed(await operation(providers[target.provider], target, failover.timeouts.per_try_s), target)
 
 
-def _bind_constant(request: Any, route: str) -> None:
-    request[middleware.TRACE_KEY] = "0" * 32
+def _bind_constant(request: Any, record: middleware.RequestRecord, route: str) -> None:
+    record.trace_id = "0" * 32
 
 
 def _replacements() -> dict[str, list[tuple[object, str, object]]]:

@@ -24,11 +24,11 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from proxy.api.access import Route
-from proxy.api.app_keys import ROUTER
+from proxy.api.app_keys import METRICS, ROUTER
 from proxy.api.routes import ROUTES
 from proxy.app import build_app
 from proxy.policy.loader import DEFAULT_TIERS
-from proxy.server import SERVER_OPTIONS
+from proxy.server import SERVER_OPTIONS, EdgeRunner, api_guard
 from proxy.settings import Settings
 from tests.fake_upstream import FakeUpstream
 from tests.paths import MODULES
@@ -104,8 +104,12 @@ async def running_proxy(
     (``table``: its routes)."""
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(json.loads(json.dumps(policy))))
-    app = build_app(Settings(policy_path=policy_path, module_dirs=modules, port=0, **settings), table)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, **SERVER_OPTIONS)
+    config = Settings(policy_path=policy_path, module_dirs=modules, port=0, **settings)
+    app = build_app(config, table)
+    # serve's runner: its connection guard and its dispatch of the API's requests (edge_dispatch)
+    runner = EdgeRunner(
+        app, api_guard(config, app[METRICS]), handler_cancellation=True, access_log=None, **SERVER_OPTIONS
+    )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

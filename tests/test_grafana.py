@@ -506,7 +506,9 @@ def e2e_policy(fake: FakeUpstream) -> dict[str, Any]:
         "up/backup": cheap,
         "up/strong": {"input_per_mtok": 2.5, "output_per_mtok": 10.0},
     }
-    policy["limits"] = {"clients": {"limited": {"rpm": 1}}}
+    # a day's window: both rounds of traffic fall in one (a minute's could roll over between them,
+    # and the client's first request of round two would be answered)
+    policy["limits"] = {"clients": {"limited": {"rpm": 1}}, "window_s": 86_400}
     return policy
 
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -32,28 +33,38 @@ def durable_outbox(url: str, shortfalls: list[int]) -> RedisOutbox:
     return RedisOutbox(RedisOptions(url), durable_replicas=1, on_short=shortfalls.append)
 
 
-async def test_writes_stay_queued_while_the_replica_lags_and_land_once_when_it_acks(pair: RedisPair) -> None:
+@asynccontextmanager
+async def three_held(pair: RedisPair) -> AsyncIterator[tuple[str, RedisOutbox, list[int], Any]]:
+    """A durable outbox given three stream records with the replica paused: (the stream, the
+    outbox, its shortfalls, a client of the master); the replica resumed after."""
     stream = f"test:durable:{uuid.uuid4().hex}"
     shortfalls: list[int] = []
     outbox = durable_outbox(pair.url, shortfalls)
     master: Any = aioredis.Redis(port=pair.master.port, decode_responses=True)
-    replica: Any = aioredis.Redis(port=pair.replica.port, decode_responses=True)
     outbox.start()
     pair.replica.pause()
     try:
         for n in range(3):
             assert outbox.put(StreamWrite(stream, {"n": str(n)}, 1000))
-        await until(lambda: len(shortfalls) >= 2, "a batch and its resend fell short", timeout=DELIVERY_S)
-        assert len(outbox) == 3 and outbox.up  # the master has them, its replica not: kept
-        assert await master.xlen(stream) == 3 and set(shortfalls) == {0}
-        pair.replica.resume()
-        await until(lambda: len(outbox) == 0, "the outbox popped the writes", timeout=DELIVERY_S)
-        entries = await replica.xrange(stream)  # popped only once the replica acknowledged them
-        assert [fields["n"] for _, fields in entries] == ["0", "1", "2"]  # once each, despite resends
+        yield stream, outbox, shortfalls, master
     finally:
         pair.replica.resume()
         await outbox.aclose()
         await master.aclose()
+
+
+async def test_writes_stay_queued_while_the_replica_lags_and_land_once_when_it_acks(pair: RedisPair) -> None:
+    replica: Any = aioredis.Redis(port=pair.replica.port, decode_responses=True)
+    try:
+        async with three_held(pair) as (stream, outbox, shortfalls, master):
+            await until(lambda: len(shortfalls) >= 2, "a batch and its resend fell short", timeout=DELIVERY_S)
+            assert len(outbox) == 3 and outbox.up  # the master has them, its replica not: kept
+            assert await master.xlen(stream) == 3 and set(shortfalls) == {0}
+            pair.replica.resume()
+            await until(lambda: len(outbox) == 0, "the outbox popped the writes", timeout=DELIVERY_S)
+            entries = await replica.xrange(stream)  # popped only once the replica acknowledged them
+            assert [fields["n"] for _, fields in entries] == ["0", "1", "2"]  # once each, despite resends
+    finally:
         await replica.aclose()
 
 
@@ -147,15 +158,7 @@ async def test_held_records_a_restarted_master_lost_are_written_again(pair: Redi
     """A master that comes back without what it had applied (a restart without persistence),
     before its replica confirmed: the held records are written to it again, each once. (Why the
     records behind a held batch wait instead of going to the master: docs/deployment.md.)"""
-    stream = f"test:durable:{uuid.uuid4().hex}"
-    shortfalls: list[int] = []
-    outbox = durable_outbox(pair.url, shortfalls)
-    master: Any = aioredis.Redis(port=pair.master.port, decode_responses=True)
-    outbox.start()
-    pair.replica.pause()
-    try:
-        for n in range(3):
-            assert outbox.put(StreamWrite(stream, {"n": str(n)}, 1000))
+    async with three_held(pair) as (stream, outbox, shortfalls, master):
         await until(lambda: len(shortfalls) >= 1, "a batch fell short", timeout=DELIVERY_S)
         assert await master.xlen(stream) == 3
         marks = await master.keys(f"{MARK_PREFIX}*")
@@ -166,7 +169,3 @@ async def test_held_records_a_restarted_master_lost_are_written_again(pair: Redi
         pair.replica.resume()
         await until(lambda: len(outbox) == 0, "the outbox popped the writes", timeout=DELIVERY_S)
         assert [fields["n"] for _, fields in await master.xrange(stream)] == ["0", "1", "2"]  # once each
-    finally:
-        pair.replica.resume()
-        await outbox.aclose()
-        await master.aclose()

@@ -36,9 +36,10 @@ from proxy.api.browser_guard import BROWSER_GUARD, guards_browsers
 from proxy.api.budget import BUDGET, BodyBudget
 from proxy.api.console import pages as console_pages
 from proxy.api.console.pages import TEMPLATES
+from proxy.api.edge_request import on_response_prepare
 from proxy.api.errors import error_middleware
 from proxy.api.media import MEDIA_CACHES, MediaCaches
-from proxy.api.middleware import RECORD_KEY, echo_trace_id, edge_middleware
+from proxy.api.middleware import edge_middleware
 from proxy.context.sanitise import NameMatcher
 from proxy.context.store import CLIENT_QUOTA, ContextStore, MemoryContextStore
 from proxy.module.registry import ModuleRegistry
@@ -313,23 +314,12 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         await final.review.aclose()
 
 
-async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """The headers every answer of the API gets just before it is sent: one signal callback (a
-    coroutine per answer) for both, on every answer the edge saw (it made the request's record)."""
-    try:  # request.get is Mapping.get: two Python frames and the same KeyError on a miss
-        record = request[RECORD_KEY]
-    except KeyError:
-        return
-    echo_trace_id(record, response)
-    limits.add_ratelimit_headers(record, response)
-
-
 def build_app(settings: Settings, table: Sequence[Route] = routes.ROUTES) -> web.Application:
     """The proxy as an ``web.Application`` serving ``table`` (``proxy.api.routes``); resources open
     and close with ``cleanup_ctx``."""
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[edge_middleware])
     app[BROWSER_GUARD] = guards_browsers(settings)
-    app.on_response_prepare.append(_on_response_prepare)
+    app.on_response_prepare.append(on_response_prepare)
     app[SETTINGS] = settings
     app[RUNTIME] = RuntimeHolder()
     app[CLIENT_ACTIVITY] = ClientActivity()

@@ -27,6 +27,7 @@ import gc
 import resource
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
+from functools import partial
 from http import HTTPStatus
 from types import MappingProxyType
 from typing import Any, Final, Protocol, cast
@@ -36,10 +37,11 @@ import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, _RequestFactory
 from aiohttp.web_request import BaseRequest
 
 from proxy.api.app_keys import METRICS
+from proxy.api.edge_request import EdgeRequest, on_response_prepare
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
 from proxy.api.middleware import edge_dispatch
 from proxy.observability.logging import log_lines
@@ -295,10 +297,11 @@ class EdgeServer(web.Server):
         inner: web.Server,
         guard: ConnectionGuard,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+        request_factory: _RequestFactory | None = None,
     ) -> None:
         super().__init__(
             inner.request_handler if handler is None else handler,  # type: ignore[arg-type]
-            request_factory=inner.request_factory,
+            request_factory=inner.request_factory if request_factory is None else request_factory,
             handler_cancellation=inner.handler_cancellation,
             loop=asyncio.get_running_loop(),
             **inner._kwargs,
@@ -318,7 +321,12 @@ class EdgeRunner(web.AppRunner):
         self._guard = guard
 
     async def _make_server(self) -> web.Server:
-        return EdgeServer(await super()._make_server(), self._guard, edge_dispatch(self.app))
+        inner = await super()._make_server()  # the app frozen: its signal's callbacks are final
+        dispatch = edge_dispatch(self.app)
+        factory = None
+        if dispatch is not None and list(self.app.on_response_prepare) == [on_response_prepare]:
+            factory = cast(_RequestFactory, partial(self.app._make_request, _cls=EdgeRequest))
+        return EdgeServer(inner, self._guard, dispatch, factory)
 
 
 SERVER_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({"auto_decompress": False})

@@ -200,9 +200,9 @@ def settle(request: web.Request, tokens: int, cost_usd: float) -> None:
 
 
 def add_ratelimit_headers(record: RequestRecord, response: web.StreamResponse) -> None:
-    """Called on ``on_response_prepare`` with the request's record: every answer to an admitted
-    request tells its windows (in place of a provider's: the client is held to the proxy's
-    limits, the provider's are the proxy's own account's)."""
+    """Called as an answer is prepared (``proxy.api.edge_request``) with the request's record:
+    every answer to an admitted request tells its windows (in place of a provider's: the client
+    is held to the proxy's limits, the provider's are the proxy's own account's)."""
     if record.admission is not None:
         response.headers.update(ratelimit_headers(record.admission))
 

@@ -111,9 +111,9 @@ def bind_trace(
 
 
 def echo_trace_id(record: RequestRecord, response: web.StreamResponse) -> None:
-    """Called on ``on_response_prepare`` with the request's record: the one place the trace header
-    is set, on every answer the edge middleware saw (plain, streamed, envelopes, error bodies),
-    overriding any upstream copy."""
+    """Called as an answer is prepared (``proxy.api.edge_request``) with the request's record:
+    the one place the trace header is set, on every answer the edge middleware saw (plain,
+    streamed, envelopes, error bodies), overriding any upstream copy."""
     if record.trace_id:
         response.headers[TRACE_HEADER] = record.trace_id
 

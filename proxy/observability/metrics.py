@@ -627,6 +627,7 @@ class Metrics:
         self._request_children: dict[tuple[str, str, int, str], tuple[Amount, Amount]] = {}
         self._upstream_children: dict[tuple[str, str, str], tuple[Amount, Amount]] = {}
         self._children: dict[tuple[int, tuple[str, ...]], Hot] = {}
+        self._usage_children: dict[tuple[str, str], tuple[Amount, Amount, Amount]] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Hot:
         """``metric.labels(*labels)``, remembered, as a ``Hot`` child. Label values are bounded
@@ -635,6 +636,19 @@ class Metrics:
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = Hot(metric.labels(*labels))
+        return found
+
+    def usage_children(self, provider: str, model: str) -> tuple[Amount, Amount, Amount]:
+        """The prompt and completion ``tokens`` counters and the ``output_tps`` histogram of one
+        (provider, model), remembered together: one lookup for an answer's usage, not three."""
+        key = (provider, model)
+        found = self._usage_children.get(key)
+        if found is None:
+            found = self._usage_children[key] = (
+                self.child(self.tokens, provider, model, "prompt").inc,
+                self.child(self.tokens, provider, model, "completion").inc,
+                self.child(self.output_tps, provider, model).observe,
+            )
         return found
 
     def observe_request(self, route: str, module: str, status: int, outcome: str, overhead_s: float) -> None:

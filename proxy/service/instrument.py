@@ -46,12 +46,13 @@ def record_usage(
     to arrive) also its output speed, ``cognitive_output_tokens_per_second``."""
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     provider, model = target_labels(policy, target)
+    prompts, completions, speed = metrics.usage_children(provider, model)
     if type(prompt) is int and prompt > 0:
-        metrics.child(metrics.tokens, provider, model, "prompt").inc(prompt)
+        prompts(prompt)
     if type(completion) is int and completion > 0:
-        metrics.child(metrics.tokens, provider, model, "completion").inc(completion)
+        completions(completion)
         if output_s:
-            metrics.child(metrics.output_tps, provider, model).observe(completion / output_s)
+            speed(completion / output_s)
 
 
 def total_tokens(usage: Mapping[str, Any]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,13 +41,17 @@ REQUESTS: list[tuple[str, str, Any, dict[str, str]]] = [
 _UPSTREAM_MADE = re.compile(rb'chatcmpl-[0-9a-f]+|"created": ?[0-9]+')
 """What the fake upstream makes anew for every answer: its id and time."""
 Runner = Callable[[web.Application], web.AppRunner]
+Callback = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 
 @asynccontextmanager
-async def _served(tmp_path: Path, policy: dict[str, Any], runner: Runner) -> AsyncIterator[str]:
+async def _served(
+    tmp_path: Path, policy: dict[str, Any], runner: Runner, *callbacks: Callback
+) -> AsyncIterator[str]:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(json.loads(json.dumps(policy))))
     app = build_app(Settings(policy_path=path, module_dirs=(MODULES,), port=0))
+    app.on_response_prepare.extend(callbacks)
     served = runner(app)
     await served.setup()
     await web.TCPSite(served, "127.0.0.1", 0).start()
@@ -90,3 +94,27 @@ async def test_the_edge_dispatch_answers_as_aiohttps_own(
     assert [status for status, _, _ in ours] == [200, 200, 200, 417, 404, 200, 405, 404, 404, 200, 401]
     for request, mine, expected in zip(REQUESTS, ours, theirs, strict=True):
         assert mine == expected, request
+
+
+@pytest.mark.parametrize("limited", [False, True])
+async def test_the_edge_sets_the_answer_headers_as_aiohttps_signal_does(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limited: bool
+) -> None:
+    """The edge's request class sets the trace id and rate-limit headers without the signal; an
+    app with a callback of another's still runs every callback, its own included."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    policy = upstream_policy(fake_upstream)
+    if limited:
+        policy["limits"] = {"clients": {"default": {"rpm": 100}}}
+
+    async def another(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["X-Another"] = type(request).__name__
+
+    for callbacks in [(), (another,)]:
+        async with _served(tmp_path, policy, _edges, *callbacks) as url, aiohttp.ClientSession() as session:
+            sent = {"X-Request-Id": "request-1"}
+            async with session.post(url + "/v1/chat/completions", json=CHAT, headers=sent) as answer:
+                assert answer.status == 200
+                assert answer.headers["X-Cognitive-Trace-Id"] == "request-1"
+                assert ("x-ratelimit-limit-requests" in answer.headers) is limited
+                assert answer.headers.get("X-Another") == ("Request" if callbacks else None)

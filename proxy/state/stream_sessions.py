@@ -351,6 +351,11 @@ class SessionHub:
                 del self._finished_of[session.client]
 
     async def aclose(self) -> None:
+        if self.tasks:
+            # A task cancelled before its first step never runs its own ``except CancelledError``
+            # (the producer's interrupted chunk and the session mark's release): one turn of the
+            # loop lets every producer spawned so far start.
+            await asyncio.sleep(0)
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:

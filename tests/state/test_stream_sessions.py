@@ -297,3 +297,24 @@ async def test_a_follower_on_another_replica_stops_when_the_mirror_is_lost() -> 
         await hub.aclose()
     await store.flushdb()
     await store.aclose()
+
+
+async def test_a_producer_spawned_just_before_the_hub_closes_still_sees_its_cancellation() -> None:
+    """A producer cancelled before its first step never runs: its ``except CancelledError`` (the
+    session's interrupted chunk, the session mark's release) would be skipped. ``aclose`` lets
+    every spawned producer start before it cancels them."""
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    seen: list[str] = []
+
+    async def producer() -> None:
+        seen.append("started")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = hub.spawn(producer())
+    await hub.aclose()
+    assert task.cancelled()
+    assert seen == ["started", "cancelled"]

@@ -204,7 +204,9 @@ async def test_a_session_module_call_with_limits_cache_and_context_waits_on_one_
     assert status == 200 and headers["X-Cognitive-Cache"] == "miss"
     assert "session_state=session" in headers["X-Cognitive-Context"]  # read ahead, and used
     assert sent_inputs(fake_upstream)[-1]["_context"]["session_state"]["last_action"] == "review"
-    assert later == [] or all(set(turn) <= {"EVALSHA"} for turn in later)  # sent, held: not awaited
+    # Sent, held, not awaited: the settle (EVALSHA), and the breakers' background read of their
+    # shared state (HMGET, at most every 0.5 s: on a loaded machine the two calls are further apart).
+    assert all(set(turn) <= {"EVALSHA", "HMGET"} for turn in later)
     assert left in ([], [0])  # the mark went after the writes
 
 

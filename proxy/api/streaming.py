@@ -103,7 +103,7 @@ class Started:
     producer: asyncio.Task[Answered | None]
 
 
-def start_stream(request: web.Request, admitted: ModuleCall) -> Started:
+def start_stream(request: web.Request, admitted: ModuleCall, services: Services) -> Started:
     """Create the session and start its producer (which outlives this request): ``admitted`` (the
     call ``admit_call`` admitted, its requester and media as they are) with the session's emitter as
     its listener. The input was checked before (``input_refused``): the producer's pipeline does
@@ -131,7 +131,7 @@ def start_stream(request: web.Request, admitted: ModuleCall) -> Started:
         history=admitted.history,
         tools=admitted.tools,
     )
-    return Started(session, hub.spawn(_produce(call, services_of(request), emitter)))
+    return Started(session, hub.spawn(_produce(call, services, emitter)))
 
 
 def primary_field(module: Module) -> str:
@@ -387,11 +387,12 @@ async def _start_and_follow(
     call = module_call(
         request, runtime, module, value, limits, check_input=check, history=history, tools=tools
     )
+    services = services_of(request)
     try:
-        await admit_call(call, services_of(request))  # a 429 before the stream starts
+        await admit_call(call, services)  # a 429 before the stream starts
     finally:
         limits.keep_admission(request)
-    started = start_stream(request, call)
+    started = start_stream(request, call, services)
     first = meta_chunk(started.session.id, trace_id=call.requester.trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     response = await respond(

@@ -120,8 +120,7 @@ def install() -> None:
     web.Application._handle = _handle  # type: ignore[method-assign]
 
     from proxy import server
-
-    dispatch_of = server.edge_dispatch
+    from proxy.api.middleware import edge_dispatch as dispatch_of
 
     def edge_dispatch(app: web.Application) -> Any:
         """``cogproxy serve``'s own dispatch (``EdgeRunner``), marked as ``_handle`` is above."""
@@ -142,7 +141,7 @@ def install() -> None:
 
         return marked
 
-    server.edge_dispatch = edge_dispatch
+    server.edge_dispatch = edge_dispatch  # type: ignore[attr-defined]  # what EdgeRunner calls
     _after(execute, "read_object", "body_read")
     _sync_after(streaming, "input_refused", "input_checked")
     _after(streaming, "admit_call", "admitted")

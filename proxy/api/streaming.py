@@ -92,7 +92,8 @@ async def _produce(call: ModuleCall, services: Services, emitter: ChunkEmitter) 
         metrics.streams.labels(module.name, "error").inc()
         return None
     answer = answered.answer
-    metrics.streams.labels(module.name, _outcome(emitter.finish(answer, answer_status(answer)))).inc()
+    outcome = _outcome(emitter.finish(answer, answer_status(answer)))
+    metrics.child(metrics.streams, module.name, outcome).inc(1)
     return answered
 
 
@@ -102,39 +103,35 @@ class Started:
     producer: asyncio.Task[Answered | None]
 
 
-def start_stream(
-    request: web.Request,
-    runtime: Runtime,
-    module: Module,
-    value: Any,
-    check: bool,
-    limits: CallLimits,
-    history: Sequence[Mapping[str, Any]] = (),
-    tools: tuple[Mapping[str, Any], ...] = (),
-) -> Started:
-    """Create the session and start its producer (which outlives this request). The input was
-    checked before (``input_refused``): the producer's pipeline does not check it again."""
-    hub = request.app[STREAMS]
-    metrics: Metrics = request.app[METRICS]
-    session = hub.create(request[RECORD_KEY].caller.id, module.name)
+def start_stream(request: web.Request, admitted: ModuleCall, services: Services) -> Started:
+    """Create the session and start its producer (which outlives this request): ``admitted`` (the
+    call ``admit_call`` admitted, its requester and media as they are) with the session's emitter as
+    its listener. The input was checked before (``input_refused``): the producer's pipeline does
+    not check it again."""
+    app = request.app
+    hub = app[STREAMS]
+    metrics: Metrics = app[METRICS]
+    module = admitted.module
+    session = hub.create(admitted.requester.caller.id, module.name)
     emitter = ChunkEmitter(
         session,
         streamable_fields(module),
-        on_first_delta=metrics.stream_ttfd.labels(module.name).observe,
+        on_first_delta=metrics.child(metrics.stream_ttfd, module.name).observe,
     )
-    call = module_call(
-        request,
-        runtime,
+    call = ModuleCall(
+        admitted.runtime,
         module,
-        value,
-        limits,
-        check_input=check,
+        admitted.value,
+        admitted.requester,
+        admitted.limits,
+        admitted.media,
+        admitted.check_input,
         input_checked=True,
         listener=emitter,
-        history=history,
-        tools=tools,
+        history=admitted.history,
+        tools=admitted.tools,
     )
-    return Started(session, hub.spawn(_produce(call, services_of(request), emitter)))
+    return Started(session, hub.spawn(_produce(call, services, emitter)))
 
 
 def primary_field(module: Module) -> str:
@@ -151,7 +148,16 @@ Write = Callable[[bytes], Awaitable[None]]
 @dataclass
 class _Position:
     index: int
-    last_checkpoint: dict[str, Any] | None = None
+    given_checkpoint: dict[str, Any] | None = None
+    """The checkpoint a resumed client named (``last_checkpoint`` until a chunk with one passes)."""
+    checkpointed: bytes | None = None
+    """The last chunk written that holds a checkpoint: parsed only if the stream is interrupted."""
+
+    @property
+    def last_checkpoint(self) -> dict[str, Any] | None:
+        if self.checkpointed is None:
+            return self.given_checkpoint
+        return as_dict(as_dict(orjson.loads(self.checkpointed).get("chunk")).get("checkpoint"))
 
 
 async def follow(
@@ -191,15 +197,20 @@ async def follow(
                 return
             await write(framer.heartbeat())
             continue
+        # the chunks read at once leave in one write (the socket's, one call of aiohttp's writer)
+        frames: list[bytes] = []
+        ended = False
         for kind, payload in events:
             position.index += 1
             if kind == "chunk" and b'"checkpoint"' in payload:
-                position.last_checkpoint = as_dict(
-                    as_dict(orjson.loads(payload).get("chunk")).get("checkpoint")
-                )
-            await write(framer.event(kind, payload))
+                position.checkpointed = payload
+            frames.append(framer.event(kind, payload))
             if kind in _TERMINAL:
-                return
+                ended = True
+                break
+        await write(frames[0] if len(frames) == 1 else b"".join(frames))
+        if ended:
+            return
 
 
 async def _interrupted(
@@ -376,13 +387,13 @@ async def _start_and_follow(
     call = module_call(
         request, runtime, module, value, limits, check_input=check, history=history, tools=tools
     )
+    services = services_of(request)
     try:
-        await admit_call(call, services_of(request))  # a 429 before the stream starts
+        await admit_call(call, services)  # a 429 before the stream starts
     finally:
         limits.keep_admission(request)
-    trace_id = request[RECORD_KEY].trace_id
-    started = start_stream(request, runtime, module, value, check, limits, history, tools)
-    first = meta_chunk(started.session.id, trace_id=trace_id)
+    started = start_stream(request, call, services)
+    first = meta_chunk(started.session.id, trace_id=call.requester.trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     response = await respond(
         request, started.session, first, _Position(0), framer, headers, producer=started.producer

@@ -8,6 +8,7 @@ client key itself is never stored or logged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, replace
@@ -46,6 +47,7 @@ def check_id(value: object, source: str) -> str | None:
     return value
 
 
+@functools.lru_cache(maxsize=1024)  # a few identities (the keys file's): hashed once each
 def namespace_of(client_key: str | None) -> str:
     digest = hashlib.sha256((client_key or ANONYMOUS).encode()).hexdigest()
     return digest[:NAMESPACE_HEX]

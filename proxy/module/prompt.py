@@ -152,10 +152,30 @@ def render_prompt(
     """
     template = module.prompt.replace(MEDIA_PLACEHOLDER, describe_media(media))
     prompt = inject_results(substitute_arguments(template, value), injected or {})
-    parts = [prompt.strip(), _envelope_instructions(module)]
+    user = "## Input\n```json\n" + orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n```"
+    return RenderedPrompt(system=prompt.strip() + "\n\n" + contract_text(module), user=user)
+
+
+_CONTRACT_TEXTS: dict[int, tuple[Module, str]] = {}
+"""``contract_text`` per loaded module (by identity: a module holds dicts, it is not hashable);
+the module is kept with its text so that its id is not reused while the entry lives."""
+CONTRACT_TEXTS_MAX = 256
+
+
+def contract_text(module: Module) -> str:
+    """What follows the prompt in the system message, the same for every call of ``module``: the
+    envelope instructions, the data schema and the excluded actions. Built once per loaded module
+    (a reload builds new modules; the oldest texts go past ``CONTRACT_TEXTS_MAX``)."""
+    found = _CONTRACT_TEXTS.get(id(module))
+    if found is not None and found[0] is module:
+        return found[1]
+    parts = [_envelope_instructions(module)]
     if module.data_schema:
         parts.append("## Output schema (data)\n" + orjson.dumps(module.data_schema).decode())
     if module.excludes:
         parts.append("## This module must not\n" + "\n".join(f"- {x}" for x in module.excludes))
-    user = "## Input\n```json\n" + orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n```"
-    return RenderedPrompt(system="\n\n".join(parts), user=user)
+    text = "\n\n".join(parts)
+    if len(_CONTRACT_TEXTS) >= CONTRACT_TEXTS_MAX:
+        del _CONTRACT_TEXTS[next(iter(_CONTRACT_TEXTS))]
+    _CONTRACT_TEXTS[id(module)] = (module, text)
+    return text

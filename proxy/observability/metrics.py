@@ -507,7 +507,6 @@ _pack_slot = struct.Struct("dd").pack
 """How often a worker copies its scrape-time gauges into the shared files."""
 
 
-
 Amount = Callable[[float], None]
 """A remembered child's ``inc`` or ``observe``."""
 
@@ -579,6 +578,7 @@ class Hot:
             self.observe = observing(child)
         else:
             self.inc = counting(child)
+
 
 class Metrics:
     """Every metric the proxy exports, on its own registry (built from the tables above)."""

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
-import secrets
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -64,13 +65,15 @@ def event_bytes(event: Event) -> int:
     return len(event[1]) + EVENT_OVERHEAD_BYTES
 
 
+@functools.lru_cache(maxsize=1024)  # a few identities (the keys file's): hashed once each
 def client_hash(client: str) -> str:
     """What a session stores of its client's identity (``proxy.clients``' rule): its SHA-256."""
     return hashlib.sha256(client.encode("utf-8")).hexdigest()
 
 
 def new_session_id() -> str:
-    return SESSION_PREFIX + secrets.token_hex(SESSION_ID_BYTES)
+    # os.urandom is what secrets.token_hex reads, without its two Python frames
+    return SESSION_PREFIX + os.urandom(SESSION_ID_BYTES).hex()
 
 
 def is_session_id(value: Any) -> bool:
@@ -102,7 +105,8 @@ class Session:
     """What the session holds in memory: its chunks and its bookkeeping (``event_bytes``)."""
     done: bool = False
     expires: float = 0.0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    """The readers waiting for the next chunk (a future each: no event object per chunk)."""
     on_event: Callable[[Session, Event | None], None] | None = None
     mirror_lost: bool = False
     """A write to the Redis mirror failed (or was dropped): it is deleted, never written again."""
@@ -120,19 +124,27 @@ class Session:
             self._notify(None)
 
     def _notify(self, event: Event | None) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         if self.on_event is not None:
             self.on_event(self, event)
 
     async def read(self, index: int, timeout: float) -> tuple[list[Event], bool]:
         if index >= len(self.events) and not self.done:
-            changed = self._changed
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
             # ``asyncio.timeout``, not ``wait_for`` (a task of its own): the reader runs on the
             # loop's next turn after an append, so a producer that yields once lets it write (#35).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await changed.wait()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await waiter
+            finally:
+                if waiter.cancelled() and waiter in self._waiters:  # timed out, or the reader left
+                    self._waiters.remove(waiter)
         return self.events[index:], self.done
 
     def chunk_at(self, seq: int) -> dict[str, Any] | None:

@@ -68,7 +68,9 @@ section; needs valgrind): user-space instructions per passthrough request of the
 of the proxy under callgrind, counted only while wrk drives them at c=8 — the one figure here that
 machine load does not move; then per streamed passthrough request of 20 chunks (the fake upstream
 writes ``max_tokens`` frames at 50 per second, so each is a read of its own) and, from the slope
-between 20 and 80 chunks, the instructions each chunk costs the floor and the proxy.
+between 20 and 80 chunks, the instructions each chunk costs the floor and the proxy; then per
+streamed module call (``/execute``, SSE, one at a time, each read to its end) against the floor
+relaying the same upstream stream (``--module-instructions`` runs only that row).
 
 ``--ablation`` runs only the ablation (needs valgrind; not in the full run): instructions per
 passthrough request of the proxy with one part of its per-request work switched off at a time
@@ -1907,6 +1909,64 @@ def _stream_instructions(command: list[str], port: int, url: str, tmp: Path, nam
     return per_request
 
 
+MODULE_STREAM_CALLS = 100
+"""Streamed module calls counted per server (c=1, each read to its end): ~10 s under callgrind."""
+
+
+def _module_stream_instructions(
+    command: list[str], port: int, url: str, body: dict[str, object], marker: bytes, tmp: Path, name: str
+) -> float:
+    """Instructions per streamed module call of ``command`` (callgrind): ``MODULE_STREAM_CALLS``
+    calls one at a time, each read past its first ``marker`` to its end, start-up and warm-up left
+    out. The whole call: the cut of what precedes the first delta, not work moved after it."""
+    with _callgrind(command, port, tmp, name) as count:
+        asyncio.run(first_delta(url, body, marker, 20))  # warm-up, not counted
+        count()
+        asyncio.run(first_delta(url, body, marker, MODULE_STREAM_CALLS))
+        return count() / MODULE_STREAM_CALLS
+
+
+def module_stream_rows(up_port: int, tmp: Path) -> dict[str, float]:
+    """Instructions per streamed module call (``/execute``, SSE, code-reviewer's bench input), and
+    the floor relay's for the same upstream stream (the answer's frames relayed as they are)."""
+    policy = tmp / "module-instructions-policy.yaml"
+    policy.write_text(bench_policy(up_port))
+    floor_port, proxy_port = free_port(), free_port()
+    floor_url = f"http://127.0.0.1:{floor_port}/v1/chat/completions"
+    proxy_url = f"http://127.0.0.1:{proxy_port}/v1/modules/code-reviewer/execute"
+    floor = _module_stream_instructions(
+        floor_command(floor_port, up_port),
+        floor_port,
+        floor_url,
+        STREAM_MODULE_BODY,
+        b"data: ",
+        tmp,
+        "floor-module",
+    )
+    proxy = _module_stream_instructions(
+        serve_command(policy, proxy_port, *COUNTED_FLAGS),
+        proxy_port,
+        proxy_url,
+        MODULE_BODY,
+        b"event: chunk",
+        tmp,
+        "proxy-module",
+    )
+    return {"floor relay, streamed module answer": floor, "streamed module call (execute, SSE)": proxy}
+
+
+def module_instructions_section(up_port: int, tmp: Path) -> None:
+    """Only the streamed module call's row of the instructions section (``--module-instructions``)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("instructions: valgrind is not installed (apt-get install -y valgrind)", file=sys.stderr)
+        return
+    rows = module_stream_rows(up_port, tmp)
+    floor = rows["floor relay, streamed module answer"]
+    print(f"{'instructions per request (callgrind)':<40}{'Ir':>12}  ratio")
+    for name, count in rows.items():
+        print(f"{name:<40}{count:>12,.0f}  {count / floor:.2f}")
+
+
 def _idle_rate(command: list[str], port: int, tmp: Path, name: str) -> float:
     """Instructions per second of ``command`` serving nothing (callgrind)."""
     with _callgrind(command, port, tmp, name) as count:
@@ -1945,6 +2005,9 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     rows[f"passthrough, streamed {short} chunks"] = proxy_streams[0]
     floors = dict.fromkeys(plain, plain["floor relay"])
     floors.update({name: floor_streams[0] for name in rows if "streamed" in name})
+    module_rows = module_stream_rows(up_port, tmp)
+    rows.update(module_rows)
+    floors.update(dict.fromkeys(module_rows, module_rows["floor relay, streamed module answer"]))
     print(f"{'instructions per request (callgrind)':<40}{'Ir':>12}  ratio")
     for name, count in rows.items():
         print(f"{name:<40}{count:>12,.0f}  {count / floors[name]:.2f}")
@@ -2112,6 +2175,11 @@ def main() -> int:
         help="only instructions per request of the floor and the proxy (callgrind; about 3 minutes)",
     )
     parser.add_argument(
+        "--module-instructions",
+        action="store_true",
+        help="only instructions per streamed module call, floor relay and proxy (callgrind; about 1 minute)",
+    )
+    parser.add_argument(
         "--soak", action="store_true", help="only the soak: bounds filled, CPU per request over time"
     )
     args = parser.parse_args()
@@ -2147,7 +2215,10 @@ def main() -> int:
     if args.retries:
         retries_bench()
         return 0
-    if not (args.memory_only or args.stream or args.context or args.shadow) and shutil.which("wrk") is None:
+    if (
+        not (args.memory_only or args.stream or args.context or args.shadow or args.module_instructions)
+        and shutil.which("wrk") is None
+    ):
         print("wrk is not installed: apt-get install -y wrk", file=sys.stderr)
         return 2
 
@@ -2181,6 +2252,9 @@ def main() -> int:
                 return 0
             if args.instructions:
                 instructions_section(up_port, tmpdir)
+                return 0
+            if args.module_instructions:
+                module_instructions_section(up_port, tmpdir)
                 return 0
             if args.ablation:
                 ablation_section(up_port, tmpdir)

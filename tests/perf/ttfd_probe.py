@@ -118,6 +118,30 @@ def install() -> None:
             DONE.append(marks)
 
     web.Application._handle = _handle  # type: ignore[method-assign]
+
+    from proxy import server
+    from proxy.api.middleware import edge_dispatch as dispatch_of
+
+    def edge_dispatch(app: web.Application) -> Any:
+        """``cogproxy serve``'s own dispatch (``EdgeRunner``), marked as ``_handle`` is above."""
+        dispatch = dispatch_of(app)
+        if dispatch is None:
+            return None
+
+        async def marked(request: web.Request) -> web.StreamResponse:
+            if not request.path.endswith("/execute"):
+                return await dispatch(request)
+            marks = {"arrive": time.perf_counter_ns()}
+            MARKS.set(marks)
+            try:
+                return await dispatch(request)
+            finally:
+                MARKS.set(None)
+                DONE.append(marks)
+
+        return marked
+
+    server.edge_dispatch = edge_dispatch  # type: ignore[attr-defined]  # what EdgeRunner calls
     _after(execute, "read_object", "body_read")
     _sync_after(streaming, "input_refused", "input_checked")
     _after(streaming, "admit_call", "admitted")

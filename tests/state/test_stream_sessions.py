@@ -318,3 +318,15 @@ async def test_a_producer_spawned_just_before_the_hub_closes_still_sees_its_canc
     await hub.aclose()
     assert task.cancelled()
     assert seen == ["started", "cancelled"]
+
+
+async def test_every_waiting_reader_wakes_and_a_timed_out_one_leaves_nothing_behind() -> None:
+    session = SessionHub(ttl_s=60, max_bytes=1 << 20).create("client", "m")
+    assert await session.read(0, 0.01) == ([], False)  # timed out
+    assert not session._waiters
+    readers = [asyncio.create_task(session.read(0, 30)) for _ in range(2)]
+    await until(lambda: len(session._waiters) == 2, "both readers waiting")
+    session.append(delta_chunk(1, "data.rationale", "a", "a"))
+    for events, done in await asyncio.gather(*readers):
+        assert [kind for kind, _ in events] == ["chunk"] and not done
+    assert not session._waiters

@@ -166,8 +166,26 @@ async def copy(
 ) -> StreamEnd:
     """Write ``head`` and the rest of ``chunks``: at most ``idle_s`` waiting on each read, until
     ``until`` (``time.monotonic``) at the latest. Never retries: bytes reached the client. A client
-    that goes away raises through."""
+    that goes away raises through; a cancel of the caller cancels the copy.
+
+    The rest is copied in a task of its own: each read that waits resumes, when its bytes come,
+    the chain of coroutines that awaits it, and the request handler's is a dozen deep (dispatch,
+    middleware, route, ``serve``); the task's is the copy and the read."""
     await write(head)
+    return await asyncio.get_running_loop().create_task(
+        _copy(chunks, write, check, idle_s=idle_s, until=until)
+    )
+
+
+async def _copy(
+    chunks: AsyncIterator[bytes],
+    write: Write,
+    check: StreamCheck | None,
+    *,
+    idle_s: float | None,
+    until: float | None,
+) -> StreamEnd:
+    """``copy``'s loop, in its own task (the task its ``_ReadBound`` cancels)."""
     bound = _ReadBound(idle_s, until)
     clock = bound.clock
     feed = None if check is None else check.feed

@@ -22,7 +22,7 @@ from yarl import URL
 from proxy.upstream.base import ProviderError
 from proxy.upstream.body import READ_ERRORS, Body
 from proxy.upstream.http import client_timeout, transport_error
-from proxy.upstream.sse import IncompleteReason, StreamCheck
+from proxy.upstream.sse import BATCH_BYTES, IncompleteReason, StreamCheck
 
 __all__ = ["StreamEnd", "client_timeout", "copy", "first_chunk", "send"]
 
@@ -179,8 +179,10 @@ async def _copy(
     """``copy``'s loop, in its own task (the task its ``_ReadBound`` cancels)."""
     bound = _ReadBound(idle_s, until)
     clock = bound.clock
-    feed = None if check is None else check.feed
     read = body.read
+    # The check's reads, collected here as ``StreamCheck.feed`` would: no call per chunk.
+    reads = None if check is None else check.reads
+    size = 0
     try:
         while True:
             bound.since = clock()
@@ -188,8 +190,13 @@ async def _copy(
             bound.since = None
             if not chunk:
                 break
-            if feed is not None:
-                feed(chunk)
+            if reads is not None:
+                reads.append(chunk)
+                size += len(chunk)
+                if size >= BATCH_BYTES:
+                    size = 0
+                    assert check is not None
+                    check.flush()
             await write(chunk)
     except READ_ERRORS as exc:
         error = body.failure(exc)

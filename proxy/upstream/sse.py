@@ -107,7 +107,10 @@ class StreamCheck:
         self._events = 0
         self._malformed = 0
         self._first_malformed = False
-        self._reads: list[bytes] = []
+        self.reads: list[bytes] = []
+        """The reads not judged yet, in order. ``feed`` appends to it; so may a copy that counts
+        their bytes itself and calls ``flush`` once they reach ``BATCH_BYTES`` (a list append per
+        chunk, no call of its own: ``relay.copy``)."""
         self._size = 0
         self._pending = b""
         """Bytes after the last judged event boundary (an event split across reads)."""
@@ -115,7 +118,7 @@ class StreamCheck:
         """The last two judged batches of whole events: where the end looks for finish reasons."""
 
     def feed(self, chunk: bytes) -> None:
-        self._reads.append(chunk)
+        self.reads.append(chunk)
         self._size += len(chunk)
         if self._size >= BATCH_BYTES:
             self._judge()
@@ -138,19 +141,20 @@ class StreamCheck:
         return self._first_malformed
 
     def flush(self) -> None:
-        """Judge (and hand ``sniff``) the reads collected so far: a stream that ended early."""
+        """Judge (and hand ``sniff``) the reads collected so far: a full batch, or a stream that
+        ended early."""
         self._judge()
 
     def _judge(self, *, last: bool = False) -> None:
         """Judge the whole events collected (``last``: everything, a final event without its
         blank line included)."""
-        if not self._reads and not last:
+        if not self.reads and not last:
             return
-        joined = b"".join(self._reads)
+        joined = b"".join(self.reads)
         if self._sniff is not None and joined:
             self._sniff(joined)
         data = self._pending + joined if self._pending else joined
-        self._reads.clear()
+        self.reads.clear()
         self._size = 0
         if self.complete:
             self._pending = b""

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.upstream.body import Body
 from proxy.upstream.relay import copy
-from proxy.upstream.sse import StreamCheck
+from proxy.upstream.sse import BATCH_BYTES, StreamCheck
 
 IDLE_S = 0.02
 FRAMES = [b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'] * 3 + [b"data: [DONE]\n\n"]
@@ -88,3 +88,25 @@ async def test_a_cancel_from_outside_is_not_taken_for_a_stall() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_the_copy_hands_the_check_its_reads_a_batch_at_a_time() -> None:
+    """``copy`` collects the check's reads itself: they are judged every ``BATCH_BYTES``, never
+    all kept to the end, and a malformed event early in a long stream is still counted."""
+    frame = FRAMES[0]
+    count = 3 * BATCH_BYTES // len(frame)
+    check = StreamCheck("chat")
+    held: list[int] = []
+
+    async def many() -> AsyncIterator[bytes]:
+        yield b"data: {not json\n\n"
+        for _ in range(count):
+            yield frame
+        yield FRAMES[-1]
+
+    async def client(data: bytes) -> None:
+        held.append(sum(map(len, check.reads)))
+
+    end = await copy(b"", Body.of_chunks(many()), client, check, idle_s=60.0, until=None)
+    assert end.reason is None and end.malformed == 1
+    assert max(held) < BATCH_BYTES + len(frame)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import structlog
@@ -44,6 +44,7 @@ from proxy.policy.model import ANY_MODEL, Policy, Target
 from proxy.service.instrument import record_cost, record_usage, target_labels, total_tokens
 from proxy.stream.negotiate import MODE_HEADER, SSE, WARNING_HEADER, BadMode, ModeSignals, negotiate
 from proxy.upstream.base import CallInfo, Provider, Relayed
+from proxy.upstream.body import Body
 from proxy.upstream.relay import first_chunk
 from proxy.upstream.router import Operation, Routed, RungFailed, T, Try
 from proxy.upstream.sse import StreamCheck
@@ -340,7 +341,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
             response,
             opened.target,
             stream.head,
-            stream.chunks,
+            stream.body,
             stream.check,
             idle_s=timeouts.idle_s,
             until=None if timeouts.stream_total_s is None else route.started + timeouts.stream_total_s,
@@ -350,7 +351,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
         broke = exc
         raise
     finally:
-        await stream.chunks.aclose()
+        await stream.body.close()
         stream.check.flush()  # the usage sniffer gets its bytes from the check's batches
         # Forwarding a stream is waiting on the upstream: not the proxy's own time.
         record.upstream_s += time.perf_counter() - streaming_since
@@ -374,7 +375,7 @@ def _relayed_attributes(relayed: Relayed) -> Attributes:
 @dataclass(frozen=True, slots=True)
 class _Opened:
     head: bytes
-    chunks: AsyncGenerator[bytes, None]
+    body: Body
     check: StreamCheck
     usage: UsageSniffer
     """Fed by ``check``, a batch at a time."""
@@ -400,17 +401,15 @@ async def _open_stream(
     a truncation, a malformed first chunk) may be retried and fail over; nothing reached the client."""
     # No socket read bound: the attempt (router) bounds the reads up to the first chunk, and the
     # copy's one deadline per stream (idle_s) those after it.
-    chunks = cast(
-        AsyncGenerator[bytes, None], provider.stream(body, target.model, ctx, timeout, bound_reads=False)
-    )
+    answer = await provider.relay_stream(body, target.model, ctx, timeout)
     usage = UsageSniffer()
     check = StreamCheck("chat", sniff=usage.feed)
     try:
-        head = await first_chunk(chunks, check)
+        head = await first_chunk(answer, check)
     except BaseException:
-        await chunks.aclose()
+        await answer.close()
         raise
-    return _Opened(head, chunks, check, usage)
+    return _Opened(head, answer, check, usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

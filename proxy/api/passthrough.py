@@ -15,7 +15,7 @@ to resend (GET/HEAD/DELETE, JSON bodies of idempotent-in-effect endpoints, anyth
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -39,8 +39,9 @@ from proxy.observability.tracing import CHAT, AttemptSpan, active, inject_tracep
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
 from proxy.policy.provider_kinds import PROVIDER_KINDS
 from proxy.upstream.base import CallInfo, Provider, ProviderError
+from proxy.upstream.body import Body
 from proxy.upstream.http import auth_headers, client_timeout, status_error
-from proxy.upstream.relay import body_chunks, first_chunk, send
+from proxy.upstream.relay import first_chunk, send
 from proxy.upstream.router import Routed, RungFailed, Try
 from proxy.upstream.sse import StreamCheck, wire_format
 
@@ -192,7 +193,7 @@ class _Answer:
 
     resp: aiohttp.ClientResponse
     head: bytes
-    chunks: AsyncGenerator[bytes, None]
+    body: Body
     check: StreamCheck | None
     started: float
     """When the attempt's bound started (``time.monotonic``)."""
@@ -248,14 +249,14 @@ async def _open(
         started = time.monotonic()  # a streamed upload's sending time is the client's, not the attempt's
     wire = wire_format(outgoing.target.path) if resp.content_type == "text/event-stream" else None
     check = StreamCheck(wire) if wire is not None and resp.status == 200 else None
-    chunks = body_chunks(resp)
+    # Released by _relay_answer; nothing waits for the request's sending (a streamed upload may go on).
+    answer = Body.of_response(resp, wait_for_close=False)
     try:
-        head = await first_chunk(chunks, check)
+        head = await first_chunk(answer, check)
     except BaseException:
-        await chunks.aclose()
         resp.release()
         raise
-    return _Answer(resp, head, chunks, check, started, timeout)
+    return _Answer(resp, head, answer, check, started, timeout)
 
 
 async def forward(request: web.Request, body: bytes | None = None) -> web.StreamResponse:
@@ -384,14 +385,13 @@ async def _relay_answer(
             response,
             routed.target,
             answer.head,
-            answer.chunks,
+            answer.body,
             answer.check,
             idle_s=idle_s,
             until=until,
         )
         return response
     finally:
-        await answer.chunks.aclose()
         upstream.release()
         request[RECORD_KEY].upstream_s += time.perf_counter() - started
 

@@ -4,8 +4,6 @@ an answer that then fails ends with the SSE error event and is counted."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import structlog
 from aiohttp import web
 
@@ -13,6 +11,7 @@ from proxy.api.app_keys import METRICS, runtime_of
 from proxy.api.failures import broken_stream_event
 from proxy.policy.model import Target
 from proxy.service.instrument import target_labels
+from proxy.upstream.body import Body
 from proxy.upstream.relay import StreamEnd, copy
 from proxy.upstream.sse import StreamCheck
 
@@ -24,17 +23,17 @@ async def serve(
     response: web.StreamResponse,
     target: Target,
     head: bytes,
-    chunks: AsyncIterator[bytes],
+    body: Body,
     check: StreamCheck | None,
     *,
     idle_s: float | None,
     until: float | None,
 ) -> StreamEnd:
-    """Prepare ``response``, copy ``head`` and ``chunks`` into it and end it. A judged stream that
+    """Prepare ``response``, copy ``head`` and ``body`` into it and end it. A judged stream that
     ends incomplete gets the SSE error event; any other answer cut after its first byte has its
     connection closed (a short body, never one that looks whole)."""
     await response.prepare(request)
-    end = await copy(head, chunks, response.write, check, idle_s=idle_s, until=until)
+    end = await copy(head, body, response.write, check, idle_s=idle_s, until=until)
     metrics = request.app[METRICS]
     provider, model = target_labels(runtime_of(request).policy, target)
     if end.malformed and end.reason != "malformed_chunk":

@@ -18,6 +18,7 @@ from proxy.upstream.anthropic_wire import (
     to_messages_request,
 )
 from proxy.upstream.base import CallInfo, ProviderError, Relayed, relay_from_complete
+from proxy.upstream.body import Body
 from proxy.upstream.http import auth_headers, post, read_json
 from proxy.upstream.sse import parse_sse
 from proxy.wire import DONE, sse_frame
@@ -69,6 +70,10 @@ class AnthropicProvider:
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         return await relay_from_complete(self, body, model, ctx, timeout)
+
+    async def relay_stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Body:
+        """``stream``'s translated chunks, its reads left to the caller."""
+        return Body.of_chunks(self.stream(body, model, ctx, timeout, bound_reads=False))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True

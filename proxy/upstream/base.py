@@ -8,7 +8,7 @@ import email.utils
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
@@ -16,6 +16,9 @@ from proxy.media.model import Media
 from proxy.module.model import Module
 from proxy.policy.model import ProviderConfig
 from proxy.redact import redact_text
+
+if TYPE_CHECKING:
+    from proxy.upstream.body import Body
 
 FailureKind = Literal[
     "connect", "timeout", "rate_limited", "client_error", "server_error", "malformed", "circuit_open"
@@ -100,8 +103,16 @@ class Provider(Protocol):
         """A streamed chat completion as OpenAI SSE bytes (``data: {...}\\n\\n`` ... ``[DONE]``).
 
         ``timeout`` bounds connecting and each read; ``bound_reads=False`` bounds connecting only,
-        for a caller that bounds the silence between reads itself (the passthrough's ``relay.copy``,
-        one timer per stream instead of aiohttp's ``sock_read`` re-armed per read)."""
+        for a caller that bounds the silence between reads itself (``relay_stream`` of a provider
+        that translates)."""
+        ...
+
+    async def relay_stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Body:
+        """``stream`` for the passthrough's relay: its reads are left to the caller, who bounds the
+        silence between them (``relay.copy``: one timer per stream, not aiohttp's ``sock_read``
+        re-armed per read); ``timeout`` bounds connecting. An OpenAI-wire provider opens the
+        stream and hands over the response's own reads (``Body.of_response``: a failure up to the
+        answer's status raises here), one that translates its generator (failures on a read)."""
         ...
 
 

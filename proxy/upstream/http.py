@@ -133,6 +133,37 @@ async def post(
         raise transport_error(exc, url, timeout) from exc
 
 
+async def open_stream(
+    session: aiohttp.ClientSession,
+    url: URL,
+    payload: dict[str, Any],
+    headers: dict[str, str],
+    timeout: float,
+    media: Sequence[Media] = (),
+) -> aiohttp.ClientResponse:
+    """``post`` for a stream whose reads the caller takes and bounds itself (the passthrough's
+    ``relay.copy``), without the context manager or a generator around the reads: a 2xx response,
+    to be read from ``resp.content`` and released by the caller (``Body.of_response``).
+    ``timeout`` bounds connecting only."""
+    try:
+        resp = await session.post(
+            url,
+            data=request_body(payload, media),
+            headers=with_traceparent(headers),
+            timeout=_connect_timeout(timeout),
+            allow_redirects=False,
+        )
+        if resp.status >= _FIRST_NON_SUCCESS:
+            try:
+                body = await resp.content.read(_ERROR_BODY_LIMIT)
+            finally:
+                resp.release()
+            raise status_error(resp.status, body, dict(resp.headers))
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise transport_error(exc, url, timeout) from exc
+    return resp
+
+
 async def post_for_bytes(
     session: aiohttp.ClientSession, url: URL, payload: dict[str, Any], headers: dict[str, str], timeout: float
 ) -> bytes:

@@ -33,6 +33,7 @@ from proxy.module.model import Module
 from proxy.module.sample import sample
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallInfo, Relayed, relay_from_complete
+from proxy.upstream.body import Body
 from proxy.upstream.offline_population import populations, wrong
 from proxy.wire import DONE, completion, completion_chunks, sse_frame
 
@@ -148,6 +149,10 @@ class OfflineProvider:
 
     async def relay(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Relayed:
         return await relay_from_complete(self, body, model, ctx, timeout)
+
+    async def relay_stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Body:
+        """``stream``'s translated chunks, its reads left to the caller."""
+        return Body.of_chunks(self.stream(body, model, ctx, timeout, bound_reads=False))
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True

@@ -10,7 +10,8 @@ from yarl import URL
 
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallInfo, ProviderError, Relayed
-from proxy.upstream.http import auth_headers, check_json_object, post, post_for_bytes, read_json
+from proxy.upstream.body import Body
+from proxy.upstream.http import auth_headers, check_json_object, open_stream, post, post_for_bytes, read_json
 
 # Structured output, strongest first; a provider that refuses one (HTTP 400) gets the next.
 _FORMATS = ("json_schema", "json_object", None)
@@ -110,6 +111,25 @@ class OpenAIProvider:
         payload = {**body, "model": model, "stream": False}
         raw = await post_for_bytes(self._session, self._url, payload, self._headers(ctx), timeout)
         return Relayed(raw, check_json_object(raw))
+
+    async def relay_stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Body:
+        """The upstream's SSE answer, its body read with the response's own ``readany`` (no
+        generator per chunk); structured output for module calls as ``stream`` asks for it."""
+        payload = {**body, "model": model, "stream": True}
+        level = self._first_format(body, model, ctx)
+        while True:
+            attempt = _with_format(payload, level, ctx)
+            try:
+                resp = await open_stream(
+                    self._session, self._url, attempt, self._headers(ctx), timeout, ctx.media
+                )
+            except ProviderError as exc:
+                lower = self._step_down(exc, model, level)
+                if lower is None:
+                    raise
+                level = lower
+            else:
+                return Body.of_response(resp)
 
     async def stream(
         self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,11 @@ import aiohttp
 from yarl import URL
 
 from proxy.upstream.base import ProviderError
+from proxy.upstream.body import READ_ERRORS, Body
 from proxy.upstream.http import client_timeout, transport_error
-from proxy.upstream.sse import IncompleteReason, StreamCheck
+from proxy.upstream.sse import BATCH_BYTES, IncompleteReason, StreamCheck
 
-__all__ = ["StreamEnd", "body_chunks", "client_timeout", "copy", "first_chunk", "send"]
+__all__ = ["StreamEnd", "client_timeout", "copy", "first_chunk", "send"]
 
 Write = Callable[[bytes], Awaitable[None]]
 
@@ -56,36 +57,28 @@ async def send(
         raise transport_error(exc, url, timeout.sock_read or timeout.sock_connect or 0.0) from exc
 
 
-async def body_chunks(resp: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
-    """A response's body as it arrives; a broken or stalled read is a ``ProviderError``."""
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise transport_error(exc, resp.url, 0.0) from exc
-
-
-async def first_chunk(chunks: AsyncIterator[bytes], check: StreamCheck | None) -> bytes:
-    """Read until the first real event of a judged stream (comments and empty reads are not one), or
-    the first bytes of anything else; what was read comes back, to be forwarded as is.
+async def first_chunk(body: Body, check: StreamCheck | None) -> bytes:
+    """Read until the first real event of a judged stream (comments are not one), or the first
+    bytes of anything else; what was read comes back, to be forwarded as is.
 
     A judged stream that ends, breaks, stalls or starts with a malformed event before that raises a
     ``ProviderError``: nothing reached the client, so the router may retry and fail over. A
     truncated stream is the provider's fault (``server_error``: retried like a 5xx, counted by the
     breaker); a malformed first event is ``malformed``."""
     head = b""
+    read = body.read
     while True:
         try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
+            chunk = await read()
+        except READ_ERRORS as exc:
+            raise body.failure(exc) from exc
+        if not chunk:
             if check is None:
                 return head
-            raise ProviderError("server_error", "the stream ended before its first event") from None
+            raise ProviderError("server_error", "the stream ended before its first event")
         head += chunk
         if check is None:
-            if chunk:
-                return head
-            continue
+            return head
         check.feed(chunk)
         if check.first_malformed:
             raise ProviderError("malformed", f"the stream's first event is not JSON: {head[:200]!r}")
@@ -157,30 +150,57 @@ class _ReadBound:
 
 async def copy(
     head: bytes,
-    chunks: AsyncIterator[bytes],
+    body: Body,
     write: Write,
     check: StreamCheck | None,
     *,
     idle_s: float | None,
     until: float | None,
 ) -> StreamEnd:
-    """Write ``head`` and the rest of ``chunks``: at most ``idle_s`` waiting on each read, until
+    """Write ``head`` and the rest of ``body``: at most ``idle_s`` waiting on each read, until
     ``until`` (``time.monotonic``) at the latest. Never retries: bytes reached the client. A client
-    that goes away raises through."""
+    that goes away raises through; a cancel of the caller cancels the copy.
+
+    The rest is copied in a task of its own: each read that waits resumes, when its bytes come,
+    the chain of coroutines that awaits it, and the request handler's is a dozen deep (dispatch,
+    middleware, route, ``serve``); the task's is the copy and the read."""
     await write(head)
+    return await asyncio.get_running_loop().create_task(_copy(body, write, check, idle_s=idle_s, until=until))
+
+
+async def _copy(
+    body: Body,
+    write: Write,
+    check: StreamCheck | None,
+    *,
+    idle_s: float | None,
+    until: float | None,
+) -> StreamEnd:
+    """``copy``'s loop, in its own task (the task its ``_ReadBound`` cancels)."""
     bound = _ReadBound(idle_s, until)
     clock = bound.clock
-    feed = None if check is None else check.feed
+    read = body.read
+    # The check's reads, collected here as ``StreamCheck.feed`` would: no call per chunk.
+    reads = None if check is None else check.reads
+    size = 0
     try:
         while True:
             bound.since = clock()
-            chunk = await anext(chunks)
+            chunk = await read()
             bound.since = None
-            if feed is not None:
-                feed(chunk)
+            if not chunk:
+                break
+            if reads is not None:
+                reads.append(chunk)
+                size += len(chunk)
+                if size >= BATCH_BYTES:
+                    size = 0
+                    assert check is not None
+                    check.flush()
             await write(chunk)
-    except StopAsyncIteration:
-        pass
+    except READ_ERRORS as exc:
+        error = body.failure(exc)
+        return StreamEnd(_REASONS.get(error.kind, "dropped"), error.message, _malformed(check))
     except ProviderError as exc:
         return StreamEnd(_REASONS.get(exc.kind, "dropped"), exc.message, _malformed(check))
     except asyncio.CancelledError:

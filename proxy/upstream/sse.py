@@ -42,7 +42,10 @@ MAX_EVENT_BYTES = 1 << 20
 BATCH_BYTES = 16 * 1024
 """Forwarded bytes collected before they are judged (and at most kept for it)."""
 _DONE = b"[DONE]"
-_LAST_DONE = b"\n\ndata: [DONE]"
+_NEXT_DATA = b"\n\ndata: "
+_SHRINK = len(_NEXT_DATA) - 1
+_LAST_DONE = b"\n\ndata: [DONE]\n\n"
+_ONLY_DONE = b"data: [DONE]\n\n"
 _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
@@ -104,7 +107,10 @@ class StreamCheck:
         self._events = 0
         self._malformed = 0
         self._first_malformed = False
-        self._reads: list[bytes] = []
+        self.reads: list[bytes] = []
+        """The reads not judged yet, in order. ``feed`` appends to it; so may a copy that counts
+        their bytes itself and calls ``flush`` once they reach ``BATCH_BYTES`` (a list append per
+        chunk, no call of its own: ``relay.copy``)."""
         self._size = 0
         self._pending = b""
         """Bytes after the last judged event boundary (an event split across reads)."""
@@ -112,7 +118,7 @@ class StreamCheck:
         """The last two judged batches of whole events: where the end looks for finish reasons."""
 
     def feed(self, chunk: bytes) -> None:
-        self._reads.append(chunk)
+        self.reads.append(chunk)
         self._size += len(chunk)
         if self._size >= BATCH_BYTES:
             self._judge()
@@ -135,19 +141,20 @@ class StreamCheck:
         return self._first_malformed
 
     def flush(self) -> None:
-        """Judge (and hand ``sniff``) the reads collected so far: a stream that ended early."""
+        """Judge (and hand ``sniff``) the reads collected so far: a full batch, or a stream that
+        ended early."""
         self._judge()
 
     def _judge(self, *, last: bool = False) -> None:
         """Judge the whole events collected (``last``: everything, a final event without its
         blank line included)."""
-        if not self._reads and not last:
+        if not self.reads and not last:
             return
-        joined = b"".join(self._reads)
+        joined = b"".join(self.reads)
         if self._sniff is not None and joined:
             self._sniff(joined)
         data = self._pending + joined if self._pending else joined
-        self._reads.clear()
+        self.reads.clear()
         self._size = 0
         if self.complete:
             self._pending = b""
@@ -158,7 +165,13 @@ class StreamCheck:
                 data, held = data[:-1], b"\r"
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if last:
-            whole, self._pending = (data.rstrip(b"\n") + b"\n\n" if data.strip() else b""), b""
+            if not data.strip():
+                whole = b""
+            elif data.endswith(b"\n\n") and not data.endswith(b"\n\n\n"):
+                whole = data  # it ends an event already: no copy
+            else:
+                whole = data.rstrip(b"\n") + b"\n\n"
+            self._pending = b""
         else:
             end = data.rfind(b"\n\n") + 2
             whole, self._pending = data[:end], data[end:] + held
@@ -175,22 +188,25 @@ class StreamCheck:
 
     def _plain_chat(self, whole: bytes) -> bool:
         """Judge ``whole`` in one pass when each of its events is one ``data: `` line; False: not
-        that shape (or not all JSON), to be judged event by event."""
-        events = whole.count(b"\n\n")
-        if (
-            not whole.startswith(b"data: ")
-            or whole.count(b"\n") != 2 * events
-            or whole.count(b"\n\ndata: ") != events - 1
-        ):
+        that shape (or not all JSON), to be judged event by event.
+
+        The shape is read off one ``replace``: with every ``\\n\\ndata: `` between events turned
+        into a comma, no line end may be left but the last blank line's, and the events are the
+        commas put in plus one (each took 7 bytes out)."""
+        if not whole.startswith(b"data: "):
             return False
-        payloads = whole[6:-2]
-        done = payloads == _DONE or payloads.endswith(_LAST_DONE)
-        if done:
-            payloads = payloads[: -len(_LAST_DONE)] if events > 1 else b""
-        if b'"error"' in payloads:  # an error event ends the stream: judged event by event
+        joined = whole.replace(_NEXT_DATA, b",")
+        end = len(joined) - 2
+        if joined.find(b"\n") != end:
             return False
+        events = (len(whole) - len(joined)) // _SHRINK + 1
+        done = whole.endswith(_LAST_DONE) or whole == _ONLY_DONE
         values = events - done
-        if values and not _json_values(b"[" + payloads.replace(b"\n\ndata: ", b",") + b"]", values):
+        if done:
+            end -= len(_DONE) + (events > 1)  # the [DONE] and the comma before it
+        if b'"error"' in joined:  # an error event ends the stream: judged event by event
+            return False
+        if values and not _json_values(b"".join((b"[", memoryview(joined)[6:end], b"]")), values):
             return False
         self._events += events
         self.complete = done

@@ -18,6 +18,7 @@ import pytest
 from proxy.api.app_keys import RUNTIME
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.base import CallInfo, Relayed
+from proxy.upstream.body import Body
 from tests.conftest import MODULES, ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, upstream_policy
@@ -364,6 +365,9 @@ class _BrokenProvider:
     def stream(
         self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float, *, bound_reads: bool = True
     ) -> AsyncIterator[bytes]:
+        raise KeyError("a bug")
+
+    async def relay_stream(self, body: dict[str, Any], model: str, ctx: CallInfo, timeout: float) -> Body:
         raise KeyError("a bug")
 
 

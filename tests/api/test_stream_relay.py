@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fake_upstream import DROP, MALFORMED_FRAME, FakeUpstream, Fault
+from tests.fake_upstream import DROP, MALFORMED_FRAME, STREAM_BREAK, FakeUpstream, Fault
 from tests.proxy_server import UPSTREAM_KEY, UPSTREAM_KEY_ENV, RunningProxy, running_proxy, upstream_policy
 
 REVIEW_INPUT = {"code": "def f(): pass", "language": "python"}
@@ -118,6 +118,17 @@ async def test_a_stall_after_the_first_chunk_ends_the_stream_with_an_error_event
     status, body = await post(proxy, "/chat/completions", CHAT)
     assert status == 200 and len(error_events(body)) == 1
     assert await incomplete(proxy) == {("up", "m-a", "stalled"): 1.0}
+
+
+async def test_a_connection_dropped_after_the_first_chunk_ends_the_stream_with_an_error_event(
+    proxy: RunningProxy, fake_upstream: FakeUpstream
+) -> None:
+    """The upstream's body is read with aiohttp's own reads: a broken connection is still a
+    ``dropped`` stream, not an error out of the handler."""
+    fake_upstream.script("m-a", STREAM_BREAK)
+    status, body = await post(proxy, "/chat/completions", CHAT)
+    assert status == 200 and len(error_events(body)) == 1
+    assert await incomplete(proxy) == {("up", "m-a", "dropped"): 1.0}
 
 
 async def test_a_malformed_chunk_is_forwarded_as_is_and_counted(

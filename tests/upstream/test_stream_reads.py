@@ -1,5 +1,6 @@
-"""``Provider.stream(bound_reads=False)``: connecting is bounded, the silence between reads is left to
-the caller (the passthrough's ``relay.copy``), so aiohttp re-arms no timer per read (#35)."""
+"""``Provider.relay_stream``: connecting is bounded, the silence between reads is left to the caller
+(the passthrough's ``relay.copy``), so aiohttp re-arms no timer per read (#35); ``Provider.stream``
+bounds each read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from proxy.policy.model import ProviderConfig
 from proxy.upstream.anthropic import AnthropicProvider
 from proxy.upstream.base import CallInfo, Provider, ProviderError
+from proxy.upstream.body import Body
 from proxy.upstream.openai import OpenAIProvider
 from tests.fake_upstream import FakeUpstream, Fault
 
@@ -36,16 +38,24 @@ async def joined(chunks: AsyncIterator[bytes]) -> bytes:
     return b"".join([chunk async for chunk in chunks])
 
 
+async def read_whole(body: Body) -> bytes:
+    pieces = []
+    try:
+        while chunk := await body.read():
+            pieces.append(chunk)
+    finally:
+        await body.close()
+    return b"".join(pieces)
+
+
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
-async def test_a_stream_with_unbounded_reads_outlasts_a_pause_longer_than_its_timeout(
+async def test_a_relayed_stream_outlasts_a_pause_longer_than_its_timeout(
     fake_upstream: FakeUpstream, kind: str
 ) -> None:
     fake_upstream.script("m", Fault.stall(1, PAUSE_S))
     async with aiohttp.ClientSession() as session:
-        chunks = provider(kind, fake_upstream, session).stream(
-            BODY, "m", CallInfo(), TIMEOUT_S, bound_reads=False
-        )
-        answer = await joined(chunks)
+        body = await provider(kind, fake_upstream, session).relay_stream(BODY, "m", CallInfo(), TIMEOUT_S)
+        answer = await read_whole(body)
     assert answer.endswith(b"data: [DONE]\n\n")
 
 

@@ -279,7 +279,8 @@ async def _passthrough(
             param="model",
         )
     ensure_encodable(body)
-    await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
+    if runtime.policy.limits.active:  # admit's own first test: without limits, no coroutine to await
+        await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=record.trace_id, client_key=record.client_key)
     route = _Route(request, runtime, targets, time.monotonic(), record.app, record)
     if body.get("stream") is not True:

@@ -223,12 +223,13 @@ class EdgeHandler(RequestHandler):
             payload = self._messages[-1][1]
             self._payload = payload if isinstance(payload, StreamReader) else None
             body_arriving = True
+        # The deadline's own calls, not ``_arm``/``_disarm``: a Python frame less per packet.
         if not body_arriving:
-            self._arm(restart=False)  # bytes of a head: its deadline runs from the first one
+            self._deadline.arm(self._guard.read_timeout_s, restart=False)  # a head: from its first byte
         elif self._payload is not None and not self._payload.is_eof():
-            self._arm(restart=True)  # a body is arriving: the deadline is between reads
+            self._deadline.arm(self._guard.read_timeout_s, restart=True)  # a body: between reads
         else:
-            self._disarm()  # the request is complete; the handler has it
+            self._deadline.due = None  # the request is complete; the handler has it (``disarm``)
 
     def handle_error(
         self,

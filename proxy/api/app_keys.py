@@ -57,7 +57,12 @@ TRACING = web.AppKey[Tracing | None]("tracing")
 
 def runtime_of(request: web.Request) -> Runtime:
     """The runtime this request runs on (readiness guarantees it is loaded)."""
-    current = request.app[RUNTIME].current
+    return runtime_in(request.app)
+
+
+def runtime_in(app: web.Application) -> Runtime:
+    """``runtime_of`` a request of ``app``."""
+    current = app[RUNTIME].current
     if current is None:
         raise ApiError(
             503,

@@ -11,7 +11,7 @@ from aiohttp import web
 from proxy.api.app_keys import SETTINGS
 from proxy.api.budget import PARSED_COPIES, READ_COPIES, Reservation, values_cost
 from proxy.api.errors import ApiError, ClientReadTimeout, request_timeout
-from proxy.api.middleware import RECORD_KEY
+from proxy.api.middleware import RECORD_KEY, RequestRecord
 from proxy.jsonshape import MAX_FORWARDED_DEPTH, encodable
 
 # zlib window bits: gzip only, or zlib with its header (HTTP "deflate", RFC 9110 §8.4.1.2).
@@ -70,9 +70,10 @@ def ensure_encodable(body: Any) -> None:
         )
 
 
-def reservation_of(request: web.Request) -> Reservation:
-    """The body-budget reservation the edge took for ``request`` (before its handler runs)."""
-    reservation = request[RECORD_KEY].reservation
+def reservation_of(request: web.Request, record: RequestRecord | None = None) -> Reservation:
+    """The body-budget reservation the edge took for ``request`` (before its handler runs);
+    ``record``: the request's, when the caller holds it."""
+    reservation = (request[RECORD_KEY] if record is None else record).reservation
     assert reservation is not None, "the edge reserves before any handler reads a body"
     return reservation
 
@@ -84,17 +85,18 @@ def _too_large(limit: int) -> ApiError:
 
 
 async def read_body(
-    request: web.Request, copies: int = READ_COPIES, reservation: Reservation | None = None
+    request: web.Request, copies: int = READ_COPIES, record: RequestRecord | None = None
 ) -> bytes:
     """The whole request body, reserved in the body budget before it is buffered (``copies``
     times the declared length up front, then whatever arrives beyond it); 413 past
-    ``--max-body-bytes``."""
-    limit = request.app[SETTINGS].max_body_bytes
+    ``--max-body-bytes``. ``record``: the request's, when the caller holds it."""
+    if record is None:
+        record = request[RECORD_KEY]
+    limit = record.app[SETTINGS].max_body_bytes
     declared = request.content_length
     if declared is not None and declared > limit:
         raise _too_large(limit)
-    if reservation is None:  # read_json hands its own: the record is read once
-        reservation = reservation_of(request)
+    reservation = reservation_of(request, record)
     reserved = declared or 0
     if not reservation.grow_now(copies * reserved):  # room now (the usual case): no await
         await reservation.grow(copies * reserved)
@@ -122,13 +124,16 @@ async def read_body(
     return b"".join(chunks)
 
 
-async def read_json(request: web.Request) -> tuple[bytes, Any]:
+async def read_json(request: web.Request, record: RequestRecord | None = None) -> tuple[bytes, Any]:
     """The body as the client sent it (forwarded as is on passthrough) and its parsed value
     (inflated per ``Content-Encoding`` under the body limit), both reserved in the body budget
-    first; 400 in OpenAI's format when the body is not JSON."""
+    first; 400 in OpenAI's format when the body is not JSON. ``record``: the request's, when
+    the caller holds it."""
     copies = READ_COPIES + PARSED_COPIES
-    reservation = reservation_of(request)
-    raw = await read_body(request, copies, reservation)
+    if record is None:
+        record = request[RECORD_KEY]
+    reservation = reservation_of(request, record)
+    raw = await read_body(request, copies, record)
     body = inflate(request, raw)
     if len(body) > len(raw):  # the inflated copy is held and parsed too
         await reservation.grow(copies * (len(body) - len(raw)))
@@ -141,9 +146,10 @@ async def read_json(request: web.Request) -> tuple[bytes, Any]:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
-async def read_object(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; 400 in OpenAI's format when it is not one."""
-    _, value = await read_json(request)
+async def read_object(request: web.Request, record: RequestRecord | None = None) -> dict[str, Any]:
+    """The request's JSON object; 400 in OpenAI's format when it is not one. ``record``: the
+    request's, when the caller holds it."""
+    _, value = await read_json(request, record)
     if not isinstance(value, dict):
         raise ApiError(400, "The request body must be a JSON object", code="invalid_json")
     return value

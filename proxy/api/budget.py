@@ -142,9 +142,3 @@ class Reservation:
 
 
 BUDGET = web.AppKey("body_budget", BodyBudget)
-
-
-def reserve(app: web.Application) -> Reservation:
-    """A reservation in ``app``'s budget for a request (the edge keeps it in the request's record);
-    the caller releases it when the handler is done."""
-    return Reservation(app[BUDGET])

@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 
 from proxy.api import calls
-from proxy.api.app_keys import METRICS, ROUTER, Runtime, runtime_of
+from proxy.api.app_keys import METRICS, ROUTER, Runtime, runtime_in
 from proxy.api.body import ensure_encodable, read_object
 from proxy.api.envelopes import answer_headers, answer_response, answer_status
 from proxy.api.errors import ApiError, json_response
@@ -269,7 +269,7 @@ class _Route:
 
 
 async def _passthrough(
-    request: web.Request, runtime: Runtime, body: dict[str, Any], model: str
+    request: web.Request, record: RequestRecord, runtime: Runtime, body: dict[str, Any], model: str
 ) -> web.StreamResponse:
     targets = resolve_model(runtime.policy, model)
     if not targets:
@@ -280,10 +280,10 @@ async def _passthrough(
             param="model",
         )
     ensure_encodable(body)
-    await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
-    record = request[RECORD_KEY]
+    if runtime.policy.limits.active:  # admit's own first test: without limits, no coroutine to await
+        await admit(request, runtime.policy, partial(estimate_body_tokens, body), downgradable=False)
     ctx = CallInfo(trace_id=record.trace_id, client_key=record.client_key)
-    route = _Route(request, runtime, targets, time.monotonic(), request.app, record)
+    route = _Route(request, runtime, targets, time.monotonic(), record.app, record)
     if body.get("stream") is not True:
         return await _relay_plain(route, body, ctx)
     return await _relay_stream(route, body, ctx)
@@ -415,8 +415,9 @@ async def _open_stream(
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """OpenAI-compatible chat completions; ``model: "module:<name>"`` or the
     ``X-Cognitive-Module`` header runs a module instead of proxying."""
-    runtime = runtime_of(request)
-    body = await read_object(request)
+    record = request[RECORD_KEY]  # read once: the app, the body's reservation, the trace id
+    runtime = runtime_in(record.app)
+    body = await read_object(request, record)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "The request needs a model (a string)", param="model", code="missing_model")
@@ -425,4 +426,4 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _module_chat(request, runtime, header_module, body)
     if model.startswith(MODULE_PREFIX):
         return await _module_chat(request, runtime, model[len(MODULE_PREFIX) :], body)
-    return await _passthrough(request, runtime, body, model)
+    return await _passthrough(request, record, runtime, body, model)

@@ -13,7 +13,7 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from aiohttp.http import HttpVersion11
 from proxy.api.access import ROUTE_INDEX, Route, check_method, check_scope
 from proxy.api.app_keys import CLIENT_ACTIVITY, METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_headers
-from proxy.api.budget import Reservation, reserve
+from proxy.api.budget import BUDGET, BodyBudget, Reservation
 from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
@@ -31,11 +31,40 @@ from proxy.clients import ANONYMOUS_CALLER, Caller, caller_of
 from proxy.limits.limiter import Admission
 from proxy.observability import tracing as otel
 from proxy.observability.logging import bind_request, request_line
-from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE
+from proxy.observability.metrics import NO_MODULE, OUTCOME_NONE, Metrics
 from proxy.observability.tracing import ServerSpan, Tracing, start_server_span
+from proxy.service.shadow import ClientActivity
 from proxy.settings import Settings
 
 TRACE_HEADER = "X-Cognitive-Trace-Id"
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeApp:
+    """What the edge reads of its app on every request, read once: ``edge_dispatch`` reads it
+    when the app has started (its state is final then), aiohttp's own dispatch per request
+    (``edge_middleware``). Each ``app[key]`` is a Python frame of aiohttp's, each ``request.app``
+    a property's."""
+
+    app: web.Application
+    settings: Settings
+    metrics: Metrics
+    activity: ClientActivity
+    budget: BodyBudget
+    browser_guard: bool
+    route_index: Mapping[web.AbstractResource, Route]
+
+    @classmethod
+    def of(cls, app: web.Application) -> EdgeApp:
+        return cls(
+            app,
+            app[SETTINGS],
+            app[METRICS],
+            app[CLIENT_ACTIVITY],
+            app[BUDGET],
+            app[BROWSER_GUARD],
+            app[ROUTE_INDEX],
+        )
 
 
 @dataclass(slots=True)  # built per request: not frozen (a frozen init costs 4x)
@@ -46,6 +75,8 @@ class RequestRecord:
     per fact: each ``request[key] = value`` is a Python frame of aiohttp's (about 1.3 k
     instructions)."""
 
+    app: web.Application
+    """``request.app`` (a property), set by the edge: what handlers read the app's state from."""
     trace_id: str = ""
     """The request's trace id (``bind_trace``); empty until the edge bound it."""
     client_key: str | None = None
@@ -149,19 +180,24 @@ def route_of(request: web.Request) -> str:
 @web.middleware
 async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every step of a request around its handler; every failure leaves as an OpenAI error body."""
-    record = request[RECORD_KEY] = RequestRecord()
+    return await edge(request, handler, EdgeApp.of(request.app))
+
+
+async def edge(request: web.Request, handler: Handler, parts: EdgeApp) -> web.StreamResponse:
+    """``edge_middleware`` with its app's ``parts`` at hand."""
+    record = request[RECORD_KEY] = RequestRecord(parts.app)
     try:
         check_target_form(request)
         resource = request.match_info.route.resource
         # One lookup for both: the row (route_of_request) and the metric label (route_of).
-        row = None if resource is None else request.app[ROUTE_INDEX].get(resource)
+        row = None if resource is None else parts.route_index.get(resource)
         route = "unmatched" if row is None else resource.canonical  # type: ignore[union-attr]
         if otel.ON and (row is None or not row.probe):  # probes: polled, never traced
-            tracing = request.app[TRACING]
+            tracing = parts.app[TRACING]
             if tracing is not None:
-                return await _traced(request, record, handler, route, row, tracing)
+                return await _traced(request, record, handler, route, row, tracing, parts)
         bind_trace(request, record, route)
-        return await _observed(request, record, handler, route, row)
+        return await _observed(request, record, handler, route, row, parts)
     except BaseException as exc:
         if route_of(request) in MODULE_ROUTES:
             return _module_refusal(request, api_error_of(request, exc))
@@ -179,6 +215,7 @@ def edge_dispatch(app: web.Application) -> Callable[[web.Request], Awaitable[web
     if list(app.middlewares) != [edge_middleware]:
         return None
     router = app.router
+    parts = EdgeApp.of(app)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         match_info = await router.resolve(request)
@@ -190,7 +227,7 @@ def edge_dispatch(app: web.Application) -> Callable[[web.Request], Awaitable[web
             await request.writer.drain()
             if answered is not None:
                 return answered
-        return await edge_middleware(request, match_info.handler)
+        return await edge(request, match_info.handler, parts)
 
     return dispatch
 
@@ -210,6 +247,7 @@ async def _traced(
     route: str,
     row: Route | None,
     tracing: Tracing,
+    parts: EdgeApp,
 ) -> web.StreamResponse:
     """``_observed`` inside the request's server span (its status: what the client got, a refusal
     the outer handler answers included)."""
@@ -217,7 +255,7 @@ async def _traced(
     status = 500
     try:
         bind_trace(request, record, route, span)
-        response = await _observed(request, record, handler, route, row)
+        response = await _observed(request, record, handler, route, row, parts)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -231,19 +269,22 @@ async def _traced(
 
 
 async def _observed(
-    request: web.Request, record: RequestRecord, handler: Handler, route: str, row: Route | None
+    request: web.Request,
+    record: RequestRecord,
+    handler: Handler,
+    route: str,
+    row: Route | None,
+    parts: EdgeApp,
 ) -> web.StreamResponse:
     """Count the request, measure the proxy's own time (upstream excluded), and write the one
     canonical log line per request (quiet for the probe routes: polled every few seconds)."""
     started = time.perf_counter()
-    app = request.app  # a property: read once
-    activity = app[CLIENT_ACTIVITY]
+    activity = parts.activity
     if activity.watching:  # the shadow judge waits for no client request in flight
         activity.enter()
-    metrics = app[METRICS]
     status = 500
     try:
-        response = await _admitted(request, record, app, handler, row)
+        response = await _admitted(request, record, parts, handler, row)
         status = response.status
         return response
     except (ApiError, web.HTTPException) as exc:
@@ -257,7 +298,7 @@ async def _observed(
         route = record.route or route
         overhead = total - record.upstream_s
         overhead = overhead if overhead > 0.0 else 0.0  # not max(): ~1.5 k instructions a call
-        metrics.observe_request(route, record.module, status, record.outcome, overhead)
+        parts.metrics.observe_request(route, record.module, status, record.outcome, overhead)
         request_line(
             "proxy.request",
             {
@@ -303,18 +344,18 @@ async def expect_continue(request: web.Request) -> None:
 
 
 async def _admitted(
-    request: web.Request, record: RequestRecord, app: web.Application, handler: Handler, route: Route | None
+    request: web.Request, record: RequestRecord, parts: EdgeApp, handler: Handler, route: Route | None
 ) -> web.StreamResponse:
     """The browser guard, the route's scope, then the handler holding a body-budget reservation;
     a method the route's row does not list is refused just before the handler would run."""
-    settings = app[SETTINGS]
-    if app[BROWSER_GUARD]:
+    settings = parts.settings
+    if parts.browser_guard:
         check_headers(settings, request.headers)  # check_browser, with the settings at hand
     authenticate(request, record, route, settings)
     expect = request.headers.get(hdrs.EXPECT)
     if expect and expect.lower() != EXPECT_CONTINUE:  # never echoed: the client's bytes
         raise unknown_expectation()
-    reservation = record.reservation = reserve(app)
+    reservation = record.reservation = Reservation(parts.budget)
     try:
         check_method(request, route)
         return await handler(request)

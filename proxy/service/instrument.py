@@ -15,6 +15,7 @@ from proxy.observability.metrics import (
     OUTCOME_DECIDED,
     OUTCOME_INVALID_INPUT,
     OUTCOME_UNANSWERED,
+    Amount,
     Metrics,
     feedback_bucket,
 )
@@ -45,14 +46,13 @@ def record_usage(
     """``cognitive_tokens_total`` of one answer; with ``output_s`` (the time its completion took
     to arrive) also its output speed, ``cognitive_output_tokens_per_second``."""
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is not int:
+        prompt = 0
+    if type(completion) is not int:
+        completion = 0
     provider, model = target_labels(policy, target)
-    prompts, completions, speed = metrics.usage_children(provider, model)
-    if type(prompt) is int and prompt > 0:
-        prompts(prompt)
-    if type(completion) is int and completion > 0:
-        completions(completion)
-        if output_s:
-            speed(completion / output_s)
+    speed = completion / output_s if completion > 0 and output_s else 0.0
+    metrics.usage_children(provider, model)(prompt, completion, speed)
 
 
 def total_tokens(usage: Mapping[str, Any]) -> int:
@@ -109,10 +109,22 @@ class MetricsObserver:
     def __init__(self, metrics: Metrics, policy: Callable[[], Policy | None]) -> None:
         self._metrics = metrics
         self._policy = policy
+        self._attempts: dict[tuple[str, str, str], Amount] = {}
+        """``Metrics.upstream_child`` of each (provider, model, outcome) of a target a policy
+        named (labelled by its own provider and model): bounded as the labels are."""
 
     def attempt(self, target: Target, latency_s: float, error: ProviderError | None) -> None:
-        provider, model = target_labels(self._policy(), target)
-        self._metrics.observe_upstream(provider, model, "ok" if error is None else error.kind, latency_s)
+        outcome = "ok" if error is None else error.kind
+        policy = self._policy()
+        if policy is None or target.name not in policy.known_targets:  # labels "other": not kept
+            provider, model = target_labels(policy, target)
+            self._metrics.observe_upstream(provider, model, outcome, latency_s)
+            return
+        key = (target.provider, target.model, outcome)
+        count = self._attempts.get(key)
+        if count is None:
+            count = self._attempts[key] = self._metrics.upstream_child(target.provider, target.model, outcome)
+        count(latency_s)
 
     def failover(self, from_target: Target, to_target: Target, reason: str) -> None:
         policy = self._policy()

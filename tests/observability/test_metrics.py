@@ -250,8 +250,9 @@ async def test_a_provider_failure_is_an_outcome_not_a_reject(
 
 
 def test_remembered_children_count_as_prometheus_client_does() -> None:
-    """``Metrics.child`` (and the request and upstream children) skip prometheus-client's per-call
-    checks: the exposition is the one ``inc`` and ``observe`` write, on a bound and past the last."""
+    """``Metrics.child`` (and the request, upstream and usage children) skip prometheus-client's
+    per-call checks: the exposition is the one ``inc`` and ``observe`` write, on a bound and past
+    the last."""
     from prometheus_client import generate_latest
 
     from proxy.observability.metrics import Metrics
@@ -264,6 +265,15 @@ def test_remembered_children_count_as_prometheus_client_does() -> None:
         ours.observe_request("/v1/chat/completions", "none", 200, "none", amount)
         theirs.requests.labels("/v1/chat/completions", "none", "200", "none").inc()
         theirs.overhead.labels("/v1/chat/completions").observe(amount)
+        ours.observe_upstream("up", "m", "ok", amount)
+        theirs.upstream_requests.labels("up", "m", "ok").inc()
+        theirs.upstream_latency.labels("up", "m").observe(amount)
+        ours.usage_children("up", "m")(3, 0, amount)  # no completion tokens: the speed is still counted
+        theirs.tokens.labels("up", "m", "prompt").inc(3)
+        if amount:
+            theirs.output_tps.labels("up", "m").observe(amount)
+    ours.usage_children("up", "m")(0, 7, 0.0)  # no speed, no prompt tokens: neither is counted
+    theirs.tokens.labels("up", "m", "completion").inc(7)
     ours.child(ours.tokens, "up", "m", "prompt").inc(12)
     theirs.tokens.labels("up", "m", "prompt").inc(12)
 

@@ -15,6 +15,7 @@ from typing import Any
 from proxy.api import chat, middleware
 from proxy.observability.metrics import Metrics
 from proxy.policy.model import Failover, Target
+from proxy.service.instrument import MetricsObserver
 from proxy.upstream.breaker import Breakers, Ticket
 from proxy.upstream.router import Operation, Routed, Router
 
@@ -74,7 +75,11 @@ def _replacements() -> dict[str, list[tuple[object, str, object]]]:
     """For each part: (owner, attribute, no-op) to set."""
     return {
         "log": [(middleware, "request_line", _nothing)],
-        "metrics": [(Metrics, "observe_request", _nothing), (Metrics, "observe_upstream", _nothing)],
+        "metrics": [
+            (Metrics, "observe_request", _nothing),
+            (Metrics, "observe_upstream", _nothing),
+            (MetricsObserver, "attempt", _nothing),  # a named target's attempt skips observe_upstream
+        ],
         "breaker": [
             (Breakers, "admit", _admit_closed),
             (Breakers, "record", _record_nothing),

@@ -10,12 +10,14 @@ import struct
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
+from proxy.state.stream_sessions import SessionHub
 from proxy.upstream.body import Body
 from proxy.upstream.relay import copy
-from proxy.upstream.sse import StreamCheck
+from proxy.upstream.sse import BATCH_BYTES, StreamCheck
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import RunningProxy, upstream_policy
@@ -123,5 +125,108 @@ async def test_a_client_that_resets_mid_burst_is_not_counted_as_an_upstream_drop
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 writer.transport.abort()  # an RST
             assert await incomplete(px) == {}
+    finally:
+        await runner.cleanup()
+
+
+async def test_many_readers_resuming_one_session_lose_no_chunk_and_leave_no_waiter() -> None:
+    """Readers that time out over and over (each resume a short read) while the producer appends
+    at the loop's pace: every reader sees every chunk in order, and no future is left behind."""
+    session = SessionHub(ttl_s=60, max_bytes=1 << 22).create("client", "m")
+    total = 300
+
+    async def reader(timeout: float) -> list[int]:
+        seen: list[int] = []
+        index, done = 0, False
+        while not done:
+            events, done = await session.read(index, timeout)
+            index += len(events)
+            seen.extend(orjson.loads(payload)["chunk"]["seq"] for _, payload in events)
+        return seen
+
+    readers = [asyncio.create_task(reader(0.0005 * (n % 5))) for n in range(200)]
+    await until(lambda: len(session._waiters) >= 100, "readers waiting")
+    for seq in range(total):
+        session.append({"chunk": {"seq": seq}})
+        if seq % 7 == 0:
+            await asyncio.sleep(0)
+        assert len(session._waiters) <= len(readers)
+    session.finish()
+    for seen in await asyncio.gather(*readers):
+        assert seen == list(range(total))
+    assert not session._waiters
+
+
+def _event(content: str, finish: str | None = None, index: int = 0) -> bytes:
+    choice = {"index": index, "delta": {"content": content}, "finish_reason": finish}
+    return b"data: " + orjson.dumps({"object": "chat.completion.chunk", "choices": [choice]}) + b"\n\n"
+
+
+_BIG = _event("x" * (BATCH_BYTES - 200))
+_EDGE = _event("a" * 100)
+# Hostile SSE bodies, each sent as the listed writes, and how the proxy counts it (no error event
+# when nothing but malformed chunks is counted). Every verdict is the same at 47e5112.
+_TRUNCATED = {"truncated": 1.0}
+_BODIES: dict[str, tuple[list[bytes], dict[str, float]]] = {
+    "event split at the 16 KiB batch edge, finish_reason last, no [DONE]": (
+        [_BIG + _EDGE[: BATCH_BYTES - len(_BIG)], _EDGE[BATCH_BYTES - len(_BIG) :], _event("", "stop")],
+        {},
+    ),
+    "CRLF split between CR and LF at the batch edge, then [DONE]": (
+        [_BIG.replace(b"\n", b"\r\n")[:-1], b"\n" + _EDGE.replace(b"\n", b"\r\n"), b"data: [DONE]\r\n\r\n"],
+        {},
+    ),
+    "[DONE] in the middle, bytes after it": ([_EDGE, b"data: [DONE]\n\n", _EDGE], {}),
+    # Accepted (as at 47e5112): the client was told the choice finished; the rule is every choice
+    # named in the last batches has a finish_reason, not that it is the last chunk's.
+    "finish_reason in a non-final chunk, content after it": ([_event("a", "stop"), _BIG, _EDGE], {}),
+    "a second choice left open": ([_event("a", "stop"), _event("b", index=1)], _TRUNCATED),
+    "data: without a space, huge, unfinished": (
+        [_BIG.replace(b"data: ", b"data:") * 3],
+        _TRUNCATED,
+    ),
+    "NaN, 1e400 and invalid UTF-8 events, then [DONE]": (
+        [_EDGE, b"data: NaN\n\n", b'data: {"a":1e400}\n\n', b'data: "\xff"\n\n', b"data: [DONE]\n\n"],
+        {"malformed_chunk": 1.0},  # forwarded as sent, the stream counted once
+    ),
+    "one byte a write, then [DONE]": ([bytes([b]) for b in _EDGE * 3 + b": c\n\ndata: [DONE]\n\n"], {}),
+}
+
+
+@pytest.mark.parametrize("name", list(_BODIES))
+async def test_a_hostile_sse_body_is_judged_as_at_47e5112(proxy_with: ProxyWith, name: str) -> None:
+    """The copy's own batching (a list append per read, the check judged at ``BATCH_BYTES``) gives
+    the same verdict as feeding the check every read (47e5112): complete streams pass untouched,
+    incomplete ones end with one error event, each counted once."""
+    writes, counted = _BODIES[name]
+
+    async def hostile(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for data in writes:
+            await resp.write(data)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", hostile)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake = FakeUpstream()
+    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        async with proxy_with(upstream_policy(fake)) as px, aiohttp.ClientSession() as session:
+            resp = await session.post(px.base + "/chat/completions", json=CHAT)
+            body = await resp.read()
+            assert resp.status == 200
+            assert body.startswith(b"".join(writes))  # forwarded as sent
+            errors = body[len(b"".join(writes)) :]
+            if "truncated" in counted:
+                assert errors.count(b'"code":"upstream_stream_error"') == 1
+            else:
+                assert errors == b""
+            assert await incomplete(px) == counted
     finally:
         await runner.cleanup()

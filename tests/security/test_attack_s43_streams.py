@@ -230,3 +230,44 @@ async def test_a_hostile_sse_body_is_judged_as_at_47e5112(proxy_with: ProxyWith,
             assert await incomplete(px) == counted
     finally:
         await runner.cleanup()
+
+
+async def test_a_stall_inside_a_huge_unfinished_event_still_ends_at_the_idle_bound(
+    proxy_with: ProxyWith,
+) -> None:
+    """The upstream sends a first event, then 20 KiB of an event that never ends (past the batch
+    edge, held as pending), then nothing: the read deadline fires, the client gets the bytes and
+    one error event, ``stalled`` is counted, and the upstream's connection is let go."""
+    released = asyncio.Event()
+    head = _event("a") + b'data: {"choices":[{"index":0,"delta":{"content":"' + b"z" * 20_000
+
+    async def stalling(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(head)
+        try:
+            await asyncio.Event().wait()  # never sends again
+        finally:
+            released.set()  # the proxy closed the connection (this handler is cancelled)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stalling)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake = FakeUpstream()
+    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    policy = upstream_policy(fake)
+    policy["failover"] = {"retries": 0, "timeout": {"per_try_s": 0.5, "total_s": 4}}
+    try:
+        async with proxy_with(policy) as px, aiohttp.ClientSession() as session:
+            resp = await session.post(px.base + "/chat/completions", json=CHAT)
+            body = await resp.read()
+            assert resp.status == 200 and body.startswith(head)
+            assert body[len(head) :].count(b'"code":"upstream_stream_error"') == 1
+            assert await incomplete(px) == {"stalled": 1.0}
+            await asyncio.wait_for(released.wait(), 10)
+    finally:
+        await runner.cleanup()

@@ -159,7 +159,8 @@ async def copy(
 ) -> StreamEnd:
     """Write ``head`` and the rest of ``body``: at most ``idle_s`` waiting on each read, until
     ``until`` (``time.monotonic``) at the latest. Never retries: bytes reached the client. A client
-    that goes away raises through; a cancel of the caller cancels the copy.
+    that goes away raises through (a write's ``ClientConnectionResetError`` is no upstream drop,
+    though an ``aiohttp.ClientError`` as a broken read's are); a cancel of the caller cancels the copy.
 
     The rest is copied in a task of its own: each read that waits resumes, when its bytes come,
     the chain of coroutines that awaits it, and the request handler's is a dozen deep (dispatch,
@@ -186,7 +187,11 @@ async def _copy(
     try:
         while True:
             bound.since = clock()
-            chunk = await read()
+            try:
+                chunk = await read()
+            except READ_ERRORS as exc:  # the read's only: the same errors of a write are the client's
+                error = body.failure(exc)
+                return StreamEnd(_REASONS.get(error.kind, "dropped"), error.message, _malformed(check))
             bound.since = None
             if not chunk:
                 break
@@ -198,9 +203,6 @@ async def _copy(
                     assert check is not None
                     check.flush()
             await write(chunk)
-    except READ_ERRORS as exc:
-        error = body.failure(exc)
-        return StreamEnd(_REASONS.get(error.kind, "dropped"), error.message, _malformed(check))
     except ProviderError as exc:
         return StreamEnd(_REASONS.get(exc.kind, "dropped"), exc.message, _malformed(check))
     except asyncio.CancelledError:

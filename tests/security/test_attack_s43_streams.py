@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -24,6 +25,26 @@ from tests.proxy_server import RunningProxy, upstream_policy
 from tests.support.polling import until
 
 CHAT = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+
+
+@contextlib.asynccontextmanager
+async def hostile_upstream(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]], *, handler_cancellation: bool = False
+) -> AsyncIterator[FakeUpstream]:
+    """An upstream that answers chat with ``handler`` (bytes no ``FakeUpstream`` script sends), on a
+    free loopback port, named as a ``FakeUpstream`` for ``upstream_policy``."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake = FakeUpstream()
+    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
 
 
 async def incomplete(px: RunningProxy) -> dict[str, float]:
@@ -102,31 +123,20 @@ async def test_a_client_that_resets_mid_burst_is_not_counted_as_an_upstream_drop
         except (ConnectionError, aiohttp.ClientError):
             return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", burst)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake = FakeUpstream()
-    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     body = b'{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"x"}]}'
-    try:
-        async with proxy_with(upstream_policy(fake)) as px:
-            host, _, port = px.url.removeprefix("http://").partition(":")
-            for _ in range(3):
-                reader, writer = await asyncio.open_connection(host, int(port))
-                sock = writer.get_extra_info("socket")
-                writer.write(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                await reader.readexactly(50_000)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                writer.transport.abort()  # an RST
-            assert await incomplete(px) == {}
-    finally:
-        await runner.cleanup()
+    async with hostile_upstream(burst) as fake, proxy_with(upstream_policy(fake)) as px:
+        host, _, port = px.url.removeprefix("http://").partition(":")
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            sock = writer.get_extra_info("socket")
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await reader.readexactly(50_000)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # an RST
+        assert await incomplete(px) == {}
 
 
 async def test_many_readers_resuming_one_session_lose_no_chunk_and_leave_no_waiter() -> None:
@@ -208,28 +218,21 @@ async def test_a_hostile_sse_body_is_judged_as_at_47e5112(proxy_with: ProxyWith,
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", hostile)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake = FakeUpstream()
-    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
-        async with proxy_with(upstream_policy(fake)) as px, aiohttp.ClientSession() as session:
-            resp = await session.post(px.base + "/chat/completions", json=CHAT)
-            body = await resp.read()
-            assert resp.status == 200
-            assert body.startswith(b"".join(writes))  # forwarded as sent
-            errors = body[len(b"".join(writes)) :]
-            if "truncated" in counted:
-                assert errors.count(b'"code":"upstream_stream_error"') == 1
-            else:
-                assert errors == b""
-            assert await incomplete(px) == counted
-    finally:
-        await runner.cleanup()
+    async with (
+        hostile_upstream(hostile) as fake,
+        proxy_with(upstream_policy(fake)) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        resp = await session.post(px.base + "/chat/completions", json=CHAT)
+        body = await resp.read()
+        assert resp.status == 200
+        assert body.startswith(b"".join(writes))  # forwarded as sent
+        errors = body[len(b"".join(writes)) :]
+        if "truncated" in counted:
+            assert errors.count(b'"code":"upstream_stream_error"') == 1
+        else:
+            assert errors == b""
+        assert await incomplete(px) == counted
 
 
 async def test_a_stall_inside_a_huge_unfinished_event_still_ends_at_the_idle_bound(
@@ -251,17 +254,9 @@ async def test_a_stall_inside_a_huge_unfinished_event_still_ends_at_the_idle_bou
             released.set()  # the proxy closed the connection (this handler is cancelled)
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", stalling)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake = FakeUpstream()
-    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    policy = upstream_policy(fake)
-    policy["failover"] = {"retries": 0, "timeout": {"per_try_s": 0.5, "total_s": 4}}
-    try:
+    async with hostile_upstream(stalling, handler_cancellation=True) as fake:
+        policy = upstream_policy(fake)
+        policy["failover"] = {"retries": 0, "timeout": {"per_try_s": 0.5, "total_s": 4}}
         async with proxy_with(policy) as px, aiohttp.ClientSession() as session:
             resp = await session.post(px.base + "/chat/completions", json=CHAT)
             body = await resp.read()
@@ -269,5 +264,3 @@ async def test_a_stall_inside_a_huge_unfinished_event_still_ends_at_the_idle_bou
             assert body[len(head) :].count(b'"code":"upstream_stream_error"') == 1
             assert await incomplete(px) == {"stalled": 1.0}
             await asyncio.wait_for(released.wait(), 10)
-    finally:
-        await runner.cleanup()

@@ -36,7 +36,7 @@ from proxy.pipeline import input_error
 from proxy.service.module_call import Answered, ModuleCall, Services, admit_call, answer_module
 from proxy.service.stream_emitter import ChunkEmitter
 from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
-from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
+from proxy.stream.chunks import CHECKPOINT_MARK, Kind, error_chunk, meta_chunk, recovery_info
 from proxy.stream.fields import RATIONALE, streamable_fields
 
 log = structlog.get_logger("proxy.api")
@@ -151,13 +151,14 @@ class _Position:
     given_checkpoint: dict[str, Any] | None = None
     """The checkpoint a resumed client named (``last_checkpoint`` until a chunk with one passes)."""
     checkpointed: bytes | None = None
-    """The last chunk written that holds a checkpoint: parsed only if the stream is interrupted."""
+    """The last delta written (``CHECKPOINT_MARK``): parsed only if the stream is interrupted."""
 
     @property
     def last_checkpoint(self) -> dict[str, Any] | None:
         if self.checkpointed is None:
             return self.given_checkpoint
-        return as_dict(as_dict(orjson.loads(self.checkpointed).get("chunk")).get("checkpoint"))
+        held = as_dict(orjson.loads(self.checkpointed).get("chunk")).get("checkpoint")
+        return held if isinstance(held, dict) and held else None
 
 
 async def follow(
@@ -202,7 +203,7 @@ async def follow(
         ended = False
         for kind, payload in events:
             position.index += 1
-            if kind == "chunk" and b'"checkpoint"' in payload:
+            if kind == "chunk" and CHECKPOINT_MARK in payload:
                 position.checkpointed = payload
             frames.append(framer.event(kind, payload))
             if kind in _TERMINAL:

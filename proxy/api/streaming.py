@@ -346,6 +346,10 @@ async def resume(
 async def _checkpoint_matches(
     chunk_at: Callable[[int], Awaitable[dict[str, Any] | None]], recovery: Recovery
 ) -> bool:
+    """Whether the session holds ``last_seq`` and ``last_checkpoint`` is the checkpoint of its
+    last delta at or before it (what the client holds there, and what an interrupted stream's
+    error chunk names): progress, snapshot and final chunks carry none. A snapshot resetting the
+    fields does not reset it: the client saw the deltas before it all the same."""
     if recovery.last_seq == 0:
         return recovery.last_checkpoint is None
     chunk = await chunk_at(recovery.last_seq)
@@ -353,8 +357,16 @@ async def _checkpoint_matches(
         return False  # the client claims chunks the session never had
     if recovery.last_checkpoint is None:
         return True
-    stored = as_dict(chunk.get("chunk")).get("checkpoint")
-    return stored == {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
+    given = {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
+    seq = recovery.last_seq
+    # back over the chunks without one: a few a rung (progress, snapshot), the final one
+    while (stored := as_dict(chunk.get("chunk")).get("checkpoint")) is None:
+        seq -= 1
+        found = await chunk_at(seq) if seq >= 1 else None
+        if found is None:
+            return False  # no delta at or before last_seq: no checkpoint to match
+        chunk = found
+    return bool(stored == given)
 
 
 def input_refused(request: web.Request, module: Module, value: Any, check: bool) -> web.Response | None:

@@ -36,7 +36,7 @@ from proxy.pipeline import input_error
 from proxy.service.module_call import Answered, ModuleCall, Services, admit_call, answer_module
 from proxy.service.stream_emitter import ChunkEmitter
 from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
-from proxy.stream.chunks import Kind, error_chunk, meta_chunk, recovery_info
+from proxy.stream.chunks import CHECKPOINT_MARK, Kind, error_chunk, meta_chunk, recovery_info
 from proxy.stream.fields import RATIONALE, streamable_fields
 
 log = structlog.get_logger("proxy.api")
@@ -151,13 +151,14 @@ class _Position:
     given_checkpoint: dict[str, Any] | None = None
     """The checkpoint a resumed client named (``last_checkpoint`` until a chunk with one passes)."""
     checkpointed: bytes | None = None
-    """The last chunk written that holds a checkpoint: parsed only if the stream is interrupted."""
+    """The last delta written (``CHECKPOINT_MARK``): parsed only if the stream is interrupted."""
 
     @property
     def last_checkpoint(self) -> dict[str, Any] | None:
         if self.checkpointed is None:
             return self.given_checkpoint
-        return as_dict(as_dict(orjson.loads(self.checkpointed).get("chunk")).get("checkpoint"))
+        held = as_dict(orjson.loads(self.checkpointed).get("chunk")).get("checkpoint")
+        return held if isinstance(held, dict) and held else None
 
 
 async def follow(
@@ -202,7 +203,7 @@ async def follow(
         ended = False
         for kind, payload in events:
             position.index += 1
-            if kind == "chunk" and b'"checkpoint"' in payload:
+            if kind == "chunk" and CHECKPOINT_MARK in payload:
                 position.checkpointed = payload
             frames.append(framer.event(kind, payload))
             if kind in _TERMINAL:
@@ -345,6 +346,10 @@ async def resume(
 async def _checkpoint_matches(
     chunk_at: Callable[[int], Awaitable[dict[str, Any] | None]], recovery: Recovery
 ) -> bool:
+    """Whether the session holds ``last_seq`` and ``last_checkpoint`` is the checkpoint of its
+    last delta at or before it (what the client holds there, and what an interrupted stream's
+    error chunk names): progress, snapshot and final chunks carry none. A snapshot resetting the
+    fields does not reset it: the client saw the deltas before it all the same."""
     if recovery.last_seq == 0:
         return recovery.last_checkpoint is None
     chunk = await chunk_at(recovery.last_seq)
@@ -352,8 +357,16 @@ async def _checkpoint_matches(
         return False  # the client claims chunks the session never had
     if recovery.last_checkpoint is None:
         return True
-    stored = as_dict(chunk.get("chunk")).get("checkpoint")
-    return stored == {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
+    given = {k: recovery.last_checkpoint.get(k) for k in ("offset", "hash")}
+    seq = recovery.last_seq
+    # back over the chunks without one: a few a rung (progress, snapshot), the final one
+    while (stored := as_dict(chunk.get("chunk")).get("checkpoint")) is None:
+        seq -= 1
+        found = await chunk_at(seq) if seq >= 1 else None
+        if found is None:
+            return False  # no delta at or before last_seq: no checkpoint to match
+        chunk = found
+    return bool(stored == given)
 
 
 def input_refused(request: web.Request, module: Module, value: Any, check: bool) -> web.Response | None:

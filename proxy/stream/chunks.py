@@ -30,6 +30,13 @@ answer as the sync call answers it (HTTP status and envelope). The OpenAI-wire f
 content from it; every transport strips it from the chunk it sends (``without_answer``)."""
 
 
+CHECKPOINT_MARK = b'"checkpoint":{"offset":'
+"""Bytes only a delta holds among stored ``chunk`` events (what ``follow`` looks for instead of
+parsing each one): a key ``checkpoint`` whose value is an object, ``offset`` first (as
+``checkpoint`` builds it). A snapshot's field names and texts are JSON strings, whose quotes are
+escaped, and its values are never objects: ``"checkpoint"`` may occur in one, this never."""
+
+
 def checkpoint(text: str) -> dict[str, Any]:
     raw = text.encode("utf-8")
     return {"offset": len(raw), "hash": hashlib.sha256(raw).hexdigest()[:6]}

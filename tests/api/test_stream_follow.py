@@ -1,16 +1,38 @@
 """``follow``: the chunks a read returns leave in one write, and an interrupted stream's error
-chunk names the last checkpoint written (parsed only then, #35)."""
+chunk names the last checkpoint written (parsed only then, #35): a delta's, whatever a later
+snapshot's field names or text say, read from memory or from another replica's Redis copy."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+import pytest
+import redis.asyncio as aioredis
 
 from proxy.api.frames import Framer
 from proxy.api.streaming import _Position, follow
+from proxy.state.redis_client import RedisOptions
 from proxy.state.stream_sessions import SessionHub
-from proxy.stream.chunks import delta_chunk, recovery_info
+from proxy.stream.chunks import delta_chunk, recovery_info, snapshot_chunk
+from tests.support.polling import eventually
+from tests.support.redis_server import redis_url
+
+REDIS_DB = 12  # tests/state/test_stream_sessions.py's: each test flushes it when done
+SNAPSHOTS_NAMING_A_CHECKPOINT = [
+    pytest.param({"checkpoint": "the text so far"}, id="a-field-named-checkpoint"),
+    pytest.param({"data.rationale": 'the model wrote "checkpoint'}, id="text-ending-in-quoted-checkpoint"),
+    pytest.param({'data.x"checkpoint': ""}, id="a-name-ending-in-quoted-checkpoint"),
+    pytest.param({"checkpoint": '{"offset":1,"hash":"abcdef"}'}, id="a-checkpoint-spelled-as-text"),
+]
+"""Snapshot data (streamed field -> its whole text, as the chunk schema allows) whose JSON holds
+the bytes ``"checkpoint"``: none of these chunks carries a checkpoint."""
+
+
+def _recovery(written: list[bytes]) -> dict[str, Any]:
+    error: dict[str, Any] = orjson.loads(written[-1].partition(b"data: ")[2])
+    recovery: dict[str, Any] = error["error"]["recovery"]
+    return recovery
 
 
 async def test_an_interrupted_follow_names_the_last_checkpoint_written() -> None:
@@ -46,3 +68,60 @@ async def test_a_resumed_follow_keeps_the_given_checkpoint_until_a_chunk_has_one
     await follow(session, _Position(3, given), Framer(), write, heartbeat_s=0.02, max_s=0.05, session_id="s")
     error: dict[str, Any] = orjson.loads(written[-1].partition(b"data: ")[2])
     assert error["error"]["recovery"] == recovery_info(3, given)
+
+
+@pytest.mark.parametrize("data", SNAPSHOTS_NAMING_A_CHECKPOINT)
+async def test_a_snapshot_naming_a_checkpoint_leaves_the_last_delta_checkpoint(data: dict[str, str]) -> None:
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    session = hub.create("client", "m")
+    delta = delta_chunk(1, "data.rationale", "a", "a")
+    session.append(delta)
+    session.append(snapshot_chunk(2, data))
+    written: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+
+    await follow(session, _Position(0), Framer(), write, heartbeat_s=0.02, max_s=0.1, session_id=session.id)
+    assert _recovery(written) == recovery_info(2, delta["chunk"]["checkpoint"])
+
+
+@pytest.mark.parametrize("data", SNAPSHOTS_NAMING_A_CHECKPOINT)
+async def test_a_follower_on_another_replica_names_the_last_delta_checkpoint(data: dict[str, str]) -> None:
+    """The chunks as read back from the Redis copy: the copy is lost once both were written to
+    the client (as a failed write leaves it), so the follower ends with E2010 and its recovery."""
+    url = redis_url(REDIS_DB)
+    store = aioredis.Redis.from_url(url)
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(url))
+    try:
+        session = producer.create("sk-a", "m")
+        delta = delta_chunk(1, "data.rationale", "a", "a")
+        session.append(delta)
+        session.append(snapshot_chunk(2, data))
+        events_key = f"cogproxy:stream:{session.id}:events"
+        await eventually(lambda: store.llen(events_key), "both mirrored", ready=lambda n: n == 2, timeout=20)
+        found = await replica.find(session.id)
+        assert found is not None
+        written: list[bytes] = []
+
+        async def write(data: bytes) -> None:
+            written.append(data)
+            if not session.mirror_lost:
+                session.mirror_lost = True
+                session.append(delta_chunk(3, "data.rationale", "b", "ab"))  # never copied: the copy goes
+
+        framer = Framer()
+        await follow(
+            found.source, _Position(0), framer, write, heartbeat_s=0.02, max_s=20, session_id=session.id
+        )
+        assert written[0] == framer.event("chunk", orjson.dumps(delta)) + framer.event(
+            "chunk", orjson.dumps(snapshot_chunk(2, data))
+        )
+        assert b"E2010" in written[-1]
+        assert _recovery(written) == recovery_info(2, delta["chunk"]["checkpoint"])
+    finally:
+        for hub in (producer, replica):
+            await hub.aclose()
+        await store.flushdb()
+        await store.aclose()

@@ -1,5 +1,6 @@
 """Stream recovery (spec v2.5 §3.2.6): resume after a drop, on another replica through Redis;
-checkpoint mismatch, unknown session, another client key, recovery disabled; heartbeats."""
+checkpoint mismatch, unknown session, another client key, recovery disabled; heartbeats; a stream
+interrupted after an escalation (its last chunks a progress and a snapshot, no checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ from typing import Any
 import aiohttp
 import pytest
 import redis
+import redis.asyncio
 import yaml
 
+from proxy.api.streaming import Recovery, _checkpoint_matches
+from proxy.state.redis_client import RedisOptions
+from proxy.state.stream_sessions import SessionHub
+from proxy.stream.chunks import delta_chunk, progress_chunk, snapshot_chunk
 from tests.api.test_modules import REVIEW_INPUT
 from tests.api.test_streaming import RATIONALE, answer
 from tests.conftest import ProxyWith
@@ -405,3 +411,151 @@ async def test_a_session_dropped_from_the_redis_copy_is_counted_on_metrics(
             ready=has('cognitive_stream_mirror_dropped_total{reason="failed"} 1.0'),
             timeout=20,
         )
+
+
+WEAK = "A weak first guess at the answer."
+CAREFUL = "The strong rung's careful answer."
+
+
+def _escalating(fake: FakeUpstream) -> None:
+    """The fast rung answers with too little confidence: the ladder escalates to strong."""
+    fake.script("cheap", answer(0.3, rationale=WEAK))
+    fake.script("strong", answer(0.95, rationale=CAREFUL))
+
+
+def _recovery_body(sid: str, last_seq: int, checkpoint: Any) -> dict[str, Any]:
+    context = {"session_id": sid, "last_seq": last_seq, "last_checkpoint": checkpoint}
+    return {"input": REVIEW_INPUT, "_recovery": context}
+
+
+def _resumption(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: meta.get(k) for k in ("resumed", "resume_from_seq", "_warnings")}
+
+
+def _kind(chunk: dict[str, Any]) -> str:
+    return "progress" if "progress" in chunk else str(chunk.get("chunk", {}).get("type", "end"))
+
+
+async def test_a_stream_interrupted_after_an_escalation_resumes_with_its_own_recovery_context(
+    fake_upstream: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The strong rung is held until the first response ends (E2011: nothing within the session
+    TTL) just after the progress and snapshot chunks of the escalation: its error chunk's
+    ``recovery``, sent back as is (§3.2.6.3), resumes the session from ``last_seq + 1``."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+    _escalating(fake_upstream)
+    gate = fake_upstream.hold("strong")
+    async with running_proxy(tmp_path, upstream_policy(fake_upstream), stream_session_ttl_s=2.0) as proxy:
+        _, first = await _call(_execute_url(proxy.url), SSE)
+        assert gate.reached.is_set()
+        gate.release()
+        error = first[-1][1]["error"]
+        assert error["code"] == "E2011", first[-1]
+        kinds = [_kind(c) for c in sequenced(first)]
+        assert kinds[-2:] == ["progress", "snapshot"] and "delta" in kinds, kinds
+        recovery = error["recovery"]
+        last_delta = [c for c in sequenced(first) if _kind(c) == "delta"][-1]
+        assert recovery["last_seq"] == seq(sequenced(first)[-1])
+        assert recovery["last_checkpoint"] == last_delta["chunk"]["checkpoint"]
+        sid = first[0][1]["session_id"]
+        body = _recovery_body(sid, recovery["last_seq"], recovery["last_checkpoint"])
+        _, rest = await _call(_execute_url(proxy.url), SSE, body)
+    meta = rest[0][1]
+    assert meta.get("resumed") is True and "_warnings" not in meta, _resumption(meta)
+    assert meta["resume_from_seq"] == recovery["last_seq"] + 1
+    assert seq(sequenced(rest)[0]) == recovery["last_seq"] + 1
+    assert rest[-1][1]["final"] is True and rest[-1][1]["cognitive"]["decision"] == "escalated"
+    assert rendered(first + rest)["data.rationale"] == CAREFUL
+    assert fake_upstream.count("/v1/chat/completions") == 2  # nothing asked twice
+
+
+async def _escalated_stream(local: Any, fake: FakeUpstream) -> list[dict[str, Any]]:
+    """The sequenced chunks of a whole escalated stream: deltas, progress, snapshot, deltas, final."""
+    _escalating(fake)
+    _, events = await _call(_execute_url(local.url), SSE)
+    chunks = sequenced(events)
+    kinds = [_kind(c) for c in chunks]
+    assert kinds.count("progress") == 1 and kinds[kinds.index("progress") - 1] == "delta", kinds
+    assert events[0][1]["session_id"] and chunks[-1]["final"] is True
+    return [events[0][1], *chunks]
+
+
+def _last_delta_before(chunks: list[dict[str, Any]], last_seq: int) -> dict[str, Any]:
+    return [c for c in chunks if _kind(c) == "delta" and (seq(c) or 0) <= last_seq][-1]
+
+
+@pytest.mark.parametrize(
+    ("at", "checkpoint_of", "resumed"),
+    [
+        pytest.param("progress", "last delta", True, id="after-the-progress-chunk"),
+        pytest.param("snapshot", "last delta", True, id="after-the-snapshot"),
+        pytest.param("snapshot", "none", True, id="after-the-snapshot-without-checkpoint"),
+        pytest.param("snapshot", "first delta", False, id="an-earlier-delta-checkpoint"),
+        pytest.param("snapshot", "wrong", False, id="a-wrong-checkpoint"),
+        pytest.param("beyond", "last delta", False, id="a-seq-beyond-the-session"),
+    ],
+)
+async def test_a_resume_after_an_escalation_checks_the_last_checkpoint_at_or_before_last_seq(
+    local: Any, fake_upstream: FakeUpstream, at: str, checkpoint_of: str, resumed: bool
+) -> None:
+    """A retry naming a seq after the escalation holds the checkpoint of the last delta before it
+    (progress and snapshot chunks carry none): resumed. Another checkpoint, or a seq the session
+    never had, replays it from seq 1 with W4012."""
+    meta, *chunks = await _escalated_stream(local, fake_upstream)
+    kinds = [_kind(c) for c in chunks]
+    last_seq = len(chunks) + 1 if at == "beyond" else seq(chunks[kinds.index(at)])
+    assert last_seq is not None
+    checkpoint = {
+        "last delta": _last_delta_before(chunks, last_seq)["chunk"]["checkpoint"],
+        "first delta": chunks[0]["chunk"]["checkpoint"],
+        "wrong": {"offset": 1, "hash": "000000"},
+        "none": None,
+    }[checkpoint_of]
+    body = _recovery_body(meta["session_id"], last_seq, checkpoint)
+    _, again = await _call(_execute_url(local.url), SSE, body)
+    first = again[0][1]
+    if resumed:
+        assert first.get("resumed") is True and first["resume_from_seq"] == last_seq + 1, _resumption(first)
+        assert sequenced(again) == chunks[last_seq:]
+    else:
+        assert first["resumed"] is False and first["resume_from_seq"] == 1
+        assert first["_warnings"][0]["code"] == "W4012"
+        assert sequenced(again) == chunks
+    assert fake_upstream.count("/v1/chat/completions") == 2
+
+
+async def test_a_replica_reading_the_redis_copy_checks_the_last_checkpoint_at_or_before_last_seq() -> None:
+    """The check of a retry landing on another replica, on the chunks of the Redis copy."""
+    _clean_redis()
+    producer = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(REDIS_URL))
+    replica = SessionHub(ttl_s=60, max_bytes=1 << 20, redis=RedisOptions(REDIS_URL))
+    store = redis.asyncio.Redis.from_url(REDIS_URL)
+    try:
+        session = producer.create("sk-a", "code-reviewer")
+        first, second = (
+            delta_chunk(1, "data.rationale", "a", "a"),
+            delta_chunk(2, "data.rationale", "b", "ab"),
+        )
+        for chunk in (first, second, progress_chunk(3, "escalating", "fast", "strong", "low confidence")):
+            session.append(chunk)
+        session.append(snapshot_chunk(4, {}))
+        events = f"cogproxy:stream:{session.id}:events"
+        await eventually(lambda: store.llen(events), "the copy", ready=lambda n: n == 4, timeout=20)
+        found = await replica.find(session.id)
+        assert found is not None and found.source is not session
+        last, earlier = second["chunk"]["checkpoint"], first["chunk"]["checkpoint"]
+        for last_seq, checkpoint, valid in [
+            (3, last, True),
+            (4, last, True),
+            (4, None, True),
+            (4, earlier, False),
+            (5, last, False),  # a seq the copy never had
+            (1, earlier, True),
+        ]:
+            recovery = Recovery(session.id, last_seq, checkpoint)
+            assert await _checkpoint_matches(found.chunk_at, recovery) is valid, (last_seq, checkpoint)
+    finally:
+        for hub in (producer, replica):
+            await hub.aclose()
+        await store.aclose()
+        _clean_redis()

@@ -172,15 +172,17 @@ async def follow(
     max_s: float,
     session_id: str,
     last: Write | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Write the session's chunks from ``position`` until its final or error chunk; a heartbeat
     after each ``heartbeat_s`` of silence. A session that stays silent past ``max_s`` (its replica
-    died) or cannot be read ends with a resumable error chunk. ``last`` (default ``write``) writes
+    died; chunks reset the bound, heartbeats do not) or cannot be read ends with a resumable error
+    chunk. ``last`` (default ``write``) writes
     the frames that end the stream: the response's end can leave with them."""
     end = write if last is None else last
-    deadline = time.monotonic() + max_s
+    deadline = clock() + max_s
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - clock()
         if remaining <= 0:
             await _interrupted(
                 end, framer, session_id, position, Code.STREAM_TIMEOUT, "no chunk within the session TTL"
@@ -214,6 +216,7 @@ async def follow(
         await (end if ended else write)(frames[0] if len(frames) == 1 else b"".join(frames))
         if ended:
             return
+        deadline = clock() + max_s  # the bound is on silence: a chunk came
 
 
 async def _interrupted(

@@ -176,3 +176,40 @@ async def test_an_interrupted_stream_ends_through_last_too() -> None:
     )
     assert all(data == Framer().heartbeat() for data in written)
     assert len(ended) == 1 and b"event: error" in ended[0] and b'"code":"E2011"' in ended[0]
+
+
+async def test_a_stream_that_keeps_sending_outlives_max_s_which_bounds_its_silence() -> None:
+    """``max_s`` (the session TTL) is how long a follower waits for the next chunk, not for the whole
+    stream: a live answer longer than the TTL is not cut while its chunks keep coming."""
+    now = [0.0]
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    session = hub.create("client", "m")
+    written: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+        now[0] += 6.0  # each chunk comes 6 s after the one before: 5 of them outlast max_s = 10 s
+        seq = len(written) + 1
+        session.append(
+            delta_chunk(seq, "data.rationale", "x", "x" * seq)
+            if seq <= 5
+            else {"ok": True, "final": True, "seq": seq, "data": {}}
+        )
+
+    session.append(delta_chunk(1, "data.rationale", "x", "x"))
+    framer = Framer()
+    await asyncio.wait_for(
+        follow(
+            session,
+            _Position(0),
+            framer,
+            write,
+            heartbeat_s=5,
+            max_s=10,
+            session_id=session.id,
+            clock=lambda: now[0],
+        ),
+        10,
+    )
+    assert b"event: error" not in b"".join(written)
+    assert written[-1].startswith(b"event: final")

@@ -6,11 +6,15 @@ aiohttp has no public hook for it. It also reads ``_current_request``, ``_readin
 ``_loop``, and ``EdgeServer`` reads ``web.Server._kwargs``. An aiohttp release that renames or
 changes any of them fails here by name, instead of the client read deadline quietly going
 wrong. pyproject.toml bounds aiohttp below 4 for the same reason.
+
+``HeldHeadResponse`` (``proxy.api.stream_response``) sets ``_send_headers_immediately``, the class
+attribute aiohttp's own ``Response`` uses to send its head with the first body bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 from collections.abc import AsyncIterator
 
@@ -19,6 +23,7 @@ from aiohttp import StreamReader, web
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.observability.metrics import Metrics
 from proxy.server import ConnectionGuard, EdgeHandler, EdgeServer
 
@@ -73,3 +78,53 @@ async def test_the_edge_handler_follows_a_body_from_its_head_to_its_end(edge_han
     assert edge_handler._deadline.due is not None  # a body is arriving: the read deadline runs
     edge_handler.data_received(b"56789")
     assert body.is_eof() and edge_handler._deadline.due is None  # complete: the handler has it
+
+
+def _readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+async def test_a_held_head_leaves_with_the_first_body_bytes_in_one_write() -> None:
+    """The head is not sent at ``prepare``; the first write sends it and its bytes in one socket
+    write, and ``write_eof(last)`` the last bytes and the end in another. On loopback a send is in
+    the peer's receive queue when the call returns, so what the client can read after each step is
+    what the server wrote by then."""
+    assert "_send_headers_immediately" in vars(web.StreamResponse), "aiohttp renamed the head-sending switch"
+    steps = [asyncio.Event() for _ in range(4)]  # prepared, write, written, end
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        response = HeldHeadResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        steps[0].set()
+        await steps[1].wait()
+        await response.write(b"event: meta\ndata: {}\n\n")
+        steps[2].set()
+        await steps[3].wait()
+        await response.write_eof(b"event: final\ndata: {}\n\n")
+        return response
+
+    loop = asyncio.get_running_loop()
+    server = web.Server(handler, loop=loop)
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    transport, _ = await loop.connect_accepted_socket(server, ours)
+    try:
+        theirs.send(b"GET /s HTTP/1.1\r\nHost: proxy\r\n\r\n")
+        await asyncio.wait_for(steps[0].wait(), 10)
+        assert not _readable(theirs), "the head left at prepare, alone"
+        steps[1].set()
+        await asyncio.wait_for(steps[2].wait(), 10)
+        first = theirs.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert first.endswith(b"\r\n\r\n16\r\nevent: meta\ndata: {}\n\n\r\n")
+        steps[3].set()
+        last = b""
+        while not last.endswith(b"\r\n0\r\n\r\n"):
+            last += await asyncio.wait_for(loop.sock_recv(theirs, 65536), 10)
+        assert last == b"17\r\nevent: final\ndata: {}\n\n\r\n0\r\n\r\n"
+    finally:
+        for step in steps:
+            step.set()
+        transport.close()
+        theirs.close()
+        await server.shutdown(0)

@@ -24,6 +24,7 @@ from proxy.api.middleware import RECORD_KEY, RequestRecord
 from proxy.api.modules import module_not_found
 from proxy.api.output_mode import output_mode
 from proxy.api.relay_answer import serve
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.api.streaming import stream_module_chat
 from proxy.contract.errors import Code
 from proxy.contract.inputs import text_input
@@ -199,7 +200,7 @@ async def _stream_module(
     # The last chunk with a choice: the usage-only chunk, when asked for, comes after it.
     final = -2 if include_usage else -1
     chunks[final]["cognitive"] = answer.cognitive()
-    response = web.StreamResponse(
+    response = HeldHeadResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
@@ -326,7 +327,7 @@ async def _relay_stream(route: _Route, body: dict[str, Any], ctx: CallInfo) -> w
     ttft = time.perf_counter() - asked
     metrics = request.app[METRICS]
     metrics.child(metrics.ttft, *target_labels(policy, opened.target)).observe(ttft)
-    response = web.StreamResponse(
+    response = HeldHeadResponse(
         headers={
             "X-Cognitive-Model": opened.target.name,
             "Content-Type": "text/event-stream",

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from proxy.api.body import ensure_encodable, inflate
 from proxy.api.errors import ApiError, json_response
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.policy.model import ProviderConfig
 from proxy.upstream import offline_api
 from proxy.upstream.offline import DEFAULT_REPLY
@@ -56,7 +57,7 @@ async def answer_offline(
     headers: dict[str, str] = {}
     if template != "/v1/responses" or payload.get("stream") is not True:
         return json_response(result, headers=headers)
-    response = web.StreamResponse(
+    response = HeldHeadResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)

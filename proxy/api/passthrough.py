@@ -34,6 +34,7 @@ from proxy.api.limits import count_request
 from proxy.api.middleware import RECORD_KEY
 from proxy.api.offline_passthrough import answer_offline
 from proxy.api.relay_answer import serve
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.api.target import ClientTarget, parse_target, upstream_url
 from proxy.observability.tracing import CHAT, AttemptSpan, active, inject_traceparent
 from proxy.policy.model import Failover, Policy, ProviderConfig, Target
@@ -375,7 +376,7 @@ async def _relay_answer(
     answer = routed.value
     upstream = answer.resp
     try:
-        response = web.StreamResponse(
+        response = HeldHeadResponse(
             status=upstream.status, reason=upstream.reason, headers=returned_headers(upstream.headers)
         )
         if upstream.content_length is not None and "Content-Encoding" not in upstream.headers:

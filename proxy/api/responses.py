@@ -15,6 +15,7 @@ from proxy.api.errors import json_response
 from proxy.api.limits import count_request
 from proxy.api.modules import module_not_found
 from proxy.api.passthrough import forward
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.api.streaming import stream_module_response
 from proxy.jsonshape import as_dict, as_list
 from proxy.wire import envelope_text, response_events, response_object, sse_event
@@ -69,7 +70,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     headers = answer_headers(answer)
     if body.get("stream") is not True:
         return json_response(final, headers=headers)
-    response = web.StreamResponse(
+    response = HeldHeadResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)

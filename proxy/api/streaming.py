@@ -27,6 +27,7 @@ from proxy.api.frames import ChatFramer, Framer, ResponsesFramer
 from proxy.api.limits import CallLimits
 from proxy.api.middleware import RECORD_KEY
 from proxy.api.output_mode import OutputMode
+from proxy.api.stream_response import HeldHeadResponse
 from proxy.context.identity import without_context
 from proxy.contract.errors import Code, Origin, error_envelope, http_status
 from proxy.jsonshape import as_dict
@@ -170,28 +171,31 @@ async def follow(
     heartbeat_s: float,
     max_s: float,
     session_id: str,
+    last: Write | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Write the session's chunks from ``position`` until its final or error chunk; a heartbeat
     after each ``heartbeat_s`` of silence. A session that stays silent past ``max_s`` (its replica
-    died) or cannot be read ends with a resumable error chunk."""
-    deadline = time.monotonic() + max_s
+    died; chunks reset the bound, heartbeats do not) or cannot be read ends with a resumable error
+    chunk. ``last`` (default ``write``) writes
+    the frames that end the stream: the response's end can leave with them."""
+    end = write if last is None else last
+    deadline = clock() + max_s
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - clock()
         if remaining <= 0:
             await _interrupted(
-                write, framer, session_id, position, Code.STREAM_TIMEOUT, "no chunk within the session TTL"
+                end, framer, session_id, position, Code.STREAM_TIMEOUT, "no chunk within the session TTL"
             )
             return
         try:
             events, done = await source.read(position.index, min(heartbeat_s, remaining))
         except (TimeoutError, OSError, ConnectionError, MirrorGap) as exc:
-            await _interrupted(write, framer, session_id, position, Code.STREAM_INTERRUPTED, str(exc)[:200])
+            await _interrupted(end, framer, session_id, position, Code.STREAM_INTERRUPTED, str(exc)[:200])
             return
         except Exception as exc:  # a Redis error while following another replica's session
             log.warning("proxy.stream_follow_failed", session=session_id[:12], error=repr(exc)[:200])
-            await _interrupted(
-                write, framer, session_id, position, Code.STREAM_INTERRUPTED, type(exc).__name__
-            )
+            await _interrupted(end, framer, session_id, position, Code.STREAM_INTERRUPTED, type(exc).__name__)
             return
         if not events:
             if done:
@@ -209,9 +213,10 @@ async def follow(
             if kind in _TERMINAL:
                 ended = True
                 break
-        await write(frames[0] if len(frames) == 1 else b"".join(frames))
+        await (end if ended else write)(frames[0] if len(frames) == 1 else b"".join(frames))
         if ended:
             return
+        deadline = clock() + max_s  # the bound is on silence: a chunk came
 
 
 async def _interrupted(
@@ -235,9 +240,13 @@ async def respond(
     producer: asyncio.Task[Any] | None = None,
 ) -> web.StreamResponse:
     """Send ``first`` (the meta chunk), then follow ``source``. Without recovery, a client that
-    leaves cancels ``producer`` (its upstream call)."""
+    leaves cancels ``producer`` (its upstream call).
+
+    The head and the meta chunk leave in one write, the last frames and the response's end in
+    another (each write wakes the client). A new stream's ``producer`` runs first, so that its
+    upstream request is on its way while the meta chunk is written."""
     settings = request.app[SETTINGS]
-    response = web.StreamResponse(
+    response = HeldHeadResponse(
         headers={
             **headers,
             "Content-Type": framer.content_type,
@@ -245,9 +254,18 @@ async def respond(
             SESSION_HEADER: first["session_id"],
         }
     )
-    await response.prepare(request)
+    ended = False
+
+    async def end(frames: bytes) -> None:
+        nonlocal ended
+        ended = True
+        await response.write_eof(frames + framer.end())
+
     finished = False
     try:
+        if producer is not None:
+            await _upstream_request_sent()
+        await response.prepare(request)
         await response.write(framer.meta(first))
         await follow(
             source,
@@ -257,14 +275,25 @@ async def respond(
             heartbeat_s=settings.stream_heartbeat_s,
             max_s=settings.stream_session_ttl_s,
             session_id=first["session_id"],
+            last=end,
         )
-        await response.write(framer.end())
         finished = True
     finally:
         if not finished and not settings.stream_recovery and producer is not None:
             producer.cancel()
-    await response.write_eof()
+    if not ended:  # the session ended without a terminal chunk for this reader
+        await response.write_eof(framer.end())
     return response
+
+
+async def _upstream_request_sent() -> None:
+    """Two turns of the loop: in the first the producer task just spawned runs up to its first
+    wait (with a local context store and no limits: its upstream request made and queued); in
+    the second aiohttp's client sends the request (Python 3.11 starts the task that writes it on
+    the next turn; 3.12 eagerly). A producer that waits on something else first (a Redis round
+    trip) is simply not there yet: the meta chunk goes first, as it would without this."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 # -- recovery --------------------------------------------------------------------------------------

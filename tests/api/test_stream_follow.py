@@ -4,6 +4,7 @@ snapshot's field names or text say, read from memory or from another replica's R
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -125,3 +126,90 @@ async def test_a_follower_on_another_replica_names_the_last_delta_checkpoint(dat
             await hub.aclose()
         await store.flushdb()
         await store.aclose()
+
+
+async def test_the_frames_that_end_the_stream_go_to_last_with_nothing_after() -> None:
+    """``respond`` hands ``write_eof`` as ``last``: the final chunk and the response's end leave in
+    one write; every earlier batch goes to ``write``."""
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    session = hub.create("client", "m")
+    delta = delta_chunk(1, "data.rationale", "a", "a")
+    session.append(delta)
+    written: list[bytes] = []
+    ended: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+
+    async def last(data: bytes) -> None:
+        ended.append(data)
+
+    framer = Framer()
+    follower = asyncio.create_task(
+        follow(
+            session, _Position(0), framer, write, heartbeat_s=5, max_s=10, session_id=session.id, last=last
+        )
+    )
+    while not written:  # the delta read and written before the final chunk exists
+        await asyncio.sleep(0)
+    final = {"ok": True, "final": True, "seq": 2, "data": {}}
+    session.append(final)
+    await asyncio.wait_for(follower, 10)
+    assert written == [framer.event("chunk", orjson.dumps(delta))]
+    assert ended == [framer.event("final", orjson.dumps(final))]
+
+
+async def test_an_interrupted_stream_ends_through_last_too() -> None:
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    session = hub.create("client", "m")
+    written: list[bytes] = []
+    ended: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+
+    async def last(data: bytes) -> None:
+        ended.append(data)
+
+    await follow(
+        session, _Position(0), Framer(), write, heartbeat_s=0.02, max_s=0.05, session_id=session.id, last=last
+    )
+    assert all(data == Framer().heartbeat() for data in written)
+    assert len(ended) == 1 and b"event: error" in ended[0] and b'"code":"E2011"' in ended[0]
+
+
+async def test_a_stream_that_keeps_sending_outlives_max_s_which_bounds_its_silence() -> None:
+    """``max_s`` (the session TTL) is how long a follower waits for the next chunk, not for the whole
+    stream: a live answer longer than the TTL is not cut while its chunks keep coming."""
+    now = [0.0]
+    hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
+    session = hub.create("client", "m")
+    written: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+        now[0] += 6.0  # each chunk comes 6 s after the one before: 5 of them outlast max_s = 10 s
+        seq = len(written) + 1
+        session.append(
+            delta_chunk(seq, "data.rationale", "x", "x" * seq)
+            if seq <= 5
+            else {"ok": True, "final": True, "seq": seq, "data": {}}
+        )
+
+    session.append(delta_chunk(1, "data.rationale", "x", "x"))
+    framer = Framer()
+    await asyncio.wait_for(
+        follow(
+            session,
+            _Position(0),
+            framer,
+            write,
+            heartbeat_s=5,
+            max_s=10,
+            session_id=session.id,
+            clock=lambda: now[0],
+        ),
+        10,
+    )
+    assert b"event: error" not in b"".join(written)
+    assert written[-1].startswith(b"event: final")

@@ -715,13 +715,18 @@ def stream_breakdown(up_port: int, tmp: Path, total: int) -> None:
         print(f"stream breakdown: no call passed every step ({len(calls)} calls)", file=sys.stderr)
         return
     order = sorted(names, key=lambda name: statistics.median(c[name] - c["arrive"] for c in complete))
-    print(f"{'TTFD breakdown (module stream, c=1)':<60}{'at p50 ms':>10}{'step p50 ms':>12}")
+    print(
+        f"{'TTFD breakdown (module stream, c=1)':<60}{'at p50 ms':>10}{'step p50 ms':>12}{'CPU p50 ms':>12}"
+    )
     what = dict(STEPS)
     for before, name in itertools.pairwise(order):
         at = statistics.median((c[name] - c["arrive"]) / 1e6 for c in complete)
         step = statistics.median((c[name] - c[before]) / 1e6 for c in complete)
-        print(f"{'  ' + what[name]:<60}{at:>10.3f}{step:>12.3f}")
+        cpu_step = statistics.median((c["cpu_" + name] - c["cpu_" + before]) / 1e6 for c in complete)
+        print(f"{'  ' + what[name]:<60}{at:>10.3f}{step:>12.3f}{cpu_step:>12.3f}")
     inside = [(c["delta_written"] - c["arrive"]) / 1e6 for c in complete]
+    cpu = [(c["cpu_delta_written"] - c["cpu_arrive"]) / 1e6 for c in complete]
+    print(f"the proxy's CPU (its thread's time), arrival -> first delta written: p50 {pct(cpu, 50):.3f} ms")
     print(
         f"in the proxy, arrival -> first delta written: p50 {pct(inside, 50):.3f} ms, "
         f"p99 {pct(inside, 99):.3f} ms ({len(complete)} calls); "

@@ -36,7 +36,11 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("produce_start", "the producer task runs"),
     ("prompt_rendered", "context step, ladder set up, prompt rendered"),
     ("upstream_call", "router: target chosen, provider stream opened"),
-    ("upstream_first_byte", "upstream request sent, first bytes back"),
+    ("client_request", "provider: request body and headers built, aiohttp called"),
+    ("client_send", "aiohttp: URL, headers, connection taken, request object built"),
+    ("client_sent", "aiohttp: request line and headers buffered, body task made"),
+    ("response_head", "upstream's status and headers back (the upstream's own time included)"),
+    ("upstream_first_byte", "first bytes read, handed to the SSE parser"),
     ("first_text", "first SSE frame parsed, content piece"),
     ("delta_appended", "field differ, delta chunk appended to the session"),
     ("delta_read", "the follower woken with the delta"),
@@ -53,6 +57,7 @@ def mark(name: str) -> None:
     marks = MARKS.get()
     if marks is not None and name not in marks:
         marks[name] = time.perf_counter_ns()
+        marks["cpu_" + name] = time.thread_time_ns()
 
 
 def _after(owner: Any, attribute: str, name: str) -> None:
@@ -109,7 +114,7 @@ def install() -> None:
     async def _handle(self: web.Application, request: web.Request) -> web.StreamResponse:
         if not request.path.endswith("/execute"):
             return await handle(self, request)
-        marks = {"arrive": time.perf_counter_ns()}
+        marks = {"arrive": time.perf_counter_ns(), "cpu_arrive": time.thread_time_ns()}
         MARKS.set(marks)
         try:
             return await handle(self, request)
@@ -131,7 +136,7 @@ def install() -> None:
         async def marked(request: web.Request) -> web.StreamResponse:
             if not request.path.endswith("/execute"):
                 return await dispatch(request)
-            marks = {"arrive": time.perf_counter_ns()}
+            marks = {"arrive": time.perf_counter_ns(), "cpu_arrive": time.thread_time_ns()}
             MARKS.set(marks)
             try:
                 return await dispatch(request)
@@ -150,6 +155,13 @@ def install() -> None:
     _sync_after(pipeline, "build_messages", "prompt_rendered")
     _before(pipeline, "stream_completion", "upstream_call")
     _before(streamed, "parse_sse", "upstream_first_byte", sync=True)
+    import aiohttp
+    from aiohttp import client_reqrep
+
+    _before(aiohttp.ClientSession, "_request", "client_request")
+    _before(client_reqrep.ClientRequest, "send", "client_send")
+    _after(client_reqrep.ClientRequest, "send", "client_sent")
+    _after(aiohttp.ClientSession, "_request", "response_head")
     _before(streamed, "first_token", "first_text", sync=True)
 
     text = ChunkEmitter.text

@@ -25,7 +25,6 @@ import orjson
 from proxy import __version__, conformance_table
 from proxy.calibration import command as calibration_command
 from proxy.calibration import policy_command
-from proxy.memory_budget import memory_size
 from proxy.observability.logbuffer import DEFAULT_FLUSH_INTERVAL_S, MAX_FLUSH_INTERVAL_S
 from proxy.settings import (
     DEFAULT_CLIENT_READ_TIMEOUT_S,
@@ -293,6 +292,14 @@ class ServeOption:
     @property
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
+
+
+def memory_size(text: str) -> int:
+    """``proxy.memory_budget.memory_size`` (``--memory-limit``), imported when a value is read: the
+    budget's imports (the policy, the stores) are ``serve``'s, not the parser's."""
+    from proxy.memory_budget import memory_size as read
+
+    return read(text)
 
 
 def _port_or_none(text: str) -> int | None:

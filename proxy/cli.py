@@ -39,11 +39,10 @@ from proxy.settings import (
     DEFAULT_STREAM_SESSION_MAX_BYTES,
     DEFAULT_STREAM_SESSION_TTL_S,
     MAX_WORKERS,
+    WORKER_FLAG,
 )
-from proxy.state.outbox import DURABLE_REPLICAS
-from proxy.state.redis_client import LIMITS_TIMEOUT_S
+from proxy.state.redis_defaults import DURABLE_REPLICAS, LIMITS_TIMEOUT_S
 from proxy.state.redis_flags import ACCESS_FLAGS, add_refused_password_flag
-from proxy.supervisor import WORKER_FLAG
 
 if TYPE_CHECKING:
     from proxy.media.model import Media

@@ -1,5 +1,6 @@
 """The command line starts light: its help, and every command that serves nothing, never imports
-the server, the app or aiohttp's web server (``serve`` imports them when it runs)."""
+the server, the app or aiohttp's web server (``serve`` imports them when it runs); the help imports
+no HTTP or Redis client, no policy, no pipeline either."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.conftest import MODULES, ROOT
 
 EXAMPLE_INPUT = MODULES / "code-analyzer" / "tests" / "clean_function.input.json"
 SERVING = ("proxy.app", "proxy.server", "aiohttp.web")
+HEAVY = (*SERVING, "aiohttp", "redis", "structlog", "proxy.policy", "proxy.pipeline")
 COLUMNS = "100"
 DRIVER = f"""
 import json, sys
@@ -23,10 +25,10 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as exit:
     code = exit.code
-print(json.dumps([name for name in {SERVING!r} if name in sys.modules]), file=sys.stderr)
+print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]), file=sys.stderr)
 sys.exit(code)
 """
-"""``cogproxy ARGS`` as its entry point runs it, then the serving modules it loaded on stderr."""
+"""``cogproxy ARGS`` as its entry point runs it, then which of ``HEAVY`` it loaded, on stderr."""
 
 
 def cogproxy(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
@@ -79,4 +81,4 @@ def test_help_loads_no_server_and_reads_as_in_a_process_that_has_it(
 )
 def test_commands_that_serve_nothing_load_no_server(args: list[str]) -> None:
     _, loaded = cogproxy(*args)
-    assert loaded == []
+    assert not set(loaded) & set(SERVING)

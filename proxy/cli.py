@@ -16,39 +16,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+# Only what building the parser needs is imported here: ``cogproxy --help`` and the light commands
+# never load the server, the app or the pipeline (each command imports what it runs).
 from proxy import __version__, conformance_table
-from proxy.app import build_app
 from proxy.calibration import command as calibration_command
 from proxy.calibration import policy_command
-from proxy.clients import read_identities
-from proxy.compose.run import Composer
-from proxy.conformance import OFFICIAL_VECTORS, run_vectors
-from proxy.contract.engine import run_contract
-from proxy.contract.inputs import check_input
-from proxy.media.model import Media
-from proxy.media.resolve import stubbed, validation_meta
-from proxy.media.step import MediaEnv, prepare_media
-from proxy.memory_budget import memory_size
-from proxy.memory_budget import refusal as memory_refusal
-from proxy.module.golden import CaseOutcome, GoldenCase, evaluate, load_cases, run_golden
-from proxy.module.lint import lint_module
-from proxy.module.loader import ModuleLoadError, load_module
-from proxy.module.locate import locate_module
-from proxy.module.model import Module
-from proxy.module.registry import ModuleRegistry
-from proxy.module.scaffold import ScaffoldError, scaffold
 from proxy.observability.logbuffer import DEFAULT_FLUSH_INTERVAL_S, MAX_FLUSH_INTERVAL_S
-from proxy.observability.logging import configure_logging
-from proxy.pipeline import ModuleAnswer, ModuleRun, run_module
-from proxy.policy.decide import Meta
-from proxy.policy.loader import PolicyError, load_policy
-from proxy.policy.model import MediaPolicy, Policy
-from proxy.policy.report import explain, summary
-from proxy.server import run as run_server
 from proxy.settings import (
     DEFAULT_CLIENT_READ_TIMEOUT_S,
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -62,22 +39,18 @@ from proxy.settings import (
     DEFAULT_STREAM_SESSION_MAX_BYTES,
     DEFAULT_STREAM_SESSION_TTL_S,
     MAX_WORKERS,
-    Settings,
-    host_names,
-    origins,
-    read_key_file,
+    WORKER_FLAG,
 )
-from proxy.state.memory import MemoryBreakerStore
-from proxy.state.outbox import DURABLE_REPLICAS
-from proxy.state.redis_client import LIMITS_TIMEOUT_S
-from proxy.state.redis_flags import ACCESS_FLAGS, add_refused_password_flag, check_access
-from proxy.state.spool import adopt_spools, spool_dir_of
-from proxy.supervisor import WORKER_FLAG, Plan, check_ports, exec_supervisor, watch_parent
-from proxy.upstream.breaker import Breakers
-from proxy.upstream.http import upstream_session
-from proxy.upstream.offline import offline_answer
-from proxy.upstream.registry import build_providers
-from proxy.upstream.router import Router
+from proxy.state.redis_defaults import DURABLE_REPLICAS, LIMITS_TIMEOUT_S
+from proxy.state.redis_flags import ACCESS_FLAGS, add_refused_password_flag
+
+if TYPE_CHECKING:
+    from proxy.media.model import Media
+    from proxy.module.golden import CaseOutcome, GoldenCase
+    from proxy.module.model import Module
+    from proxy.pipeline import ModuleAnswer
+    from proxy.policy.model import Policy
+    from proxy.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -95,6 +68,13 @@ default media policy)."""
 
 def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None) -> dict[str, Any]:
     """One module call answered by the offline provider: input check, answer, contract."""
+    from proxy.contract.engine import run_contract
+    from proxy.contract.inputs import check_input
+    from proxy.media.resolve import stubbed, validation_meta
+    from proxy.media.step import MediaEnv, prepare_media
+    from proxy.policy.model import MediaPolicy
+    from proxy.upstream.offline import offline_answer
+
     started = time.perf_counter()
     error = check_input(module, value, sized=stubbed if module.takes_media else None)
     media: tuple[Media, ...] = ()
@@ -117,6 +97,9 @@ def offline_envelope(module: Module, value: Any, case: GoldenCase | None = None)
 
 def _module_path_or_report(args: argparse.Namespace) -> Path | None:
     """The directory of the module the command names, or None after saying what is missing."""
+    from proxy.module.loader import ModuleLoadError
+    from proxy.module.locate import locate_module
+
     try:
         return locate_module(args.module, [Path(d) for d in args.modules])
     except ModuleLoadError as exc:
@@ -125,6 +108,8 @@ def _module_path_or_report(args: argparse.Namespace) -> Path | None:
 
 
 def _module_or_report(args: argparse.Namespace) -> Module | None:
+    from proxy.module.loader import ModuleLoadError, load_module
+
     path = _module_path_or_report(args)
     if path is None:
         return None
@@ -136,6 +121,8 @@ def _module_or_report(args: argparse.Namespace) -> Module | None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from proxy.module.lint import lint_module
+
     path = _module_path_or_report(args)
     if path is None:
         return EXIT_FAILED
@@ -148,6 +135,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
+    from proxy.module.scaffold import ScaffoldError, scaffold
+
     try:
         root = scaffold(Path(args.dir), args.name, args.tier)
     except (ScaffoldError, OSError) as exc:
@@ -159,6 +148,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
+    from proxy.conformance import OFFICIAL_VECTORS, run_vectors
+
     if args.markdown or args.update_docs:
         return _conformance_table(args.update_docs)
     directory = Path(args.directory) if args.directory is not None else OFFICIAL_VECTORS
@@ -190,6 +181,8 @@ def _conformance_table(page: str | None) -> int:
 
 def _policy_or_report(path: str) -> Policy | None:
     """The policy at ``path``, or None after printing why it was refused (path and key)."""
+    from proxy.policy.loader import PolicyError, load_policy
+
     try:
         return load_policy(Path(path))
     except PolicyError as exc:
@@ -198,6 +191,9 @@ def _policy_or_report(path: str) -> Policy | None:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
+    from proxy.module.golden import run_golden
+    from proxy.policy.loader import PolicyError
+
     module = _module_or_report(args)
     if module is None:
         return EXIT_FAILED
@@ -226,6 +222,9 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from proxy.module.registry import ModuleRegistry
+    from proxy.policy.loader import PolicyError
+
     module = _module_or_report(args)
     if module is None:
         return EXIT_FAILED
@@ -258,6 +257,14 @@ async def _run_with_policy(
 ) -> ModuleAnswer:
     """The server's module path, without the server: same pipeline, providers and decisions (a
     composite's steps from ``modules``)."""
+    from proxy.compose.run import Composer
+    from proxy.pipeline import ModuleRun, run_module
+    from proxy.state.memory import MemoryBreakerStore
+    from proxy.upstream.breaker import Breakers
+    from proxy.upstream.http import upstream_session
+    from proxy.upstream.registry import build_providers
+    from proxy.upstream.router import Router
+
     async with upstream_session() as session:
         router = Router(Breakers(MemoryBreakerStore()))
         call = ModuleRun(module, value, policy, build_providers(policy, session), router)
@@ -284,6 +291,14 @@ class ServeOption:
     @property
     def dest(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
+
+
+def memory_size(text: str) -> int:
+    """``proxy.memory_budget.memory_size`` (``--memory-limit``), imported when a value is read: the
+    budget's imports (the policy, the stores) are ``serve``'s, not the parser's."""
+    from proxy.memory_budget import memory_size as read
+
+    return read(text)
 
 
 def _port_or_none(text: str) -> int | None:
@@ -575,6 +590,11 @@ def _redact_names(text: str | None) -> dict[str, tuple[str, ...]]:
 
 def serve_settings(args: argparse.Namespace) -> Settings:
     """The settings ``serve`` runs with, from its resolved flags (``resolve_serve_options``)."""
+    from proxy.clients import read_identities
+    from proxy.settings import Settings, host_names, origins, read_key_file
+    from proxy.state.redis_flags import check_access
+    from proxy.state.spool import spool_dir_of
+
     keys = frozenset(k.strip() for k in (args.api_keys or "").split(",") if k.strip())
     identities = read_identities(Path(args.api_keys_file)) if args.api_keys_file else {}
     keys |= frozenset(identities)
@@ -628,6 +648,12 @@ def serve_settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from proxy.memory_budget import refusal as memory_refusal
+    from proxy.observability.logging import configure_logging
+    from proxy.policy.loader import PolicyError, load_policy
+    from proxy.state.spool import adopt_spools
+    from proxy.supervisor import Plan, exec_supervisor
+
     try:
         resolve_serve_options(args)
     except ValueError as exc:
@@ -678,6 +704,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _taken_port(settings: Settings) -> str | None:
     """Under ``--workers``, before the workers bind with SO_REUSEPORT: the error a single process
     would meet for a port that is taken (even by another group of workers), else None."""
+    from proxy.supervisor import check_ports
+
     addresses = [(settings.host, settings.port)]
     if settings.admin_port is not None:
         addresses.append((settings.admin_bind_host, settings.admin_port))
@@ -702,6 +730,10 @@ def listen_error(exc: OSError, host: str, port: int) -> str:
 
 
 def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None:
+    from proxy.app import build_app
+    from proxy.server import run as run_server
+    from proxy.supervisor import watch_parent
+
     def started() -> None:
         print(f"cogproxy serving on http://{settings.host}:{settings.port}", flush=True)
         if settings.worker is not None:
@@ -711,6 +743,9 @@ def _run_app(settings: Settings, loop: asyncio.AbstractEventLoop | None) -> None
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
+    from proxy.policy.loader import PolicyError, load_policy
+    from proxy.policy.report import summary
+
     try:
         policy = load_policy(Path(args.file))
     except PolicyError as exc:
@@ -722,6 +757,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
+    from proxy.module.registry import ModuleRegistry
+    from proxy.policy.decide import Meta
+    from proxy.policy.loader import PolicyError
+    from proxy.policy.report import explain
+
     policy = _policy_or_report(args.policy)
     if policy is None:
         return PolicyError.EXIT_STATUS
@@ -943,6 +983,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _golden_with_policy(module: Module, policy: Policy) -> list[CaseOutcome]:
     """Golden cases answered by the policy's providers, through the server's pipeline (a
     composite's steps from the modules beside it)."""
+    from proxy.compose.run import Composer
+    from proxy.module.golden import CaseOutcome, evaluate, load_cases
+    from proxy.module.registry import ModuleRegistry
+    from proxy.pipeline import ModuleRun, run_module
+    from proxy.state.memory import MemoryBreakerStore
+    from proxy.upstream.breaker import Breakers
+    from proxy.upstream.http import upstream_session
+    from proxy.upstream.registry import build_providers
+    from proxy.upstream.router import Router
+
     cases, outcomes = load_cases(module)
     composer = Composer(ModuleRegistry.load([module.path.parent]).modules, run_module)
     async with upstream_session() as session:

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy.clients import ClientIdentity, read_identities
 from proxy.context.sanitise import DEFAULT_SENSITIVE_NAMES
-from proxy.state.outbox import DURABLE_REPLICAS
-from proxy.state.redis_client import LIMITS_TIMEOUT_S, RedisOptions
+from proxy.state.redis_defaults import DURABLE_REPLICAS, LIMITS_TIMEOUT_S
 from proxy.state.redis_flags import RedisAccess, options_of
+
+if TYPE_CHECKING:  # built by options_of: the command line reads these defaults without the Redis client
+    from proxy.state.redis_client import RedisOptions
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
@@ -34,6 +37,8 @@ DEFAULT_STREAM_SESSION_MAX_BYTES = 32 * MiB
 thousand finished answers of 50 chunks (was 64 MiB, counting chunk text only; issue #29.5)."""
 MAX_WORKERS = 64
 """``--workers`` at most: beyond a few per core the processes only compete for the CPU."""
+WORKER_FLAG = "--worker-slot"
+"""The hidden ``serve`` flag the supervisor starts each worker with: its slot (``Settings.worker``)."""
 
 
 @dataclass(frozen=True, slots=True)

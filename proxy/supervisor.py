@@ -42,10 +42,10 @@ import structlog
 from prometheus_client.multiprocess import mark_process_dead
 
 from proxy.observability.logging import configure_logging
+from proxy.settings import WORKER_FLAG
 
 log = structlog.get_logger("proxy.supervisor")
 
-WORKER_FLAG = "--worker-slot"
 RESTART_MIN_S = 0.1
 RESTART_MAX_S = 10.0
 STABLE_S = 30.0

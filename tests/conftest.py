@@ -91,6 +91,7 @@ SLOW_FILES = frozenset(
         "state/test_outbox_cluster_down.py",
         "test_calibration_cli.py",
         "test_cli.py",
+        "test_cli_imports.py",
         "test_cli_usage.py",
         "test_fake_upstream.py",
         "test_grafana.py",

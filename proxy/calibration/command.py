@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
-import yaml
-
-from proxy.calibration.choose import FOLDS, Choice, choose
-from proxy.calibration.fit import Point
-from proxy.calibration.reliability import Reliability, render
-from proxy.calibration.sources import SourceError, from_prometheus, from_redis, points_from_bins
-from proxy.state.redis_client import RedisOptions
 from proxy.state.redis_flags import URL_ENV, access_options, add_access_flags, env, refuse_unused
+
+if TYPE_CHECKING:  # the commands import what they run: building the parser (cogproxy --help) stays light
+    from proxy.calibration.choose import Choice
+    from proxy.calibration.fit import Point
+    from proxy.calibration.reliability import Reliability
+    from proxy.state.redis_client import RedisOptions
 
 DEFAULT_WINDOW = "7d"
 DEFAULT_MIN_VERDICTS = 100
@@ -56,6 +56,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _redis(args: argparse.Namespace) -> RedisOptions:
     """``--redis-url`` (else ``COGPROXY_REDIS_URL``) with ``serve``'s access flags and variables,
     checked as ``serve`` checks them."""
+    from proxy.calibration.sources import SourceError
+
     url = args.redis_url or env(URL_ENV)
     if not url:
         raise SourceError(f"give --prometheus URL or --redis-url URL (or set COGPROXY_{URL_ENV})")
@@ -66,6 +68,8 @@ def _redis(args: argparse.Namespace) -> RedisOptions:
 
 
 async def _load(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]]:
+    from proxy.calibration.sources import SourceError, from_prometheus, from_redis, points_from_bins
+
     if args.prometheus:
         try:
             refuse_unused(args, "--prometheus")
@@ -77,6 +81,8 @@ async def _load(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[P
 
 
 def _read(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]] | None:
+    from proxy.calibration.sources import SourceError
+
     try:
         loaded = asyncio.run(_load(args))
     except SourceError as exc:
@@ -88,6 +94,8 @@ def _read(args: argparse.Namespace) -> tuple[Reliability, dict[str, list[Point]]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from proxy.calibration.reliability import render
+
     loaded = _read(args)
     if loaded is None:
         return 2
@@ -108,6 +116,10 @@ def _scores(choice: Choice) -> list[str]:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    import yaml
+
+    from proxy.calibration.choose import FOLDS, choose
+
     loaded = _read(args)
     if loaded is None:
         return 2

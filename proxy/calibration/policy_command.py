@@ -13,19 +13,19 @@ import asyncio
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
-import yaml
 
-from proxy.calibration.replay import TOKENS_IN, TOKENS_OUT, Usage, escalation_usd
-from proxy.calibration.simulate import render, simulate
-from proxy.calibration.sources import SourceError, judged_records, prometheus_records
-from proxy.calibration.suggest import DEFAULT_DELTA, Group, suggest
-from proxy.calibration.tune import Tuned
-from proxy.policy.loader import PolicyError, load_policy
-from proxy.policy.model import Policy, Thresholds
-from proxy.state.feedback import AnswerRecord
+from proxy.calibration.defaults import DEFAULT_DELTA, TOKENS_IN, TOKENS_OUT
 from proxy.state.redis_flags import access_options, add_access_flags, refuse_unused
+
+if TYPE_CHECKING:  # the commands import what they run: building the parser (cogproxy --help) stays light
+    from proxy.calibration.replay import Usage
+    from proxy.calibration.suggest import Group
+    from proxy.calibration.tune import Tuned
+    from proxy.policy.model import Policy, Thresholds
+    from proxy.state.feedback import AnswerRecord
 
 DEFAULT_WINDOW = "7d"
 PER = 1000
@@ -106,6 +106,9 @@ SOURCE_UNREADABLE = 2
 
 def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
     """The policy and the judged answers, or the exit status after printing why not."""
+    from proxy.calibration.sources import SourceError, judged_records, prometheus_records
+    from proxy.policy.loader import PolicyError, load_policy
+
     try:
         policy = load_policy(Path(args.policy))
     except PolicyError as exc:
@@ -131,6 +134,8 @@ def _load(args: argparse.Namespace) -> tuple[Policy, list[AnswerRecord]] | int:
 
 def _cost_change(policy: Policy, group: Group, now: float, new: float, usage: Usage) -> float:
     """USD per PER answers: escalations a stricter threshold adds, minus those a looser one saves."""
+    from proxy.calibration.replay import escalation_usd
+
     total = 0.0
     for record, rung in group.answers:
         calibrated = policy.calibrate(f"{record.provider}/{record.model}", record.confidence)
@@ -169,6 +174,11 @@ def _entry(thresholds: Thresholds, threshold: float) -> dict[str, object]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    import yaml
+
+    from proxy.calibration.replay import Usage
+    from proxy.calibration.suggest import suggest
+
     loaded = _load(args)
     if isinstance(loaded, int):
         return loaded
@@ -203,6 +213,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from proxy.calibration.replay import Usage
+    from proxy.calibration.simulate import render, simulate
+
     loaded = _load(args)
     if isinstance(loaded, int):
         return loaded

@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.calibration.defaults import TOKENS_IN, TOKENS_OUT
 from proxy.policy.decide import Meta, decide
 from proxy.policy.model import Policy
 from proxy.state.feedback import AnswerRecord, path_steps
 
-TOKENS_IN = 1000
-TOKENS_OUT = 250
-"""Tokens an escalation's extra call is priced at unless told (the store keeps no usage)."""
 KNOWN_RISK = "none"
 """The risk decided on when the record kept none (0.4 stored no risk): the confidence gate alone."""
 

@@ -13,7 +13,6 @@ from proxy.state.feedback import AnswerRecord
 
 DEFAULT_TARGET_ACCURACY = 0.9
 """The console's target when its page names none (``policy tune`` requires one)."""
-DEFAULT_DELTA = 0.05
 TARGET_BOUNDS = (0.5, 0.999)
 """The targets the console takes (``?target=``): below one in two is no target, and at 0.999
 no realistic count of verdicts passes."""

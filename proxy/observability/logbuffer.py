@@ -3,7 +3,9 @@
 Writing and flushing each line costs a ``write(2)`` per request. Like Envoy's access log, lines
 are appended to a buffer and written when it holds ``FLUSH_BYTES`` or when the flusher's
 interval elapses (and always at exit), so a burst of requests shares one write. Until a flusher
-runs (CLI commands, start-up) every line is written at once, as before.
+runs (CLI commands, start-up) every line is written at once, as before. The flusher waits for the
+first line of a batch rather than waking every interval: an idle proxy (a sidecar, most of the
+time) spends nothing on it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ MAX_FLUSH_INTERVAL_S: Final = 10.0
 class BufferedLines:
     """structlog logger (``msg`` and its level aliases) writing byte lines to ``file``."""
 
-    __slots__ = ("_buffer", "_file", "_lock", "buffered")
+    __slots__ = ("_buffer", "_file", "_flusher", "_lock", "buffered")
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
@@ -38,13 +40,18 @@ class BufferedLines:
         self._lock = threading.Lock()  # a line may come from a worker thread (asyncio.to_thread)
         self.buffered = False
         """Whether lines wait for the flusher; False writes each line at once."""
+        self._flusher: tuple[asyncio.AbstractEventLoop, int, asyncio.Event] | None = None
+        """The running flusher's loop, that loop's thread and the event it waits on for a line."""
         atexit.register(self.flush)
 
     def msg(self, message: bytes) -> None:
         with self._lock:
+            first = not self._buffer
             self._buffer += message
             self._buffer += b"\n"
             if self.buffered and len(self._buffer) < FLUSH_BYTES:
+                if first:
+                    self._wake_flusher()
                 return
             self._write_out()
 
@@ -62,16 +69,39 @@ class BufferedLines:
                     self._file.write(piece)
                     self._file.flush()
 
+    def _wake_flusher(self) -> None:
+        """Tell the flusher a batch has begun (the lock held): at once on its loop's thread, through
+        the loop from any other (a worker thread's line)."""
+        if self._flusher is None:
+            return
+        loop, thread, pending = self._flusher
+        with suppress(RuntimeError):  # the loop is closed: the line waits for the flush at exit
+            if threading.get_ident() == thread:
+                pending.set()
+            else:
+                loop.call_soon_threadsafe(pending.set)
+
     async def flush_every(self, interval_s: float) -> None:
-        """Buffer lines and write them every ``interval_s`` until cancelled; then write the rest."""
-        self.buffered = interval_s > 0
+        """Buffer lines and write each batch ``interval_s`` after its first line until cancelled;
+        then write the rest. With nothing buffered it waits, never waking."""
+        pending = asyncio.Event()
+        with self._lock:
+            self.buffered = interval_s > 0
+            self._flusher = (asyncio.get_running_loop(), threading.get_ident(), pending)
+            if self._buffer:
+                pending.set()
         try:
             while self.buffered:
-                await asyncio.sleep(interval_s)
+                await pending.wait()
+                await asyncio.sleep(interval_s)  # the rest of the batch comes meanwhile
+                # Cleared with the flush, in one step of the loop: a line after the flush sets it again.
+                pending.clear()
                 self.flush()
         finally:
-            self.buffered = False
-            self.flush()
+            with self._lock:
+                self._flusher = None
+                self.buffered = False
+                self._write_out()
 
 
 def _atomic_pieces(data: bytearray) -> Iterator[memoryview]:

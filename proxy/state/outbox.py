@@ -73,6 +73,7 @@ from redis.exceptions import (
 from proxy.state.cluster_slots import slot_tag
 from proxy.state.redis_client import RedisOptions, redis_client
 from proxy.state.redis_cluster_client import ClusterUnavailable
+from proxy.state.redis_defaults import DURABLE_REPLICAS
 from proxy.state.spool import Spool
 
 log = structlog.get_logger("proxy.outbox")
@@ -82,9 +83,6 @@ DEFAULT_OUTBOX_BOUND = 10_000
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 PING_INTERVAL_S = 1.0
-DURABLE_REPLICAS = 0
-"""``--redis-durable-replicas``'s default: pop a write on its master's answer (no WAIT), as before:
-N > 0 holds every record while a replica is down, a choice for a deployment that runs them."""
 REPLICA_WAIT_MS = 500
 """How long a batch's WAIT waits for its replicas: under the outbox's command timeout (1 s)."""
 BATCH = 200

@@ -34,12 +34,10 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.state.redis_access import CLUSTER_SCHEMES, TLS_SCHEMES, check_url
 from proxy.state.redis_cluster_client import KnownNodes, ProxyCluster
+from proxy.state.redis_defaults import LIMITS_TIMEOUT_S
 
 Purpose = Literal["limits", "breakers", "context", "feedback", "outbox", "streams", "review", "scan"]
 
-LIMITS_TIMEOUT_S = 0.25
-"""A limit check waits this long for Redis at most (loopback or in-cluster answers in < 1 ms);
-``--redis-limits-timeout`` sets it."""
 SCAN_TIMEOUT_S = 5.0
 """A calibration command waits this long for Redis (connect, TLS handshake included, and each
 command): far above a round trip to a managed Redis in another region, well below "hung"."""

@@ -13,7 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from proxy.state.redis_access import (
     TLS_SCHEMES,
@@ -23,7 +23,9 @@ from proxy.state.redis_access import (
     read_password_file,
     url_credentials,
 )
-from proxy.state.redis_client import RedisOptions
+
+if TYPE_CHECKING:  # the client is imported when options are built: the flags' parsers stay light
+    from proxy.state.redis_client import RedisOptions
 
 ENV_PREFIX = "COGPROXY_"
 URL_ENV = "REDIS_URL"
@@ -182,6 +184,8 @@ def check_access(url: str | None, args: argparse.Namespace) -> RedisAccess:
 
 def options_of(url: str, access: RedisAccess) -> RedisOptions:
     """The ``RedisOptions`` of ``url`` with its checked access (default timeouts)."""
+    from proxy.state.redis_client import RedisOptions
+
     return RedisOptions(
         url,
         ssl_ca_certs=_text(access["redis_ca_file"]),

@@ -8,7 +8,10 @@ import io
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Coroutine, Generator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -71,6 +74,86 @@ async def test_the_flusher_writes_on_its_interval_and_the_rest_when_cancelled() 
     assert not lines.buffered  # after the flusher, lines are written at once again
     lines.msg(b"after")
     assert sink.getvalue().endswith(b"after\n")
+
+
+class CountedSteps(Coroutine[Any, Any, None]):
+    """``inner`` as a task runs it, counting how often the event loop resumes it: its wake-ups."""
+
+    def __init__(self, inner: Coroutine[Any, Any, None]) -> None:
+        self.inner = inner
+        self.steps = 0
+
+    def send(self, value: Any) -> Any:
+        self.steps += 1
+        return self.inner.send(value)
+
+    def throw(self, *error: Any) -> Any:
+        self.steps += 1
+        return self.inner.throw(*error)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self.inner.__await__()
+
+
+INTERVAL_S = 0.001
+
+
+async def idle_intervals(count: int = 50) -> None:
+    """The window in which a flusher waking every ``INTERVAL_S`` would have woken ``count`` times:
+    a sibling task sleeping that interval, ``count`` times over (no time is asserted)."""
+    for _ in range(count):
+        await asyncio.sleep(INTERVAL_S)
+
+
+async def test_an_idle_flusher_waits_for_a_line_instead_of_waking_every_interval() -> None:
+    """An idle sidecar's flusher is parked: no wake-up until a line comes (from the loop or a
+    worker thread), then one batch written after the interval, and parked again."""
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    flusher = CountedSteps(lines.flush_every(INTERVAL_S))
+    task = asyncio.create_task(flusher)
+    await idle_intervals()
+    assert flusher.steps == 1  # its start, then no wake-up in 50 of its intervals
+    lines.msg(b"from the loop")
+    await until(sink.getvalue, "the loop's line", step=INTERVAL_S)
+    woken = flusher.steps
+    await idle_intervals()
+    assert flusher.steps == woken
+    writer = threading.Thread(target=lines.msg, args=(b"from a thread",))
+    writer.start()
+    writer.join()
+    await until(lambda: sink.getvalue().endswith(b"from a thread\n"), "the thread's line", step=INTERVAL_S)
+    woken = flusher.steps
+    await idle_intervals()
+    assert flusher.steps == woken
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sink.getvalue() == b"from the loop\nfrom a thread\n"
+
+
+def test_a_line_written_after_the_flushers_loop_closed_waits_for_the_exit_flush() -> None:
+    """A line (from the loop's thread or a worker's) when the flusher's loop is already closed:
+    kept, never an error, and written by the flush at exit (``atexit``)."""
+    sink = io.BytesIO()
+    lines = BufferedLines(sink)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(lines.flush_every(INTERVAL_S))
+    loop.run_until_complete(asyncio.sleep(0))  # the flusher starts buffering
+    loop.close()
+    writer = threading.Thread(target=lines.msg, args=(b"late",))
+    writer.start()
+    writer.join()
+    assert sink.getvalue() == b""
+    lines.flush()
+    lines.msg(b"later")  # from the loop's own thread
+    assert sink.getvalue() == b"late\n"
+    lines.flush()
+    assert sink.getvalue() == b"late\nlater\n"
+    task.get_coro().close()
 
 
 async def test_every_request_line_is_written_by_shutdown(fake_upstream: FakeUpstream, tmp_path: Path) -> None:

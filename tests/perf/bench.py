@@ -70,7 +70,9 @@ machine load does not move; then per streamed passthrough request of 20 chunks (
 writes ``max_tokens`` frames at 50 per second, so each is a read of its own) and, from the slope
 between 20 and 80 chunks, the instructions each chunk costs the floor and the proxy; then per
 streamed module call (``/execute``, SSE, one at a time, each read to its end) against the floor
-relaying the same upstream stream (``--module-instructions`` runs only that row).
+relaying the same upstream stream (``--module-instructions`` runs only that row); last, apart,
+the instructions per second of a proxy serving nothing, with the default ``--reload-interval``
+(its file polls) and with ``--reload-interval 0`` (what is left: timers, the log flusher).
 
 ``--ablation`` runs only the ablation (needs valgrind; not in the full run): instructions per
 passthrough request of the proxy with one part of its per-request work switched off at a time
@@ -2024,6 +2026,9 @@ def instructions_section(up_port: int, tmp: Path) -> None:
     idle_port = free_port()
     idle = _idle_rate(serve_command(policy, idle_port), idle_port, tmp, "idle")
     print(f"{'proxy idle, default --reload-interval':<40}{idle:>12,.0f}  per second (left out above)")
+    idle_port = free_port()
+    idle = _idle_rate(serve_command(policy, idle_port, *COUNTED_FLAGS), idle_port, tmp, "idle-no-reload")
+    print(f"{'proxy idle, --reload-interval 0':<40}{idle:>12,.0f}  per second (the log flusher, timers)")
 
 
 def ablation_section(up_port: int, tmp: Path) -> None:

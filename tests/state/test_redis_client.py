@@ -20,7 +20,6 @@ from proxy.state.context_store import RedisContextStore
 from proxy.state.feedback import RedisFeedbackStore
 from proxy.state.outbox import RedisOutbox
 from proxy.state.redis_client import (
-    LIMITS_TIMEOUT_S,
     RETRY_AFTER_S,
     TIMEOUTS_S,
     Purpose,
@@ -28,6 +27,7 @@ from proxy.state.redis_client import (
     RedisOptions,
     redis_client,
 )
+from proxy.state.redis_defaults import LIMITS_TIMEOUT_S
 from proxy.state.redis_store import RedisBreakerStore
 from proxy.state.stream_sessions import SessionHub
 from tests.redis_relay import RedisRelay

@@ -31,9 +31,9 @@ from proxy.api.console.session import (
 )
 from proxy.api.feedback import NOTE_MAX, Verdict, admin_record, apply_verdict
 from proxy.api.review_items import review_items as shared_review_items
+from proxy.calibration.defaults import DEFAULT_DELTA
 from proxy.calibration.reliability import from_records, render
 from proxy.calibration.suggest import (
-    DEFAULT_DELTA,
     DEFAULT_TARGET_ACCURACY,
     DELTA_BOUNDS,
     TARGET_BOUNDS,

@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable
+from contextlib import suppress
 
 import structlog
 from aiohttp import web
@@ -56,10 +57,8 @@ def _module_stamps(directory: str, into: list[FileStamp]) -> None:
 def fingerprint(settings: Settings) -> Fingerprint:
     """What changes when the policy or any module file changes (symlink swaps included)."""
     entries: list[FileStamp] = []
-    try:
-        entries.append(_stamp(str(settings.policy_path), os.stat(settings.policy_path)))
-    except OSError:
-        pass
+    with suppress(OSError):  # a policy file missing now: its reload then says why
+        entries.append(_stamp(str(settings.policy_path), settings.policy_path.stat()))
     for directory in settings.module_dirs:
         _module_stamps(str(directory), entries)
     return tuple(entries)

@@ -261,7 +261,9 @@ def _configmap(mount: Path, version: str, files: dict[str, str], mtime_ns: int) 
     swap.replace(mount / "..data")
 
 
-def test_the_fingerprint_sees_a_module_configmap_swap_even_to_the_same_bytes_and_times(tmp_path: Path) -> None:
+def test_the_fingerprint_sees_a_module_configmap_swap_even_to_the_same_bytes_and_times(
+    tmp_path: Path,
+) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\n")
     mount = tmp_path / "modules" / "reviewer"

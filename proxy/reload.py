@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
+from contextlib import suppress
 
 import structlog
 from aiohttp import web
@@ -25,27 +25,43 @@ from proxy.settings import Settings
 log = structlog.get_logger("proxy.reload")
 
 FileStamp = tuple[str, int, int, int]
-"""A file's resolved path, inode, mtime (ns) and size: any change means the file changed."""
+"""A file's path, and its target's inode, mtime (ns) and size: any change means the file changed
+(a ConfigMap's ``..data`` swap points its links at new files: new inodes)."""
 Fingerprint = tuple[FileStamp, ...]
 
 
-def _file_stamp(path: Path) -> FileStamp | None:
+def _stamp(path: str, st: os.stat_result) -> FileStamp:
+    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _module_stamps(directory: str, into: list[FileStamp]) -> None:
+    """The stamps of the files under ``directory``, symlinks followed: one ``stat`` a file (the
+    directory's own listing gives the rest). Names from ``.`` are not files; directories from
+    ``..`` are a ConfigMap's own (reached through its links)."""
     try:
-        real = path.resolve()
-        st = real.stat()
+        with os.scandir(directory) as listing:
+            entries = sorted(listing, key=lambda entry: entry.name)
     except OSError:
-        return None
-    return (str(real), st.st_ino, st.st_mtime_ns, st.st_size)
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir():
+                if not entry.name.startswith(".."):
+                    _module_stamps(entry.path, into)
+            elif not entry.name.startswith("."):
+                into.append(_stamp(entry.path, entry.stat()))
+        except OSError:  # a broken link, or a file gone since the listing
+            continue
 
 
 def fingerprint(settings: Settings) -> Fingerprint:
     """What changes when the policy or any module file changes (symlink swaps included)."""
-    entries = [_file_stamp(settings.policy_path)]
+    entries: list[FileStamp] = []
+    with suppress(OSError):  # a policy file missing now: its reload then says why
+        entries.append(_stamp(str(settings.policy_path), settings.policy_path.stat()))
     for directory in settings.module_dirs:
-        for root, dirs, files in os.walk(directory, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".."))
-            entries += [_file_stamp(Path(root) / f) for f in sorted(files) if not f.startswith(".")]
-    return tuple(e for e in entries if e is not None)
+        _module_stamps(str(directory), entries)
+    return tuple(entries)
 
 
 class Reloader:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import shutil
 import signal
 import weakref
@@ -18,7 +19,7 @@ from structlog.testing import capture_logs
 from proxy.api.app_keys import RUNTIME, Runtime, RuntimeHolder
 from proxy.app import build_app
 from proxy.observability.metrics import Metrics
-from proxy.reload import Reloader
+from proxy.reload import Reloader, fingerprint
 from proxy.server import settle_heap
 from proxy.settings import Settings
 from tests.conftest import MODULES
@@ -242,3 +243,53 @@ async def test_a_build_that_raises_anything_is_a_counted_reload_failure(tmp_path
             "keeping": None,
         }
     ]
+
+
+def _configmap(mount: Path, version: str, files: dict[str, str], mtime_ns: int) -> None:
+    """``mount`` as kubelet lays out a ConfigMap: each file a link through ``..data`` into a
+    timestamped directory; a new version swaps ``..data`` in one rename."""
+    target = mount / f"..{version}"
+    target.mkdir(parents=True)
+    for name, text in files.items():
+        (target / name).write_text(text)
+        os.utime(target / name, ns=(mtime_ns, mtime_ns))
+        link = mount / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+    swap = mount / "..data_tmp"
+    swap.symlink_to(target.name)
+    swap.replace(mount / "..data")
+
+
+def test_the_fingerprint_sees_a_module_configmap_swap_even_to_the_same_bytes_and_times(
+    tmp_path: Path,
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    mount = tmp_path / "modules" / "reviewer"
+    files = {"module.yaml": "name: reviewer\n", "prompt.md": "Review.\n"}
+    _configmap(mount, "2026_11_28_1", files, 1_700_000_000_000_000_000)
+    settings = Settings(policy_path=policy, module_dirs=(tmp_path / "modules",))
+    before = fingerprint(settings)
+    assert sorted(Path(stamp[0]).name for stamp in before) == ["module.yaml", "policy.yaml", "prompt.md"]
+    assert fingerprint(settings) == before  # nothing changed: the same stamps
+
+    _configmap(mount, "2026_11_28_2", files, 1_700_000_000_000_000_000)  # new files, same bytes and times
+    assert fingerprint(settings) != before
+
+
+def test_the_fingerprint_skips_hidden_files_and_broken_links_and_sees_an_edit(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    module = tmp_path / "modules" / "m"
+    module.mkdir(parents=True)
+    (module / "module.yaml").write_text("name: m\n")
+    (module / "gone.md").symlink_to(module / "never-there.md")
+    settings = Settings(policy_path=policy, module_dirs=(tmp_path / "modules",))
+    before = fingerprint(settings)
+    assert [Path(stamp[0]).name for stamp in before] == ["policy.yaml", "module.yaml"]
+
+    (module / ".module.yaml.swp").write_text("an editor's")
+    assert fingerprint(settings) == before
+    (module / "module.yaml").write_text("name: m\ntier: decision\n")
+    assert fingerprint(settings) != before

@@ -34,7 +34,7 @@ from proxy.jsonshape import as_dict
 from proxy.module.model import Module
 from proxy.observability.metrics import OUTCOME_INVALID_INPUT, Metrics
 from proxy.pipeline import input_error
-from proxy.service.module_call import Answered, ModuleCall, Services, admit_call, answer_module
+from proxy.service.module_call import Admitted, Answered, ModuleCall, Services, admit_call, answer_module
 from proxy.service.stream_emitter import ChunkEmitter
 from proxy.state.stream_sessions import MirrorGap, Session, SessionHub, Source
 from proxy.stream.chunks import CHECKPOINT_MARK, Kind, error_chunk, meta_chunk, recovery_info
@@ -72,12 +72,14 @@ def _outcome(chunk: dict[str, Any]) -> str:
     return "final" if chunk.get("final") is True else "error"
 
 
-async def _produce(call: ModuleCall, services: Services, emitter: ChunkEmitter) -> Answered | None:
+async def _produce(
+    call: ModuleCall, services: Services, emitter: ChunkEmitter, admitted: Admitted | None
+) -> Answered | None:
     """The producer of a streamed call: the service's answer appended to the session as its last
     chunk. Holds no request: the edge copies the returned report into its record."""
     metrics, module = services.metrics, call.module
     try:
-        answered = await answer_module(call, services)
+        answered = await answer_module(call, services, admitted)
     except asyncio.CancelledError:
         emitter.fail(
             error_envelope(
@@ -104,35 +106,38 @@ class Started:
     producer: asyncio.Task[Answered | None]
 
 
-def start_stream(request: web.Request, admitted: ModuleCall, services: Services) -> Started:
-    """Create the session and start its producer (which outlives this request): ``admitted`` (the
-    call ``admit_call`` admitted, its requester and media as they are) with the session's emitter as
-    its listener. The input was checked before (``input_refused``): the producer's pipeline does
-    not check it again."""
+def start_stream(
+    request: web.Request, admitted_call: ModuleCall, services: Services, admitted: Admitted | None
+) -> Started:
+    """Create the session and start its producer (which outlives this request): ``admitted_call``
+    (its requester and media as they are) with the session's emitter as its listener, run with
+    ``admitted`` (what ``admit_call`` returned: its context and rung, not admitted again). The
+    input was checked before (``input_refused``): the producer's pipeline does not check it
+    again."""
     app = request.app
     hub = app[STREAMS]
     metrics: Metrics = app[METRICS]
-    module = admitted.module
-    session = hub.create(admitted.requester.caller.id, module.name)
+    module = admitted_call.module
+    session = hub.create(admitted_call.requester.caller.id, module.name)
     emitter = ChunkEmitter(
         session,
         streamable_fields(module),
         on_first_delta=metrics.child(metrics.stream_ttfd, module.name).observe,
     )
     call = ModuleCall(
-        admitted.runtime,
+        admitted_call.runtime,
         module,
-        admitted.value,
-        admitted.requester,
-        admitted.limits,
-        admitted.media,
-        admitted.check_input,
+        admitted_call.value,
+        admitted_call.requester,
+        admitted_call.limits,
+        admitted_call.media,
+        admitted_call.check_input,
         input_checked=True,
         listener=emitter,
-        history=admitted.history,
-        tools=admitted.tools,
+        history=admitted_call.history,
+        tools=admitted_call.tools,
     )
-    return Started(session, hub.spawn(_produce(call, services, emitter)))
+    return Started(session, hub.spawn(_produce(call, services, emitter, admitted)))
 
 
 def primary_field(module: Module) -> str:
@@ -431,10 +436,10 @@ async def _start_and_follow(
     )
     services = services_of(request)
     try:
-        await admit_call(call, services)  # a 429 before the stream starts
+        admitted = await admit_call(call, services)  # a 429 before the stream starts
     finally:
         limits.keep_admission(request)
-    started = start_stream(request, call, services)
+    started = start_stream(request, call, services, admitted)
     first = meta_chunk(started.session.id, trace_id=call.requester.trace_id)
     headers: dict[str, str] = {"X-Cognitive-Tier": module.tier}
     response = await respond(

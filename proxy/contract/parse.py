@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.jsonshape import MAX_JSON_DEPTH
+from proxy.jsonshape import MAX_JSON_DEPTH, deeper_than
 
 Method = Literal["strict", "fence", "prose"]
 
@@ -155,16 +155,19 @@ def parse_json_object(text: str) -> Parsed:
     body, offset = _trimmed(text)
     if not body:
         raise ParseFailure("the model returned no text")
-    found = scan(body)
-    if found.too_deep:
-        raise ParseFailure(f"too deeply nested: more than {MAX_JSON_DEPTH} levels of objects and arrays")
+    value: Any = None
+    strict_error = ""
     try:
         value = _loads(body)
     except ValueError as exc:
         strict_error = str(exc)
-    else:
-        if isinstance(value, dict):
+    else:  # the common case, without a scan: an object parsed whole nests as deep as its text
+        if isinstance(value, dict) and not deeper_than(value):
             return Parsed(value, "strict", (offset, offset + len(body)))
+    found = scan(body)
+    if found.too_deep:
+        raise ParseFailure(f"too deeply nested: more than {MAX_JSON_DEPTH} levels of objects and arrays")
+    if not strict_error:  # parsed whole, not an object (an object too deep was refused just above)
         raise ParseFailure(f"expected a JSON object, got {_describe(value)}")
     if found.malformed:
         raise ParseFailure(found.malformed)

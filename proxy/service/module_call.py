@@ -268,27 +268,41 @@ def _release(context: CallerContext) -> None:
         context.store.release()
 
 
-async def admit_call(call: ModuleCall, services: Services) -> None:
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A call admitted before it runs (``admit_call``): its caller context, whose store holds what
+    the admission read (and the session's pending-write mark), and the rung it is capped at."""
+
+    context: CallerContext
+    top_rung: int | None
+
+
+async def admit_call(call: ModuleCall, services: Services) -> Admitted | None:
     """Admit ``call`` before it runs, its reads in the check's round trip (a streamed call, at
-    the edge: a 429 is still an HTTP answer); ``answer_module`` then uses what was read."""
+    the edge: a 429 is still an HTTP answer); ``answer_module`` then runs it with the returned
+    admission. None: the caller's ids are refused (by ``answer_module``, the call counted)."""
     try:
         context = caller_context(call.requester, call.runtime, services, call.history)
-    except IdentityError:  # refused by ``answer_module``, once counted like any call
+    except IdentityError:
         await call.limits.admit(call.runtime.policy, call.value)
-        return
-    await _admit(call, context)
+        return None
+    return Admitted(context, await _admit(call, context))
 
 
-async def answer_module(call: ModuleCall, services: Services) -> Answered:
+async def answer_module(call: ModuleCall, services: Services, admitted: Admitted | None = None) -> Answered:
     """Run one module call and record it (metrics, cost, limits, feedback, review when so
-    decided)."""
+    decided). ``admitted``: what ``admit_call`` returned for it (the call is not admitted again)."""
     module, runtime, requester = call.module, call.runtime, call.requester
-    try:
-        context = caller_context(requester, runtime, services, call.history)
-    except IdentityError as exc:
-        refused = ModuleAnswer(module, error_envelope(Code.INVALID_INPUT, str(exc)), "reject", Origin.CALLER)
-        return Answered(finished(refused, requester.trace_id), CallReport(module.name, OUTCOME_INVALID_INPUT))
-    top_rung = await _admit(call, context)
+    if admitted is not None:
+        context, top_rung = admitted.context, admitted.top_rung
+    else:
+        try:
+            context = caller_context(requester, runtime, services, call.history)
+        except IdentityError as exc:
+            envelope = error_envelope(Code.INVALID_INPUT, str(exc))
+            refused = finished(ModuleAnswer(module, envelope, "reject", Origin.CALLER), requester.trace_id)
+            return Answered(refused, CallReport(module.name, OUTCOME_INVALID_INPUT))
+        top_rung = await _admit(call, context)
     spent = Spent()
     try:
         answer = await traced_module(module, _run(call, services, context, top_rung, spent))

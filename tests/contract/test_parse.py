@@ -87,6 +87,19 @@ def test_nesting_beyond_the_bound_is_a_clean_failure(opener: str) -> None:
     assert parse_json_object(ok if opener != "[" else '{"a": ' + ok[1:-1] + "}")
 
 
+def test_an_object_parsed_whole_is_held_to_the_same_bound_as_a_scanned_one() -> None:
+    """The strict path checks the parsed value's depth, the other paths the text's: one bound."""
+    inner = "[" * (MAX_JSON_DEPTH - 1) + "1" + "]" * (MAX_JSON_DEPTH - 1)
+    assert parse_json_object('{"a": ' + inner + "}").method == "strict"  # 64 levels
+    for text in ('{"a": [' + inner + "]}", 'note {"a": [' + inner + "]}"):  # 65, strict or in prose
+        with pytest.raises(ParseFailure) as info:
+            parse_json_object(text)
+        assert "too deeply nested" in info.value.reason
+    with pytest.raises(ParseFailure) as info:
+        parse_json_object('"' + "{" * (MAX_JSON_DEPTH + 1) + '"')  # the text is scanned as before
+    assert "too deeply nested" in info.value.reason
+
+
 def test_a_flood_of_objects_decodes_a_bounded_number() -> None:
     with pytest.raises(ParseFailure) as info:
         parse_json_object('{"a": 1} ' * 10_000)

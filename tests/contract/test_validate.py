@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy import schemas
 from proxy.contract.validate import standard, validate_answer, validate_envelope
 from proxy.json_schema import Violation, check, compile_schema
 from tests.conftest import SCHEMA, VECTORS, ModuleFactory, schema_with, success
@@ -304,6 +305,30 @@ def test_the_standard_validators_compile_from_the_shipped_schema() -> None:
 
 
 A_FAILURE: dict[str, Any] = {"ok": False, "meta": META, "error": ERROR}
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"ok": True, "meta": META, "data": {"rationale": "r"}},
+        {"ok": True, "meta": META, "data": {"rationale": "r"}, "error": ERROR},
+        {"ok": True, "meta": META, "data": {"rationale": "r"}, "partial_data": {}},
+        {"ok": True, "meta": META, "error": ERROR},
+        {"ok": True, "meta": {**META, "risk": "odd"}, "data": {"rationale": "r"}},
+        A_FAILURE,
+        {**A_FAILURE, "partial_data": {"x": 1}},
+        {**A_FAILURE, "data": {"rationale": "r"}},
+        {"ok": False, "meta": META, "data": {"rationale": "r"}},
+        {**A_FAILURE, "error": {"code": "E"}},
+    ],
+)
+def test_the_backstop_branch_of_ok_agrees_with_the_whole_schema(envelope: dict[str, Any]) -> None:
+    """``validate_envelope`` checks only the ``oneOf`` branch ``ok`` selects: it accepts exactly
+    what the whole normative schema accepts."""
+    validators = standard()
+    whole = compile_schema(schemas.load("response-envelope.schema.json"))
+    branch = validators.success if envelope["ok"] is True else validators.failure
+    assert bool(check(branch, envelope, "")) == bool(check(whole, envelope, ""))
 
 
 def test_a_failure_with_invalid_meta_keeps_every_violation(make_module: ModuleFactory) -> None:

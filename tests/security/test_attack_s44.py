@@ -8,12 +8,16 @@ import asyncio
 import re
 import socket
 import struct
+from collections import Counter
+from pathlib import Path
 
 import aiohttp
 import orjson
 from structlog.testing import capture_logs
 
 from proxy.api.streaming import STREAMS
+from proxy.reload import fingerprint
+from proxy.settings import Settings
 from tests.api.test_modules import REVIEW_INPUT
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
@@ -82,3 +86,49 @@ async def test_a_module_stream_reset_at_any_turn_is_a_499_not_an_internal_error(
     assert [e for e in logs if e["event"] == "proxy.internal_error"] == []
     assert "500" not in statuses and statuses.get("499", 0) > 0, statuses
     assert hub.live == 0
+
+
+def _module_tree(tmp_path: Path) -> tuple[Settings, Path]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    module = tmp_path / "modules" / "m"
+    (module / "tests").mkdir(parents=True)
+    (module / "module.yaml").write_text("name: m\n")
+    (module / "tests" / "a.input.json").write_text("{}")
+    return Settings(policy_path=policy, module_dirs=(tmp_path / "modules",)), module
+
+
+def test_a_symlink_loop_in_a_module_directory_is_walked_once(tmp_path: Path) -> None:
+    """A link back up the tree (``ln -s .. up``, a ``current -> .``): the poll, on the event loop
+    every second and once at start-up, followed it until the kernel's 40-link limit (40 stamps of
+    each file for one link; with two such links 2**40 paths: the proxy hung at start-up, at
+    604f19b and at 28f55fe alike). A directory reached through a link is walked once."""
+    settings, module = _module_tree(tmp_path)
+    (module / "tests" / "up").symlink_to("..")
+    (module / "here").symlink_to(".")
+    (module / "again").symlink_to(".")
+    stamps = fingerprint(settings)
+    names = Counter(Path(stamp[0]).name for stamp in stamps)
+    assert set(names) == {"a.input.json", "module.yaml", "policy.yaml"}
+    assert max(names.values()) <= 2, names  # the real walk, and at most once through a link
+    (module / "tests" / "a.input.json").write_text("{ }")
+    assert fingerprint(settings) != stamps  # an edit is still seen
+
+
+def test_a_directory_deeper_than_the_recursion_limit_does_not_stop_the_poll(tmp_path: Path) -> None:
+    """A real tree 1,200 directories deep under a module: the walk is no recursion (a
+    ``RecursionError`` would end the poll task, and fail start-up)."""
+    settings, module = _module_tree(tmp_path)
+    levels = [module / "d"]
+    for _ in range(1200):
+        levels[-1].mkdir()  # one by one: os.makedirs is itself a recursion
+        levels.append(levels[-1] / "d")
+    leaf = levels.pop().with_name("leaf.md")
+    leaf.write_text("x")
+    try:
+        stamps = fingerprint(settings)
+        assert "leaf.md" in {Path(stamp[0]).name for stamp in stamps}
+    finally:  # shutil.rmtree (pytest's clean-up of old temporary directories) recurses too
+        leaf.unlink()
+        for level in reversed(levels):
+            level.rmdir()

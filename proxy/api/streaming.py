@@ -359,7 +359,7 @@ async def resume(
     if matches:
         metrics.stream_resumptions.labels("resumed").inc()
         first = meta_chunk(recovery.session_id, trace_id=trace_id, resume_from_seq=recovery.last_seq + 1)
-        position = _Position(recovery.last_seq, recovery.last_checkpoint)
+        position = _Position(recovery.last_seq, _as_stored(recovery.last_checkpoint))
     else:
         metrics.stream_resumptions.labels("restarted").inc()
         warning = {
@@ -370,6 +370,15 @@ async def resume(
         first["resumed"] = False
         position = _Position(0)
     return await respond(request, found.source, first, position, framer, headers)
+
+
+def _as_stored(matched: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A checkpoint ``_checkpoint_matches`` matched, as the session holds it: its offset an integer
+    (a client's ``5.0`` equals ``5``) and no key of the client's own. An interrupted resumed stream
+    names it in its error chunk's recovery, which the chunk schema checks."""
+    if matched is None:
+        return None
+    return {"offset": int(matched["offset"]), "hash": matched["hash"]}
 
 
 async def _checkpoint_matches(

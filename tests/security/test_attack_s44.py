@@ -9,6 +9,7 @@ import re
 import socket
 import struct
 from collections import Counter
+from typing import Any
 from pathlib import Path
 
 import aiohttp
@@ -20,8 +21,10 @@ from proxy.reload import fingerprint
 from proxy.settings import Settings
 from tests.api.test_modules import REVIEW_INPUT
 from tests.conftest import ProxyWith
-from tests.fake_upstream import FakeUpstream
+from tests.api.test_streaming import SSE, answer
+from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, upstream_policy
+from tests.stream.client import read_sse
 from tests.support.polling import until
 
 LONG = " ".join(f"word{i}" for i in range(40))
@@ -132,3 +135,39 @@ def test_a_directory_deeper_than_the_recursion_limit_does_not_stop_the_poll(tmp_
         leaf.unlink()
         for level in reversed(levels):
             level.rmdir()
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> list[dict[str, Any]]:
+    """The data of every event of an SSE module stream, checked by the chunk schema."""
+    return [chunk for _, chunk in await read_sse(response)]
+
+
+async def test_a_resumed_checkpoint_is_echoed_only_as_the_session_holds_it(proxy_with: ProxyWith) -> None:
+    """A retry names the right checkpoint with its offset as a float and a key of its own: it
+    matches (5.0 == 5, the extra key ignored), and when the resumed stream is interrupted before
+    the next delta (the upstream stalls past the session TTL) the error chunk's recovery named the
+    client's object as given: extra keys and a float offset, a chunk the shipped schema refuses."""
+    async with (
+        FakeUpstream.start() as fake,
+        proxy_with(upstream_policy(fake), stream_session_ttl_s=0.5, stream_heartbeat_s=0.05) as px,
+        aiohttp.ClientSession() as session,
+    ):
+        fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+        fake.script("cheap", Fault.stall(at=30, delay=20))
+        url = px.url + EXECUTE
+        async with session.post(url, json={"input": REVIEW_INPUT}, headers=SSE) as first:
+            events = await _sse_events(first)
+        recovery = events[-1]["error"]["recovery"]
+        given = {**recovery["last_checkpoint"], "offset": float(recovery["last_checkpoint"]["offset"])}
+        body = {
+            "input": REVIEW_INPUT,
+            "_recovery": {
+                "session_id": events[0]["session_id"],
+                "last_seq": recovery["last_seq"],
+                "last_checkpoint": {**given, "note": "x" * 1000},
+            },
+        }
+        async with session.post(url, json=body, headers=SSE) as resumed:
+            rest = await _sse_events(resumed)
+    assert rest[0]["resumed"] is True
+    assert rest[-1]["error"]["recovery"]["last_checkpoint"] == recovery["last_checkpoint"]

@@ -9,8 +9,8 @@ import re
 import socket
 import struct
 from collections import Counter
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -20,8 +20,8 @@ from proxy.api.streaming import STREAMS
 from proxy.reload import fingerprint
 from proxy.settings import Settings
 from tests.api.test_modules import REVIEW_INPUT
-from tests.conftest import ProxyWith
 from tests.api.test_streaming import SSE, answer
+from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, upstream_policy
 from tests.stream.client import read_sse

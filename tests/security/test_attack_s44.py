@@ -5,15 +5,18 @@ through the served proxy and the fake upstream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import struct
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 from structlog.testing import capture_logs
 
 from proxy.api.streaming import STREAMS
@@ -89,6 +92,21 @@ async def test_a_module_stream_reset_at_any_turn_is_a_499_not_an_internal_error(
     assert [e for e in logs if e["event"] == "proxy.internal_error"] == []
     assert "500" not in statuses and statuses.get("499", 0) > 0, statuses
     assert hub.live == 0
+
+
+async def test_with_recovery_a_reset_stream_keeps_its_producer(proxy_with: ProxyWith) -> None:
+    """The same resets with ``--stream-recovery`` (the default): no internal error, and no producer
+    is cancelled: each upstream call runs to its end and its session finishes (resumable)."""
+    async with FakeUpstream.start(chunk_delay=0.01) as fake, proxy_with(upstream_policy(fake)) as px:
+        fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+        with capture_logs() as logs:
+            for turns in range(20):
+                await _reset_after(px, turns)
+            hub = px.app[STREAMS]
+            await until(lambda: not hub.tasks, "every producer at its end")
+        assert [e for e in logs if e["event"] == "proxy.internal_error"] == []
+        assert fake.cancelled == 0 and fake.in_flight == 0
+        assert hub.live == 0 and "500" not in await _statuses(px, "/v1/modules/{name}/execute")
 
 
 def _module_tree(tmp_path: Path) -> tuple[Settings, Path]:
@@ -171,3 +189,73 @@ async def test_a_resumed_checkpoint_is_echoed_only_as_the_session_holds_it(proxy
             rest = await _sse_events(resumed)
     assert rest[0]["resumed"] is True
     assert rest[-1]["error"]["recovery"]["last_checkpoint"] == recovery["last_checkpoint"]
+
+
+@contextlib.asynccontextmanager
+async def _answers_without_bodies() -> AsyncIterator[FakeUpstream]:
+    """An upstream answering ``/v1/things/*`` with heads and no (or a declared) body, and one head
+    followed by silence, named as a ``FakeUpstream`` for ``upstream_policy``."""
+
+    async def nobody(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=204)
+
+    async def cached(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=304, headers={"ETag": '"v1"'})
+
+    async def sized(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b"abc" * 400, content_type="application/octet-stream")
+
+    async def empty(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b"", content_type="application/json")
+
+    async def head_then_silence(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        await asyncio.Event().wait()  # cancelled when the proxy lets the connection go
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/things/nobody", nobody)
+    app.router.add_get("/v1/things/cached", cached)
+    app.router.add_get("/v1/things/sized", sized)  # aiohttp answers HEAD with the same head
+    app.router.add_get("/v1/things/empty", empty)
+    app.router.add_get("/v1/things/silent", head_then_silence)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake = FakeUpstream()
+    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+async def test_relayed_answers_without_bodies_keep_their_framing_and_a_silent_head_is_no_hang(
+    proxy_with: ProxyWith,
+) -> None:
+    """Through the passthrough relay (its head held until the first write): 204, 304, HEAD, an
+    empty and a sized body leave whole, one after another on one keep-alive connection (a
+    framing slip would break the next answer); an upstream that sends its head and then nothing
+    is the attempt's timeout (504), not a head held forever. Holds at c794b20."""
+    async with _answers_without_bodies() as fake:
+        policy = upstream_policy(fake)
+        policy["passthrough"] = {"routes": [{"prefix": "/v1/things", "providers": ["up"]}]}
+        policy["failover"] = {"retries": 0, "timeout": {"per_try_s": 0.5, "total_s": 2}}
+        connector = aiohttp.TCPConnector(limit=1)
+        async with proxy_with(policy) as px, aiohttp.ClientSession(connector=connector) as session:
+            for _ in range(2):
+                async with session.get(px.base + "/things/nobody") as resp:
+                    assert (resp.status, await resp.read()) == (204, b"")
+                async with session.get(px.base + "/things/cached") as resp:
+                    assert (resp.status, await resp.read(), resp.headers["ETag"]) == (304, b"", '"v1"')
+                async with session.head(px.base + "/things/sized") as resp:
+                    assert (resp.status, resp.headers["Content-Length"]) == (200, "1200")
+                    assert await resp.read() == b""
+                async with session.get(px.base + "/things/empty") as resp:
+                    assert (resp.status, await resp.read()) == (200, b"")
+                async with session.get(px.base + "/things/sized") as resp:
+                    assert (resp.status, await resp.read()) == (200, b"abc" * 400)
+            async with session.get(px.base + "/things/silent") as resp:
+                assert resp.status == 504, await resp.text()

@@ -240,7 +240,8 @@ async def respond(
     producer: asyncio.Task[Any] | None = None,
 ) -> web.StreamResponse:
     """Send ``first`` (the meta chunk), then follow ``source``. Without recovery, a client that
-    leaves cancels ``producer`` (its upstream call).
+    leaves cancels ``producer`` (its upstream call); with it, one that leaves before the head
+    (and the session id in it) reached it.
 
     The head and the meta chunk leave in one write, the last frames and the response's end in
     another (each write wakes the client). A new stream's ``producer`` runs first, so that its
@@ -261,12 +262,14 @@ async def respond(
         ended = True
         await response.write_eof(frames + framer.end())
 
-    finished = False
+    finished = headed = False
     try:
         if producer is not None:
             await _upstream_request_sent()
         await response.prepare(request)
         await response.write(framer.meta(first))
+        # the session id reached the client (a write to a reset connection only closes the transport)
+        headed = request.transport is not None and not request.transport.is_closing()
         await follow(
             source,
             position,
@@ -279,7 +282,9 @@ async def respond(
         )
         finished = True
     finally:
-        if not finished and not settings.stream_recovery and producer is not None:
+        # With recovery the producer outlives the client, who resumes with the session id from the
+        # head: one whose head never left has no one to resume it.
+        if not finished and producer is not None and not (settings.stream_recovery and headed):
             producer.cancel()
     if not ended:  # the session ended without a terminal chunk for this reader
         await response.write_eof(framer.end())

@@ -109,6 +109,49 @@ async def test_with_recovery_a_reset_stream_keeps_its_producer(proxy_with: Proxy
         assert hub.live == 0 and "500" not in await _statuses(px, "/v1/modules/{name}/execute")
 
 
+DELIVERY_S = 0.05
+"""How long a peek waits for bytes the proxy sent before it (none can be sent during it)."""
+
+
+async def _reset_seeing_the_head(px: RunningProxy, turns: int) -> bool:
+    """``_reset_after`` on a plain socket (closed, so reset, at once: an asyncio transport's abort
+    closes on the loop's next turn, after which the proxy may still write), and whether any byte
+    of the answer had reached the client by then (peeked at, never read)."""
+    host, _, port = px.url.removeprefix("http://").partition(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(_execute_request(orjson.dumps({"input": REVIEW_INPUT})))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        # Blocking, so the proxy (this loop) sends nothing meanwhile: what it sent before is let
+        # arrive (loopback delivery may trail the send on a loaded machine).
+        sock.settimeout(DELIVERY_S)
+        try:
+            seen = bool(sock.recv(1, socket.MSG_PEEK))
+        except TimeoutError:
+            seen = False
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return seen
+
+
+async def test_with_recovery_a_stream_whose_head_never_left_is_no_orphan(proxy_with: ProxyWith) -> None:
+    """With recovery, a producer outlives its connection so that the client can resume with the
+    session id from the head. A client reset before the held head left (``respond``'s two loop
+    turns) never had that id: its producer ran the whole upstream call for no one (9 of 40 resets,
+    at 604f19b and 28f55fe alike). Such a producer is cancelled; one whose head reached the client
+    runs to its end."""
+    async with FakeUpstream.start(chunk_delay=0.05) as fake, proxy_with(upstream_policy(fake)) as px:
+        fake.set_default_reply("cheap", answer(0.92, rationale=LONG))
+        seen = [await _reset_seeing_the_head(px, turns) for turns in range(40)]
+        hub = px.app[STREAMS]
+        await until(lambda: not hub.tasks, "every producer at its end or cancelled", timeout=30)
+        async with aiohttp.ClientSession() as session:
+            text = await (await session.get(px.url + "/metrics")).text()
+    outcomes = dict(
+        re.findall(r'^cognitive_streams_total\{module="code-reviewer",outcome="(\w+)"\} (\S+)$', text, re.M)
+    )
+    assert float(outcomes.get("final", 0)) == seen.count(True), (outcomes, seen.count(True))
+
+
 def _module_tree(tmp_path: Path) -> tuple[Settings, Path]:
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\n")

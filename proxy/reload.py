@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -34,24 +35,46 @@ def _stamp(path: str, st: os.stat_result) -> FileStamp:
     return (path, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def _module_stamps(directory: str, into: list[FileStamp]) -> None:
+def _module_stamps(directory: Path, into: list[FileStamp], seen: set[tuple[int, int]]) -> None:
     """The stamps of the files under ``directory``, symlinks followed: one ``stat`` a file (the
     directory's own listing gives the rest). Names from ``.`` are not files; directories from
-    ``..`` are a ConfigMap's own (reached through its links)."""
+    ``..`` are a ConfigMap's own (reached through its links).
+
+    Only a link makes a loop (``ln -s .. up``): a directory reached through one is walked once
+    (``seen``: its device and inode, one ``stat``), as is ``directory``; a real subdirectory needs
+    no check. A stack, not a recursion: a deep tree raises no ``RecursionError`` out of the poll."""
     try:
-        with os.scandir(directory) as listing:
-            entries = sorted(listing, key=lambda entry: entry.name)
+        st = directory.stat()
     except OSError:
         return
-    for entry in entries:
+    if (st.st_dev, st.st_ino) in seen:
+        return
+    seen.add((st.st_dev, st.st_ino))
+    pending = [str(directory)]
+    while pending:
+        path = pending.pop()
         try:
-            if entry.is_dir():
-                if not entry.name.startswith(".."):
-                    _module_stamps(entry.path, into)
-            elif not entry.name.startswith("."):
-                into.append(_stamp(entry.path, entry.stat()))
-        except OSError:  # a broken link, or a file gone since the listing
+            with os.scandir(path) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError:
             continue
+        below: list[str] = []
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    if entry.name.startswith(".."):
+                        continue
+                    if entry.is_symlink():
+                        target = entry.stat()
+                        if (target.st_dev, target.st_ino) in seen:
+                            continue
+                        seen.add((target.st_dev, target.st_ino))
+                    below.append(entry.path)
+                elif not entry.name.startswith("."):
+                    into.append(_stamp(entry.path, entry.stat()))
+            except OSError:  # a broken link, or a file gone since the listing
+                continue
+        pending.extend(reversed(below))
 
 
 def fingerprint(settings: Settings) -> Fingerprint:
@@ -59,8 +82,9 @@ def fingerprint(settings: Settings) -> Fingerprint:
     entries: list[FileStamp] = []
     with suppress(OSError):  # a policy file missing now: its reload then says why
         entries.append(_stamp(str(settings.policy_path), settings.policy_path.stat()))
+    seen: set[tuple[int, int]] = set()
     for directory in settings.module_dirs:
-        _module_stamps(str(directory), entries)
+        _module_stamps(directory, entries, seen)
     return tuple(entries)
 
 

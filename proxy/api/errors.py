@@ -96,6 +96,22 @@ def error_answer(request: web.Request, exc: BaseException) -> web.StreamResponse
     return api_error_of(request, exc).response()
 
 
+CLIENT_CLOSED = 499
+"""The status of a request whose client hung up (nginx's): counted and logged, never sent."""
+
+
+def client_closed(request: web.Request) -> ApiError | None:
+    """A ``ConnectionResetError`` a handler raised as the client's hang-up, or None when the client
+    is still there. A write to a connection the client reset raises aiohttp's
+    ``ClientConnectionResetError`` when it comes before the handler's cancel (the transport
+    closing, its ``connection_lost`` on the loop's next turn): the same hang-up as that cancel,
+    not an internal error (issue s44 attack pass)."""
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        return None
+    return ApiError(CLIENT_CLOSED, "The client closed the connection", code="client_closed")
+
+
 KEPT_HTTP_HEADERS = ("Allow",)
 """What an aiohttp ``HTTPException`` says in a header that its OpenAI-format answer keeps (a 405's
 ``Allow``)."""

@@ -24,7 +24,7 @@ from proxy.api.access import ROUTE_INDEX, Route, check_method, check_scope
 from proxy.api.app_keys import CLIENT_ACTIVITY, METRICS, RUNTIME, SETTINGS, TRACING
 from proxy.api.browser_guard import BROWSER_GUARD, check_headers
 from proxy.api.budget import BUDGET, BodyBudget, Reservation
-from proxy.api.errors import ApiError, Handler, api_error_of, error_answer
+from proxy.api.errors import ApiError, Handler, api_error_of, client_closed, error_answer
 from proxy.api.refusals import MODULE_ROUTES, refusal_response
 from proxy.api.target import check_target_form
 from proxy.clients import ANONYMOUS_CALLER, Caller, caller_of
@@ -359,5 +359,10 @@ async def _admitted(
     try:
         check_method(request, route)
         return await handler(request)
+    except ConnectionResetError as exc:
+        closed = client_closed(request)
+        if closed is None:
+            raise
+        raise closed from exc
     finally:
         reservation.release()

@@ -245,7 +245,8 @@ async def respond(
     producer: asyncio.Task[Any] | None = None,
 ) -> web.StreamResponse:
     """Send ``first`` (the meta chunk), then follow ``source``. Without recovery, a client that
-    leaves cancels ``producer`` (its upstream call).
+    leaves cancels ``producer`` (its upstream call); with it, one that leaves before the head
+    (and the session id in it) reached it.
 
     The head and the meta chunk leave in one write, the last frames and the response's end in
     another (each write wakes the client). A new stream's ``producer`` runs first, so that its
@@ -266,12 +267,14 @@ async def respond(
         ended = True
         await response.write_eof(frames + framer.end())
 
-    finished = False
+    finished = headed = False
     try:
         if producer is not None:
             await _upstream_request_sent()
         await response.prepare(request)
         await response.write(framer.meta(first))
+        # the session id reached the client (a write to a reset connection only closes the transport)
+        headed = request.transport is not None and not request.transport.is_closing()
         await follow(
             source,
             position,
@@ -284,7 +287,9 @@ async def respond(
         )
         finished = True
     finally:
-        if not finished and not settings.stream_recovery and producer is not None:
+        # With recovery the producer outlives the client, who resumes with the session id from the
+        # head: one whose head never left has no one to resume it.
+        if not finished and producer is not None and not (settings.stream_recovery and headed):
             producer.cancel()
     if not ended:  # the session ended without a terminal chunk for this reader
         await response.write_eof(framer.end())
@@ -364,7 +369,7 @@ async def resume(
     if matches:
         metrics.stream_resumptions.labels("resumed").inc()
         first = meta_chunk(recovery.session_id, trace_id=trace_id, resume_from_seq=recovery.last_seq + 1)
-        position = _Position(recovery.last_seq, recovery.last_checkpoint)
+        position = _Position(recovery.last_seq, _as_stored(recovery.last_checkpoint))
     else:
         metrics.stream_resumptions.labels("restarted").inc()
         warning = {
@@ -375,6 +380,15 @@ async def resume(
         first["resumed"] = False
         position = _Position(0)
     return await respond(request, found.source, first, position, framer, headers)
+
+
+def _as_stored(matched: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A checkpoint ``_checkpoint_matches`` matched, as the session holds it: its offset an integer
+    (a client's ``5.0`` equals ``5``) and no key of the client's own. An interrupted resumed stream
+    names it in its error chunk's recovery, which the chunk schema checks."""
+    if matched is None:
+        return None
+    return {"offset": int(matched["offset"]), "hash": matched["hash"]}
 
 
 async def _checkpoint_matches(

@@ -128,6 +128,20 @@ async def test_a_follower_on_another_replica_names_the_last_delta_checkpoint(dat
         await store.aclose()
 
 
+class _Sink:
+    """What ``follow`` writes: to ``write``, and the frames that end the stream to ``last``."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.ended: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    async def last(self, data: bytes) -> None:
+        self.ended.append(data)
+
+
 async def test_the_frames_that_end_the_stream_go_to_last_with_nothing_after() -> None:
     """``respond`` hands ``write_eof`` as ``last``: the final chunk and the response's end leave in
     one write; every earlier batch goes to ``write``."""
@@ -135,47 +149,45 @@ async def test_the_frames_that_end_the_stream_go_to_last_with_nothing_after() ->
     session = hub.create("client", "m")
     delta = delta_chunk(1, "data.rationale", "a", "a")
     session.append(delta)
-    written: list[bytes] = []
-    ended: list[bytes] = []
-
-    async def write(data: bytes) -> None:
-        written.append(data)
-
-    async def last(data: bytes) -> None:
-        ended.append(data)
-
+    sink = _Sink()
     framer = Framer()
     follower = asyncio.create_task(
         follow(
-            session, _Position(0), framer, write, heartbeat_s=5, max_s=10, session_id=session.id, last=last
+            session,
+            _Position(0),
+            framer,
+            sink.write,
+            heartbeat_s=5,
+            max_s=10,
+            session_id=session.id,
+            last=sink.last,
         )
     )
-    while not written:  # the delta read and written before the final chunk exists
+    while not sink.written:  # the delta read and written before the final chunk exists
         await asyncio.sleep(0)
     final = {"ok": True, "final": True, "seq": 2, "data": {}}
     session.append(final)
     await asyncio.wait_for(follower, 10)
-    assert written == [framer.event("chunk", orjson.dumps(delta))]
-    assert ended == [framer.event("final", orjson.dumps(final))]
+    assert sink.written == [framer.event("chunk", orjson.dumps(delta))]
+    assert sink.ended == [framer.event("final", orjson.dumps(final))]
 
 
 async def test_an_interrupted_stream_ends_through_last_too() -> None:
     hub = SessionHub(ttl_s=60, max_bytes=1 << 20)
     session = hub.create("client", "m")
-    written: list[bytes] = []
-    ended: list[bytes] = []
-
-    async def write(data: bytes) -> None:
-        written.append(data)
-
-    async def last(data: bytes) -> None:
-        ended.append(data)
-
+    sink = _Sink()
     await follow(
-        session, _Position(0), Framer(), write, heartbeat_s=0.02, max_s=0.05, session_id=session.id, last=last
+        session,
+        _Position(0),
+        Framer(),
+        sink.write,
+        heartbeat_s=0.02,
+        max_s=0.05,
+        session_id=session.id,
+        last=sink.last,
     )
-    assert all(data == Framer().heartbeat() for data in written)
-    assert len(ended) == 1 and b"event: error" in ended[0] and b'"code":"E2011"' in ended[0]
+    assert all(data == Framer().heartbeat() for data in sink.written)
+    assert len(sink.ended) == 1 and b"event: error" in sink.ended[0] and b'"code":"E2011"' in sink.ended[0]
 
 
 async def test_a_stream_that_keeps_sending_outlives_max_s_which_bounds_its_silence() -> None:

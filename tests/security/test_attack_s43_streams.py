@@ -22,6 +22,7 @@ from proxy.upstream.sse import BATCH_BYTES, StreamCheck
 from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream
 from tests.proxy_server import RunningProxy, upstream_policy
+from tests.support.app_upstream import app_upstream
 from tests.support.polling import until
 
 CHAT = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "x"}]}
@@ -35,16 +36,8 @@ async def hostile_upstream(
     free loopback port, named as a ``FakeUpstream`` for ``upstream_policy``."""
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake = FakeUpstream()
-    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with app_upstream(app, handler_cancellation=handler_cancellation) as fake:
         yield fake
-    finally:
-        await runner.cleanup()
 
 
 async def incomplete(px: RunningProxy) -> dict[str, float]:

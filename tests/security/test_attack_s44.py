@@ -28,6 +28,7 @@ from tests.conftest import ProxyWith
 from tests.fake_upstream import FakeUpstream, Fault
 from tests.proxy_server import RunningProxy, upstream_policy
 from tests.stream.client import read_sse
+from tests.support.app_upstream import app_upstream
 from tests.support.polling import until
 
 LONG = " ".join(f"word{i}" for i in range(40))
@@ -263,16 +264,8 @@ async def _answers_without_bodies() -> AsyncIterator[FakeUpstream]:
     app.router.add_get("/v1/things/sized", sized)  # aiohttp answers HEAD with the same head
     app.router.add_get("/v1/things/empty", empty)
     app.router.add_get("/v1/things/silent", head_then_silence)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fake = FakeUpstream()
-    fake.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with app_upstream(app, handler_cancellation=True) as fake:
         yield fake
-    finally:
-        await runner.cleanup()
 
 
 async def test_relayed_answers_without_bodies_keep_their_framing_and_a_silent_head_is_no_hang(

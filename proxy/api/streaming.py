@@ -182,8 +182,8 @@ async def follow(
     """Write the session's chunks from ``position`` until its final or error chunk; a heartbeat
     after each ``heartbeat_s`` of silence. A session that stays silent past ``max_s`` (its replica
     died; chunks reset the bound, heartbeats do not) or cannot be read ends with a resumable error
-    chunk. ``last`` (default ``write``) writes
-    the frames that end the stream: the response's end can leave with them."""
+    chunk. ``last`` (default ``write``) writes the frames that end the stream: the response's end
+    can leave with them."""
     end = write if last is None else last
     deadline = clock() + max_s
     while True:
